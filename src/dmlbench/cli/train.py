@@ -1,0 +1,52 @@
+"""``dmlbench train``."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dmlbench import config as config_module
+from dmlbench.errors import UserInputError
+from dmlbench.training import TrainingDiverged, records, train
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)
+
+
+def train_command(
+    config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help="YAML config (omit with --resume).")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(metavar="[OVERRIDES]...", help="Dotted overrides, e.g. training.epochs=3 loss.name=contrastive.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: runs/<loss>-<time>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output from its last checkpoint.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Train one model on one split; select the checkpoint on validation MAP@R only."""
+    overrides = list(overrides or [])
+    if config_path is not None and "=" in config_path.name and not config_path.exists():
+        overrides.insert(0, str(config_path))
+        config_path = None
+    if resume:
+        if output is None:
+            raise UserInputError("--resume needs --output RUN_DIR")
+        records.require_run_dir(output)
+        if config_path is not None or overrides:
+            raise UserInputError("--resume continues the run with its stored config; give no CONFIG or overrides")
+        config = config_module.load(output / records.CONFIG_FILE)
+    else:
+        if config_path is None:
+            raise UserInputError("missing CONFIG (a YAML file, e.g. configs/glyphs.yaml)")
+        config = config_module.load(config_path, overrides)
+    run_dir = output or Path("runs") / f"{config.loss.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        result = train(config, run_dir, resume=resume, progress=not quiet)
+    except TrainingDiverged as error:
+        print(f"dmlbench: training diverged ({error}); run {run_dir} marked failed", file=sys.stderr)
+        raise typer.Exit(1) from None
+    best = result.best_validation or {}
+    summary = ", ".join(f"{key} {value:.4f}" for key, value in best.items() if key in ("precision_at_1", "map_at_r"))
+    typer.echo(f"run {result.run_dir}: best epoch {result.best_epoch} ({summary})")

@@ -1,0 +1,182 @@
+"""The typed run configuration: YAML + dotted command-line overrides; unknown keys are errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dmlbench.errors import UserInputError
+
+DEFAULT_METRICS = (
+    "precision_at_1", "recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8",
+    "r_precision", "map_at_r", "nmi",
+)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    name: str = "glyphs"
+    options: dict[str, Any] = Field(default_factory=dict)
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+
+
+class ModelConfig(Section):
+    trunk: str = "small_cnn"
+    embedding_dim: int = Field(128, gt=0)
+    layer_norm: bool = True
+    normalize: bool = True
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ComponentConfig(Section):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class LossConfig(ComponentConfig):
+    name: str = "triplet"
+
+
+class MinerConfig(Section):
+    name: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    p_switch: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class SamplerConfig(ComponentConfig):
+    name: str = "spc"
+
+
+class OptimizerConfig(Section):
+    name: Literal["adam", "adamw", "rmsprop", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0.0)
+    weight_decay: float = Field(4e-4, ge=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    loss_lr: float = Field(5e-4, gt=0.0)
+
+
+class TrainingConfig(Section):
+    epochs: int = Field(10, gt=0)
+    batch_size: int = Field(112, gt=1)
+    eval_every: int = Field(1, gt=0)
+    early_stopping_patience: int | None = Field(None, gt=0)
+    max_steps_per_epoch: int | None = Field(None, gt=0)
+    num_workers: int = Field(0, ge=0)
+    device: str = "auto"
+
+
+class EvaluationConfig(Section):
+    metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_METRICS))
+    selection_metric: str = "map_at_r"
+    batch_size: int = Field(256, gt=0)
+
+
+class Config(Section):
+    seed: int = Field(0, ge=0)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    miner: MinerConfig = Field(default_factory=MinerConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+
+    @model_validator(mode="after")
+    def _selection_metric_is_computed(self) -> Config:
+        if self.evaluation.selection_metric not in self.evaluation.metrics:
+            raise ValueError(
+                f"evaluation.selection_metric {self.evaluation.selection_metric!r} "
+                "is not among evaluation.metrics"
+            )
+        return self
+
+
+def parse_override(override: str) -> tuple[list[str], Any]:
+    """``'training.epochs=3'`` -> ``(['training', 'epochs'], 3)``; the value is read as YAML."""
+    key, separator, raw_value = override.partition("=")
+    if not separator or not key or any(not part for part in key.split(".")):
+        raise UserInputError(f"override {override!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value else ""
+    except yaml.YAMLError:
+        value = raw_value
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for override in overrides:
+        path, value = parse_override(override)
+        node = raw
+        for depth, part in enumerate(path[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserInputError(f"override {override!r}: {'.'.join(path[: depth + 1])} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def _validation_message(error: ValidationError) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "config"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key {key!r}"
+    return f"config key {key!r}: {message}" if first["loc"] else f"config: {message}"
+
+
+def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as error:
+        raise UserInputError(_validation_message(error)) from None
+    check_component_names(config)
+    return config
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (``None``: the defaults), apply overrides and validate everything."""
+    raw: Any = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise UserInputError(f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise UserInputError(f"config file {path} is not valid YAML{where}") from None
+        if not isinstance(raw, dict):
+            raise UserInputError(f"config file {path} must hold a mapping of sections")
+    return from_dict(raw, overrides)
+
+
+def check_component_names(config: Config) -> None:
+    """Names and hyper-parameter keys must exist in their registries (values are checked on build)."""
+    from dmlbench import data, losses, mining, sampling
+    from dmlbench.models import TRUNKS
+    from dmlbench.registry import check_kwargs
+
+    checks = [
+        ("data.options", data.DATASETS, config.data.name, config.data.options),
+        ("model.options", TRUNKS, config.model.trunk, config.model.options),
+        ("loss.params", losses.LOSSES, config.loss.name, config.loss.params),
+        ("sampler.params", sampling.SAMPLERS, config.sampler.name, config.sampler.params),
+    ]
+    if config.miner.name is not None:
+        checks.append(("miner.params", mining.MINERS, config.miner.name, config.miner.params))
+    for section, registry, name, params in checks:
+        check_kwargs(registry.get(name), params, f"{section} of {registry.kind} {name!r}")
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

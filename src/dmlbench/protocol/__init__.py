@@ -1,0 +1,1 @@
+"""dmlbench.protocol"""

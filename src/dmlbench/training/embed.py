@@ -1,0 +1,26 @@
+"""Embedding a dataset in evaluation mode."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@torch.no_grad()
+def embed(model: nn.Module, dataset: Dataset, batch_size: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Embeddings (float32, CPU) and labels of every item of ``dataset`` in order; restores the model's mode."""
+    was_training = model.training
+    model.eval()
+    embeddings, labels = [], []
+    for images, batch_labels, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        embeddings.append(model(images.to(device)).float().cpu())
+        labels.append(batch_labels)
+    model.train(was_training)
+    return torch.cat(embeddings), torch.cat(labels)

@@ -1,0 +1,117 @@
+"""What a run directory records, written atomically so that a crash never leaves a file half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dmlbench.errors import UserInputError
+
+CONFIG_FILE = "config.yaml"
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+LAST_CHECKPOINT = "checkpoint_last.pt"
+BEST_CHECKPOINT = "checkpoint_best.pt"
+TEST_METRICS_FILE = "test_metrics.json"
+
+RECORDED_PACKAGES = ("dmlbench", "torch", "torchvision", "numpy", "scipy", "scikit-learn", "faiss-cpu")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def write_json(path: Path, payload: Any) -> None:
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def atomic_torch_save(path: Path, payload: Any) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    try:
+        torch.save(payload, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def git_commit() -> str | None:
+    """The commit of the dmlbench source tree, with ``+dirty`` if it has uncommitted changes."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=source, capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for package in RECORDED_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    with open(run_dir / METRICS_FILE, "a") as stream:
+        stream.write(json.dumps(record) + "\n")
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
+    """Drop records of epochs after ``last_epoch`` (they were logged after the last checkpoint)."""
+    kept = [record for record in read_metrics(run_dir) if record["epoch"] <= last_epoch]
+    atomic_write_text(run_dir / METRICS_FILE, "".join(json.dumps(record) + "\n" for record in kept))
+
+
+def require_run_dir(run_dir: Path) -> dict[str, Any]:
+    """The run record of an existing run directory, or a one-line user error."""
+    if not run_dir.is_dir():
+        raise UserInputError(f"run directory {run_dir} does not exist")
+    if not (run_dir / RUN_FILE).is_file() or not (run_dir / CONFIG_FILE).is_file():
+        raise UserInputError(f"{run_dir} is not a dmlbench run directory (no {RUN_FILE} or {CONFIG_FILE})")
+    return read_json(run_dir / RUN_FILE)

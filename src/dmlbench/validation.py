@@ -1,0 +1,31 @@
+"""Small argument checks that raise ``UserInputError`` naming the offending parameter."""
+
+from __future__ import annotations
+
+import math
+
+from dmlbench.errors import UserInputError
+
+
+def check_positive(name: str, value: float) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise UserInputError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+def check_non_negative(name: str, value: float) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise UserInputError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def check_probability(name: str, value: float) -> float:
+    if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+        raise UserInputError(f"{name} must lie in [0, 1], got {value!r}")
+    return value
+
+
+def check_positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UserInputError(f"{name} must be an integer > 0, got {value!r}")
+    return value

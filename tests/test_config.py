@@ -1,0 +1,66 @@
+from pathlib import Path
+
+import pytest
+
+from dmlbench import config as config_module
+from dmlbench.errors import UserInputError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_validate() -> None:
+    config = config_module.load(None)
+    assert config.loss.name == "triplet" and config.training.batch_size > 1
+
+
+def test_shipped_config_loads() -> None:
+    config = config_module.load(REPO / "configs" / "glyphs.yaml")
+    assert config.data.name == "glyphs"
+
+
+def test_dotted_overrides_parse_yaml_values() -> None:
+    config = config_module.load(None, ["training.epochs=3", "loss.name=contrastive", "optimizer.lr=0.01",
+                                       "model.layer_norm=false", "sampler.params.samples_per_class=2"])
+    assert config.training.epochs == 3
+    assert config.loss.name == "contrastive"
+    assert config.optimizer.lr == 0.01
+    assert config.model.layer_norm is False
+    assert config.sampler.params == {"samples_per_class": 2}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["training.epoch=3"], "unknown config key 'training.epoch'"),
+        (["training.epochs=many"], "config key 'training.epochs'"),
+        (["training.epochs=0"], "config key 'training.epochs'"),
+        (["loss.name=tripletz"], "unknown loss 'tripletz'"),
+        (["loss.params.margn=0.1"], "has no parameter 'margn'"),
+        (["miner.p_switch=1.5"], "config key 'miner.p_switch'"),
+        (["nonsense"], "not of the form"),
+        (["evaluation.selection_metric=nmi", "evaluation.metrics=[map_at_r]"], "selection_metric"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(UserInputError, match=message):
+        config_module.load(None, overrides)
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="does not exist"):
+        config_module.load(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("training: [1, 2\n")
+    with pytest.raises(UserInputError, match="not valid YAML"):
+        config_module.load(broken)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(UserInputError, match="mapping"):
+        config_module.load(scalar)
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    config = config_module.load(None, ["training.epochs=2", "loss.params.margin=0.3"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(config_module.to_yaml(config))
+    assert config_module.load(path) == config
