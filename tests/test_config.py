@@ -64,3 +64,12 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "resolved.yaml"
     path.write_text(config_module.to_yaml(config))
     assert config_module.load(path) == config
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["loss.params.num_classes=3", "sampler.params.batch_size=8", "sampler.params.seed=1", "miner.params.p_switch=0.5"],
+)
+def test_keys_the_run_sets_are_reserved(override: str) -> None:
+    with pytest.raises(UserInputError, match="the run sets it"):
+        config_module.load(None, ["miner.name=random", override])

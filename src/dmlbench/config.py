@@ -67,7 +67,6 @@ class TrainingConfig(Section):
     eval_every: int = Field(1, gt=0)
     early_stopping_patience: int | None = Field(None, gt=0)
     max_steps_per_epoch: int | None = Field(None, gt=0)
-    num_workers: int = Field(0, ge=0)
     device: str = "auto"
 
 
@@ -166,6 +165,16 @@ def check_component_names(config: Config) -> None:
     from dmlbench.models import TRUNKS
     from dmlbench.registry import check_kwargs
 
+    reserved = {
+        "loss.params": {"num_classes", "embedding_dim", "seed"},
+        "miner.params": {"generator", "p_switch"},
+        "sampler.params": {"labels", "batch_size", "seed", "rank", "world_size"},
+    }
+    for section, keys in reserved.items():
+        params = getattr(config, section.split(".")[0]).params
+        taken = sorted(keys & set(params))
+        if taken:
+            raise UserInputError(f"{section} may not set {taken[0]!r}: the run sets it")
     checks = [
         ("data.options", data.DATASETS, config.data.name, config.data.options),
         ("model.options", TRUNKS, config.model.trunk, config.model.options),

@@ -9,7 +9,6 @@ import typer
 
 from dmlbench import data as data_module
 from dmlbench.config import parse_override
-from dmlbench.data.check import format_summary, summarize
 from dmlbench.errors import UserInputError
 
 data_app = typer.Typer(help="Inspect datasets.", no_args_is_help=True)
@@ -28,6 +27,8 @@ def check_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Class counts, split sizes, broken items, leakage between splits and the content hash."""
+    from dmlbench.data.check import format_summary, summarize
+
     parsed = {}
     for option in options or []:
         path, value = parse_override(option)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from dmlbench import evaluation
@@ -61,7 +60,6 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
     run_record = _start_record(run_dir, config, dataset.content_hash, splits, resume)
 
-    loader = DataLoader(train_set, batch_sampler=sampler, num_workers=config.training.num_workers)
     model, loss_fn, miner, optimizer = components.model, components.loss, components.miner, components.optimizer
     epoch = start_epoch
     try:
@@ -75,7 +73,8 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool
                 len(sampler), config.training.max_steps_per_epoch
             )
             bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=not progress, leave=False)
-            for images, batch_labels, indices in loader:
+            for batch_indices in sampler:
+                images, batch_labels, indices = train_set.batch(batch_indices)
                 targets = to_class_index[batch_labels].to(device)
                 embeddings = model(images.to(device))
                 tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None

@@ -15,6 +15,7 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.data.splits import carve_validation, train_test_split
 from dmlbench.losses.base import MetricLoss, loss_parameters
 from dmlbench.mining.base import Miner
+from dmlbench.registry import accepted_parameters
 
 
 @dataclass
@@ -76,8 +77,11 @@ def build_sampler(config: Config, train_labels: np.ndarray) -> Sampler[list[int]
 
 def build_components(config: Config, num_classes: int, device: torch.device) -> Components:
     model = build_model(config).to(device)
+    loss_params = dict(config.loss.params)
+    if "seed" in (accepted_parameters(losses.LOSSES.get(config.loss.name)) or set()):
+        loss_params["seed"] = config.seed
     loss = losses.build(
-        config.loss.name, num_classes=num_classes, embedding_dim=config.model.embedding_dim, **config.loss.params
+        config.loss.name, num_classes=num_classes, embedding_dim=config.model.embedding_dim, **loss_params
     ).to(device)
     miner = None
     if config.miner.name is not None:

@@ -1,0 +1,118 @@
+"""``dmlbench evaluate``: metrics of a finished run, or of embeddings stored as ``.npy`` files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import numpy as np
+import typer
+
+from dmlbench.errors import UserInputError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("evaluate")(evaluate_command)
+
+
+def _load_array(path: Path, what: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserInputError(f"{what} file {path} does not exist") from None
+    except (OSError, ValueError) as error:
+        raise UserInputError(f"{what} file {path} is not a readable .npy array: {error}") from None
+
+
+def _parse_ks(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserInputError(f"--ks must be a comma-separated list of integers, got {text!r}") from None
+
+
+def evaluate_command(
+    run: Annotated[Optional[Path], typer.Argument(help="A training run directory.")] = None,
+    embeddings: Annotated[Optional[list[Path]], typer.Option("--embeddings", help="Embeddings [N, D] (.npy); repeat for several models.")] = None,
+    labels: Annotated[Optional[Path], typer.Option("--labels", help="Integer labels [N] (.npy).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
+    metrics: Annotated[Optional[str], typer.Option("--metrics", help="Comma-separated subset, e.g. map_at_r,recall_at_1.")] = None,
+    ks: Annotated[str, typer.Option("--ks", help="K values of the default recall_at_<k> metrics.")] = "1,2,4,8",
+    query_mask: Annotated[Optional[Path], typer.Option("--query-mask", help="Bool [N] (.npy): queries; the rest is the gallery.")] = None,
+    backend: Annotated[str, typer.Option(help="torch, faiss or faiss_approx.")] = "torch",
+    binarize: Annotated[bool, typer.Option("--binarize", help="Sign bits and Hamming distance.")] = False,
+    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise before searching.")] = True,
+    k: Annotated[Optional[int], typer.Option("--k", help="Neighbours per query (default: the largest class size).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="k-means seed (default 0, or the run's seed).")] = None,
+    block_size: Annotated[Optional[int], typer.Option(help="Rows per block of the torch engine.")] = None,
+    mode: Annotated[str, typer.Option(help="Several --embeddings: concatenated or separated.")] = "concatenated",
+    analysis: Annotated[bool, typer.Option("--analysis", help="Also print rho and the pi distance ratios.")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="With --analysis: spectrum plot path (PNG).")] = None,
+    drop: Annotated[int, typer.Option(help="Largest singular values left out of rho.")] = 1,
+    center: Annotated[bool, typer.Option("--center", help="Center the embeddings before the SVD.")] = False,
+) -> None:
+    """Retrieval and clustering metrics as a table (and JSON with --json)."""
+    from dmlbench import evaluation
+    from dmlbench.evaluation import embedding_space
+    from dmlbench.evaluation.table import format_table
+
+    if (run is None) == (not embeddings):
+        raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
+    options: dict[str, Any] = {"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize}
+    for name, value in (("metrics", metrics), ("k", k), ("seed", seed), ("block_size", block_size)):
+        if value is not None:
+            options[name] = value
+    if query_mask is not None:
+        options["query_mask"] = _load_array(query_mask, "query mask")
+
+    if run is not None:
+        if analysis:
+            raise UserInputError("--analysis needs --embeddings and --labels (the run's embeddings are not stored)")
+        from dmlbench.training.runs import evaluate_run
+
+        run_defaults = {"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}
+        changed = {name: value for name, value in options.items() if run_defaults.get(name, object()) != value}
+        results = evaluate_run(run, **changed)
+        trained = {name: value for name, value in results.items() if name != "untrained"}
+        typer.echo(format_table({"trained": trained, "untrained": results.get("untrained", {})}))
+        _write_json(json_path, results)
+        return
+
+    if labels is None:
+        raise UserInputError("--embeddings needs --labels")
+    label_array = _load_array(labels, "labels")
+    matrices = {str(path): _load_array(path, "embeddings") for path in embeddings or []}
+    if len(matrices) == 1:
+        results: dict[str, Any] = evaluation.evaluate(next(iter(matrices.values())), label_array, **options)
+    else:
+        results = evaluation.evaluate_many(matrices, label_array, mode=mode, **options)
+    typer.echo(format_table(results))
+    if analysis:
+        arrays = list(matrices.values())
+        # Several models are analysed as evaluated: each L2-normalised, then concatenated.
+        combined = arrays[0] if len(arrays) == 1 else np.concatenate([_unit_rows(array) for array in arrays], axis=1)
+        space = embedding_space.analyze(combined, label_array, drop=drop, center=center, normalize=normalize)
+        typer.echo("")
+        typer.echo(format_table({"analysis": {key: value for key, value in space.items() if key != "singular_values"}}))
+        if plot is not None:
+            embedding_space.plot_spectrum(space["singular_values"], plot, drop=drop)
+            typer.echo(f"spectrum plot: {plot}")
+        results = {**results, "analysis": space}
+    _write_json(json_path, results)
+
+
+def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2:
+        raise UserInputError(f"embeddings must have shape [N, D]; got {list(matrix.shape)}")
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
+def _write_json(path: Path | None, results: dict[str, Any]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(results, indent=2) + "\n")
+    temporary.replace(path)

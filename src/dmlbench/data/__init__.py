@@ -1,0 +1,20 @@
+"""Datasets as in-memory ``ImageDataset``s, built by name, and their class-disjoint splits.
+
+``build("glyphs", seed=0)`` returns the built-in dataset; ``splits`` cuts index arrays by class;
+``check.summarize`` reports on a dataset and its splits.
+"""
+
+from dmlbench.data import glyphs as _glyphs  # registers "glyphs" in DATASETS
+from dmlbench.data.base import DATASETS, ImageDataset, build, content_hash
+from dmlbench.data.splits import Fold, carve_validation, class_disjoint_folds, train_test_split
+
+__all__ = [
+    "DATASETS",
+    "Fold",
+    "ImageDataset",
+    "build",
+    "carve_validation",
+    "class_disjoint_folds",
+    "content_hash",
+    "train_test_split",
+]

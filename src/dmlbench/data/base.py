@@ -1,0 +1,193 @@
+"""The in-memory image dataset every data source produces, and the dataset registry."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from dmlbench.errors import UserInputError
+from dmlbench.registry import Registry
+
+DATASETS: Registry[ImageDataset] = Registry("dataset")
+
+IndexLike = Sequence[int] | np.ndarray | Tensor
+
+
+def build(name: str, /, **options: Any) -> ImageDataset:
+    """Build dataset ``name``; an option it does not take is a ``UserInputError`` naming it."""
+    return DATASETS.build(name, **options)
+
+
+def content_hash(images: Tensor, labels: Tensor) -> str:
+    """sha256 over the shapes, then the raw bytes of ``images`` (uint8) and ``labels`` (little-endian int64).
+
+    The shapes go first so that two datasets with equal bytes but different image sizes differ.
+    """
+    digest = hashlib.sha256()
+    digest.update(f"{tuple(images.shape)}|{tuple(labels.shape)}|".encode())
+    digest.update(images.contiguous().numpy().tobytes())
+    digest.update(labels.numpy().astype("<i8", copy=False).tobytes())
+    return digest.hexdigest()
+
+
+def as_index_tensor(indices: IndexLike, size: int, what: str = "indices") -> Tensor:
+    """``indices`` as a 1-D int64 tensor, each in ``[0, size)``."""
+    index = torch.as_tensor(np.asarray(indices) if not isinstance(indices, Tensor) else indices)
+    if index.ndim != 1 or (index.numel() and index.dtype in (torch.bool, torch.float16, torch.float32, torch.float64)):
+        raise UserInputError(f"{what} must be a 1-D array of integers, got dtype {index.dtype} and shape {tuple(index.shape)}")
+    index = index.to(torch.int64)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
+        raise UserInputError(f"{what} must lie in [0, {size}), got range [{int(index.min())}, {int(index.max())}]")
+    return index
+
+
+class ImageDataset(Dataset[tuple[Tensor, int, int]]):
+    """Images held in memory as uint8 ``[N, C, H, W]`` with int64 class ids ``[N]``.
+
+    ``dataset[i]`` is ``(image, label, i)``: the image as float in ``[0, 1]`` (then normalised with
+    ``mean``/``std`` per channel when given), the original class id, and ``i`` itself so that samplers
+    with a memory bank can update by index. ``metadata`` records where the data came from;
+    ``source_indices`` is ``None`` for a root dataset and, for a ``subset``, the root positions of its items.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        class_names: Sequence[str],
+        *,
+        name: str,
+        content_hash: str | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        metadata: dict[str, Any] | None = None,
+        source_indices: Tensor | None = None,
+    ) -> None:
+        if not isinstance(images, Tensor) or images.dtype != torch.uint8 or images.ndim != 4:
+            raise UserInputError(f"images of dataset {name!r} must be a uint8 tensor [N, C, H, W]")
+        if not isinstance(labels, Tensor) or labels.dtype != torch.int64 or labels.shape != images.shape[:1]:
+            raise UserInputError(
+                f"labels of dataset {name!r} must be an int64 tensor [{images.shape[0]}], got "
+                f"{getattr(labels, 'dtype', type(labels).__name__)} {tuple(getattr(labels, 'shape', ()))}"
+            )
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= len(class_names)):
+            raise UserInputError(
+                f"labels of dataset {name!r} must index its {len(class_names)} class_names, got range "
+                f"[{int(labels.min())}, {int(labels.max())}]"
+            )
+        self.images = images
+        self.labels = labels
+        self.class_names = list(class_names)
+        self.name = name
+        self.metadata = dict(metadata or {})
+        self.source_indices = source_indices
+        self._content_hash = content_hash
+        self.mean, self.std = _check_normalization(mean, std, images.shape[1])
+        self._mean_tensor = None if self.mean is None else torch.tensor(self.mean).view(-1, 1, 1)
+        self._std_tensor = None if self.std is None else torch.tensor(self.std).view(-1, 1, 1)
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 of this dataset's images and labels (see ``content_hash``), computed once."""
+        if self._content_hash is None:
+            self._content_hash = content_hash(self.images, self.labels)
+        return self._content_hash
+
+    @property
+    def num_channels(self) -> int:
+        return int(self.images.shape[1])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return int(self.images.shape[2]), int(self.images.shape[3])
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int, int]:
+        index = int(index)
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for dataset {self.name!r} of {len(self)} items")
+        index %= len(self)
+        return self._to_float(self.images[index]), int(self.labels[index]), index
+
+    def batch(self, indices: IndexLike) -> tuple[Tensor, Tensor, Tensor]:
+        """Several items at once, stacked: ``(images [B, C, H, W], labels [B], indices [B])``."""
+        index = as_index_tensor(indices, len(self))
+        return self._to_float(self.images[index]), self.labels[index], index
+
+    def subset(self, indices: IndexLike) -> ImageDataset:
+        """The items at ``indices`` (in that order) as a dataset with the same interface and class ids.
+
+        Its items are indexed ``0 .. len(indices)-1``; ``source_indices`` maps them back to the root dataset.
+        """
+        index = as_index_tensor(indices, len(self))
+        source = index if self.source_indices is None else self.source_indices[index]
+        return ImageDataset(
+            self.images[index], self.labels[index], self.class_names, name=self.name,
+            mean=self.mean, std=self.std, metadata=self.metadata, source_indices=source,
+        )
+
+    def with_normalization(self, mean: Sequence[float] | None, std: Sequence[float] | None) -> ImageDataset:
+        """The same data (shared, not copied) returned as ``(image - mean) / std`` per channel."""
+        return ImageDataset(
+            self.images, self.labels, self.class_names, name=self.name, content_hash=self._content_hash,
+            mean=mean, std=std, metadata=self.metadata, source_indices=self.source_indices,
+        )
+
+    def pixel_statistics(self) -> tuple[list[float], list[float]]:
+        """Per-channel mean and standard deviation of the pixels in ``[0, 1]`` (for ``with_normalization``).
+
+        Compute them on the training split only, so that no statistic of held-out data leaks in.
+        """
+        if len(self) == 0:
+            raise UserInputError(f"dataset {self.name!r} is empty; it has no pixel statistics")
+        counts = torch.zeros(self.num_channels, dtype=torch.float64)
+        sums = torch.zeros_like(counts)
+        squares = torch.zeros_like(counts)
+        # Chunks keep the float copy small; float64 sums keep the variance exact enough.
+        for chunk in self.images.split(4096):
+            values = chunk.to(torch.float64) / 255.0
+            counts += values[:, 0].numel()
+            sums += values.sum(dim=(0, 2, 3))
+            squares += (values * values).sum(dim=(0, 2, 3))
+        mean = sums / counts
+        std = (squares / counts - mean * mean).clamp_min(0.0).sqrt()
+        return mean.tolist(), std.tolist()
+
+    def _to_float(self, images: Tensor) -> Tensor:
+        values = images.to(torch.float32) / 255.0
+        if self._mean_tensor is not None:
+            values = (values - self._mean_tensor) / self._std_tensor
+        return values
+
+    def __repr__(self) -> str:
+        channels, (height, width) = self.num_channels, self.image_size
+        return (
+            f"ImageDataset(name={self.name!r}, items={len(self)}, classes={len(self.class_names)}, "
+            f"shape=[{channels}, {height}, {width}])"
+        )
+
+
+def _check_normalization(
+    mean: Sequence[float] | None, std: Sequence[float] | None, channels: int
+) -> tuple[list[float] | None, list[float] | None]:
+    if mean is None and std is None:
+        return None, None
+    if mean is None or std is None:
+        raise UserInputError("mean and std must be given together")
+    mean_values, std_values = [float(value) for value in mean], [float(value) for value in std]
+    if len(mean_values) != channels or len(std_values) != channels:
+        raise UserInputError(f"mean and std need one value per channel ({channels}), got {len(mean_values)} and {len(std_values)}")
+    if not all(math.isfinite(value) for value in mean_values):
+        raise UserInputError(f"mean must be finite, got {mean_values}")
+    if not all(math.isfinite(value) and value > 0 for value in std_values):
+        raise UserInputError(f"std must be finite and > 0, got {std_values}")
+    return mean_values, std_values

@@ -1,0 +1,31 @@
+"""Nearest neighbours, retrieval and clustering metrics, and embedding-space analysis.
+
+``evaluate(embeddings, labels, ...)`` is the one implementation behind the Python API and
+``dmlbench evaluate``.
+"""
+
+from dmlbench.evaluation.api import (
+    CLUSTERING_METRICS,
+    COUNT_KEYS,
+    DEFAULT_KS,
+    RETRIEVAL_METRICS,
+    available_metrics,
+    default_metrics,
+    evaluate,
+    evaluate_many,
+)
+from dmlbench.evaluation.neighbors import BACKENDS, Neighbors, nearest_neighbors
+
+__all__ = [
+    "BACKENDS",
+    "CLUSTERING_METRICS",
+    "COUNT_KEYS",
+    "DEFAULT_KS",
+    "Neighbors",
+    "RETRIEVAL_METRICS",
+    "available_metrics",
+    "default_metrics",
+    "evaluate",
+    "evaluate_many",
+    "nearest_neighbors",
+]

@@ -1,0 +1,262 @@
+"""``evaluate``: retrieval and clustering metrics of one embedding matrix; ``evaluate_many`` for several models."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dmlbench.errors import UserInputError
+from dmlbench.evaluation import clustering, retrieval
+from dmlbench.evaluation.neighbors import nearest_neighbors
+from dmlbench.evaluation.search_space import SearchSpace, prepare
+from dmlbench.validation import check_positive_int
+
+RETRIEVAL_METRICS = ("precision_at_1", "r_precision", "map_at_r", "map_at_c", "map_at_1000", "mrr")
+CLUSTERING_METRICS = ("nmi", "ami", "f1")
+COUNT_KEYS = ("num_queries", "num_queries_without_match")
+DEFAULT_KS = (1, 2, 4, 8)
+MODES = ("concatenated", "separated")
+_RECALL = re.compile(r"recall_at_([1-9][0-9]*)")
+
+
+def default_metrics(ks: Sequence[int] = DEFAULT_KS) -> list[str]:
+    """Every metric except ``map_at_1000`` (it needs 1000 neighbours per query; ask for it by name)."""
+    return ["precision_at_1", *(f"recall_at_{k}" for k in ks), "r_precision", "map_at_r", "map_at_c", "mrr",
+            *CLUSTERING_METRICS]
+
+
+def available_metrics() -> list[str]:
+    return ["precision_at_1", "recall_at_<k>", *RETRIEVAL_METRICS[1:], *CLUSTERING_METRICS]
+
+
+def evaluate(
+    embeddings: Tensor | np.ndarray,
+    labels: Tensor | np.ndarray | Sequence[int],
+    *,
+    metrics: Iterable[str] | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+    query_mask: Tensor | np.ndarray | None = None,
+    backend: str = "torch",
+    binarize: bool = False,
+    normalize: bool = True,
+    k: int | None = None,
+    seed: int = 0,
+    block_size: int | None = None,
+    kmeans_iterations: int = clustering.DEFAULT_KMEANS_ITERATIONS,
+    nprobe: int | None = None,
+) -> dict[str, float]:
+    """Metrics of ``embeddings`` ``[N, D]`` with integer ``labels`` ``[N]`` (definitions: design.md).
+
+    Queries are the references (each query excluded from its own list) unless ``query_mask``
+    (bool ``[N]``) marks the queries; the rest is then the gallery. Distances are Euclidean on
+    L2-normalised embeddings (``normalize=False``: as given), or Hamming on the signs with
+    ``binarize``. ``metrics`` names a subset (``recall_at_<k>`` for any k; default
+    ``default_metrics(ks)``); ``k`` neighbours are retrieved (default: the largest class size).
+    Retrieval metrics come with ``num_queries`` and ``num_queries_without_match`` (queries whose
+    label has no reference, left out of all retrieval averages except mAP@C and mAP@1000).
+    """
+    names = _parse_metrics(metrics, ks)
+    data = _as_embeddings(embeddings)
+    label_tensor = _as_labels(labels, len(data))
+    if len(torch.unique(label_tensor)) < 2:
+        raise UserInputError("labels contain a single class; evaluation needs at least 2 classes")
+    space = prepare(data, normalize=normalize, binarize=binarize)
+    results: dict[str, float] = {}
+    retrieval_names = [name for name in names if name not in CLUSTERING_METRICS]
+    if retrieval_names:
+        mask = _as_query_mask(query_mask, len(data))
+        results.update(_retrieval(space, label_tensor, mask, retrieval_names, k, backend, block_size, nprobe, seed))
+    clustering_names = [name for name in names if name in CLUSTERING_METRICS]
+    if clustering_names:
+        results.update(_clustering(space, label_tensor, clustering_names, seed, kmeans_iterations))
+    ordered = {name: results[name] for name in names}
+    ordered.update({key: results[key] for key in COUNT_KEYS if key in results})
+    return ordered
+
+
+def evaluate_many(
+    embeddings: Mapping[str, Tensor | np.ndarray],
+    labels: Tensor | np.ndarray | Sequence[int],
+    *,
+    mode: str = "concatenated",
+    **evaluate_kwargs: Any,
+) -> dict[str, float]:
+    """Several models' embeddings of the same samples, Musgrave et al. 2020 section 3.3.
+
+    ``concatenated``: each model's embeddings L2-normalised, concatenated, then evaluated (and
+    normalised again when ``normalize``). ``separated``: each evaluated alone, metrics averaged.
+    """
+    if mode not in MODES:
+        raise UserInputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if not embeddings:
+        raise UserInputError("evaluate_many needs at least one embedding matrix")
+    matrices = {name: _as_embeddings(value, name=f"embeddings[{name!r}]") for name, value in embeddings.items()}
+    sizes = {len(matrix) for matrix in matrices.values()}
+    if len(sizes) > 1:
+        raise UserInputError(f"all embedding matrices must have the same number of rows; got {sorted(sizes)}")
+    if mode == "concatenated":
+        normalized = [torch.nn.functional.normalize(matrix, dim=1) for matrix in matrices.values()]
+        return evaluate(torch.cat(normalized, dim=1), labels, **evaluate_kwargs)
+    per_model = [evaluate(matrix, labels, **evaluate_kwargs) for matrix in matrices.values()]
+    return {key: (value if key in COUNT_KEYS else float(np.mean([result[key] for result in per_model])))
+            for key, value in per_model[0].items()}
+
+
+def _retrieval(
+    space: SearchSpace,
+    labels: Tensor,
+    query_mask: Tensor | None,
+    names: list[str],
+    k: int | None,
+    backend: str,
+    block_size: int | None,
+    nprobe: int | None,
+    seed: int,
+) -> dict[str, float]:
+    self_retrieval = query_mask is None
+    if self_retrieval:
+        query_ids = reference_ids = torch.arange(len(labels))
+    else:
+        query_ids, reference_ids = torch.nonzero(query_mask).squeeze(1), torch.nonzero(~query_mask).squeeze(1)
+    query_labels = labels[query_ids]
+    classes, reference_counts = torch.unique(labels[reference_ids], return_counts=True)
+    position = torch.searchsorted(classes, query_labels).clamp_max(len(classes) - 1)
+    counts = torch.where(classes[position] == query_labels, reference_counts[position], 0)
+    relevant = counts - 1 if self_retrieval else counts
+    class_sizes = counts
+    if not bool((relevant > 0).any()):
+        raise UserInputError("no query has a reference with its label; retrieval metrics are undefined")
+    available = len(reference_ids) - int(self_retrieval)
+    largest_class = min(available, int(reference_counts.max()))
+    needs = _neighbours_needed(names, relevant, class_sizes, largest_class, available)
+    if k is None:
+        k = max(largest_class, *needs.values())
+    else:
+        check_positive_int("k", k)
+        if k > available:
+            raise UserInputError(f"k={k} exceeds the {available} references available per query")
+        for name, needed in needs.items():
+            if k < needed:
+                raise UserInputError(f"k={k} is too small for {name}, which needs {needed} neighbours")
+    neighbours = nearest_neighbors(
+        space, query_ids, reference_ids, k, exclude_self=self_retrieval,
+        backend=backend, block_size=block_size, nprobe=nprobe, seed=seed,
+    )
+    hits = labels[neighbours.ids] == query_labels.unsqueeze(1)
+    results = {name: _retrieval_metric(name, hits, relevant, class_sizes, largest_class) for name in names}
+    results["num_queries"] = len(query_ids)
+    results["num_queries_without_match"] = int((relevant == 0).sum())
+    return results
+
+
+def _neighbours_needed(
+    names: list[str], relevant: Tensor, class_sizes: Tensor, largest_class: int, available: int
+) -> dict[str, int]:
+    needs = {}
+    for name in names:
+        recall = _RECALL.fullmatch(name)
+        if recall:
+            needs[name] = min(available, int(recall.group(1)))
+        elif name == "precision_at_1":
+            needs[name] = 1
+        elif name in ("r_precision", "map_at_r"):
+            needs[name] = int(relevant.max())
+        elif name == "map_at_c":
+            needs[name] = min(available, int(class_sizes.max()))
+        elif name == "mrr":
+            needs[name] = largest_class
+        elif name == "map_at_1000":
+            needs[name] = min(available, 1000)
+    return needs
+
+
+def _retrieval_metric(name: str, hits: Tensor, relevant: Tensor, class_sizes: Tensor, largest_class: int) -> float:
+    recall = _RECALL.fullmatch(name)
+    if recall:
+        return retrieval.recall_at_k(hits, relevant, int(recall.group(1)))
+    if name == "precision_at_1":
+        return retrieval.precision_at_1(hits, relevant)
+    if name == "r_precision":
+        return retrieval.r_precision(hits, relevant)
+    if name == "map_at_r":
+        return retrieval.map_at_r(hits, relevant)
+    if name == "map_at_c":
+        return retrieval.map_at_c(hits, class_sizes)
+    if name == "map_at_1000":
+        return retrieval.map_at_1000(hits)
+    return retrieval.mean_reciprocal_rank(hits[:, :largest_class], relevant)
+
+
+def _clustering(space: SearchSpace, labels: Tensor, names: list[str], seed: int, iterations: int) -> dict[str, float]:
+    check_positive_int("kmeans_iterations", iterations)
+    label_array = labels.numpy()
+    clusters = clustering.kmeans_assignment(
+        space.search_rows, len(np.unique(label_array)), seed=seed, iterations=iterations
+    )
+    functions = {"nmi": clustering.nmi, "ami": clustering.ami, "f1": clustering.pairwise_f1}
+    return {name: functions[name](label_array, clusters) for name in names}
+
+
+def _parse_metrics(metrics: Iterable[str] | None, ks: Sequence[int]) -> list[str]:
+    for value in ks:
+        check_positive_int("ks", value)
+    if metrics is None:
+        return default_metrics(ks)
+    if isinstance(metrics, str):
+        metrics = [part.strip() for part in metrics.split(",") if part.strip()]
+    names = list(dict.fromkeys(metrics))
+    known = set(RETRIEVAL_METRICS) | set(CLUSTERING_METRICS)
+    for name in names:
+        if not isinstance(name, str) or (name not in known and not _RECALL.fullmatch(name)):
+            raise UserInputError(f"unknown metric {name!r}; known: {', '.join(available_metrics())}")
+    if not names:
+        raise UserInputError("metrics selects nothing; known: " + ", ".join(available_metrics()))
+    return names
+
+
+def _as_embeddings(embeddings: Any, name: str = "embeddings") -> Tensor:
+    if isinstance(embeddings, Tensor):
+        data = embeddings.detach().cpu()
+    else:
+        try:
+            data = torch.as_tensor(np.asarray(embeddings))
+        except (TypeError, ValueError) as error:
+            raise UserInputError(f"{name} must be a numeric array [N, D]: {error}") from None
+    if data.ndim != 2 or data.shape[0] < 2 or data.shape[1] < 1:
+        raise UserInputError(f"{name} must have shape [N, D] with N >= 2 and D >= 1; got {list(data.shape)}")
+    if not (data.dtype.is_floating_point or data.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)):
+        raise UserInputError(f"{name} must be a real numeric array; got dtype {data.dtype}")
+    data = data.to(torch.float64)
+    if not bool(torch.isfinite(data).all()):
+        bad = int((~torch.isfinite(data)).any(dim=1).sum())
+        raise UserInputError(f"{name} contain NaN or Inf values (in {bad} rows)")
+    return data
+
+
+def _as_labels(labels: Any, num_rows: int) -> Tensor:
+    array = np.asarray(labels.detach().cpu() if isinstance(labels, Tensor) else labels)
+    if array.ndim != 1:
+        raise UserInputError(f"labels must be one-dimensional [N]; got shape {list(array.shape)}")
+    if len(array) != num_rows:
+        raise UserInputError(f"embeddings have {num_rows} rows but labels have {len(array)} entries")
+    if not (np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_):
+        raise UserInputError(f"labels must be integers; got dtype {array.dtype}")
+    return torch.from_numpy(array.astype(np.int64))
+
+
+def _as_query_mask(query_mask: Any, num_rows: int) -> Tensor | None:
+    if query_mask is None:
+        return None
+    array = np.asarray(query_mask.detach().cpu() if isinstance(query_mask, Tensor) else query_mask)
+    if array.dtype != np.bool_ or array.shape != (num_rows,):
+        raise UserInputError(f"query_mask must be a bool array of shape [{num_rows}]; got {array.dtype} {list(array.shape)}")
+    if not array.any():
+        raise UserInputError("query_mask selects no query")
+    if array.all():
+        raise UserInputError("query_mask selects every row, which leaves no gallery")
+    return torch.from_numpy(array.copy())

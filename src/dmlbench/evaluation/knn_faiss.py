@@ -1,0 +1,76 @@
+"""faiss candidate search: exact flat indexes, or inverted-file indexes for very large galleries.
+
+Scores follow ``SearchSpace``'s convention (larger is nearer), so the exact re-ranking in
+``dmlbench.evaluation.neighbors`` treats faiss and the torch engine alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+import faiss
+import numpy as np
+import torch
+from torch import Tensor
+
+from dmlbench.evaluation.search_space import SearchSpace
+
+
+def candidate_search(
+    space: SearchSpace,
+    query_ids: Tensor,
+    reference_ids: Tensor,
+    width: int,
+    *,
+    exclude_self: bool,
+    approximate: bool = False,
+    nprobe: int | None = None,
+    seed: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Top ``width`` candidates per query from faiss: (scores ``[Q, width]``, global reference ids)."""
+    index = _build_index(space, reference_ids, approximate=approximate, nprobe=nprobe, seed=seed)
+    wanted = min(width + int(exclude_self), len(reference_ids))
+    if space.binary:
+        hamming, positions = index.search(space.exact_rows[query_ids].numpy(), wanted)
+        scores = space.dim - 2.0 * torch.from_numpy(hamming.astype(np.float32))
+    else:
+        raw_scores, positions = index.search(space.search_rows[query_ids].numpy(), wanted)
+        scores = torch.from_numpy(raw_scores)
+    positions = torch.from_numpy(positions).long()
+    found = positions >= 0
+    ids = torch.where(found, reference_ids[positions.clamp_min(0)], positions)
+    scores = scores.masked_fill(~found, -math.inf)
+    if exclude_self:
+        # Stable sort moves the query itself (wherever ties put it) behind the other candidates.
+        order = (ids == query_ids.unsqueeze(1)).to(torch.int8).argsort(dim=1, stable=True)[:, :width]
+        ids, scores = ids.gather(1, order), scores.gather(1, order)
+    return scores[:, :width].contiguous(), ids[:, :width].contiguous()
+
+
+def _build_index(
+    space: SearchSpace, reference_ids: Tensor, *, approximate: bool, nprobe: int | None, seed: int
+) -> faiss.Index | faiss.IndexBinary:
+    num_references = len(reference_ids)
+    lists = max(1, round(math.sqrt(num_references)))
+    if space.binary:
+        references = space.exact_rows[reference_ids].numpy()
+        bits = references.shape[1] * 8
+        if approximate:
+            index = faiss.IndexBinaryIVF(faiss.IndexBinaryFlat(bits), bits, lists)
+            index.cp.seed = seed
+            index.train(references)
+        else:
+            index = faiss.IndexBinaryFlat(bits)
+    else:
+        references = np.ascontiguousarray(space.reference_rows[reference_ids].numpy())
+        dim = references.shape[1]
+        if approximate:
+            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+            index.cp.seed = seed
+            index.train(references)
+        else:
+            index = faiss.IndexFlatIP(dim)
+    index.add(references)
+    if approximate:
+        index.nprobe = nprobe if nprobe is not None else max(1, lists // 8)
+    return index

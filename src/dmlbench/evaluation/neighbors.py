@@ -1,0 +1,112 @@
+"""Exact k nearest neighbours, ordered by (exact distance, reference index), from any backend.
+
+A backend proposes float32 candidates; they are re-ranked by the exact key of ``SearchSpace``. A
+query's list is *certified* when its k-th exact distance is strictly below the smallest distance
+any non-candidate can have (the worst kept candidate's approximate distance minus the error
+bound); queries that cannot be certified (ties or near-ties at the boundary) are searched again
+with four times as many candidates, until every reference is a candidate. The result is exactly the
+brute-force float64 ranking, whatever the backend, block size or thread count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dmlbench.errors import UserInputError
+from dmlbench.evaluation import knn_blocked, knn_faiss
+from dmlbench.evaluation.search_space import SearchSpace
+
+BACKENDS = ("torch", "faiss", "faiss_approx")
+# Exact keys are computed for at most this many (query, candidate, dimension) entries at a time:
+# small chunks stay in cache and reuse memory instead of faulting in fresh pages.
+_EXACT_CHUNK_ENTRIES = 1 << 17
+
+
+@dataclass(frozen=True)
+class Neighbors:
+    """``ids[q, i]``: global row id of the i-th nearest reference of query q; ``distances``: its exact key."""
+
+    ids: Tensor
+    distances: Tensor
+
+
+def nearest_neighbors(
+    space: SearchSpace,
+    query_ids: Tensor,
+    reference_ids: Tensor,
+    k: int,
+    *,
+    exclude_self: bool,
+    backend: str = "torch",
+    block_size: int | None = None,
+    nprobe: int | None = None,
+    seed: int = 0,
+) -> Neighbors:
+    """The ``k`` nearest ``reference_ids`` (ascending global ids) of each of ``query_ids``.
+
+    ``exclude_self`` removes each query from its own list (queries must then be among the references).
+    ``faiss_approx`` returns the exact ranking of approximate candidates, without certification.
+    """
+    if backend not in BACKENDS:
+        raise UserInputError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    available = len(reference_ids) - int(exclude_self)
+    if not 1 <= k <= available:
+        raise UserInputError(f"k={k} must lie in [1, {available}] (the number of references per query)")
+
+    def search(queries: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        if backend == "torch":
+            return knn_blocked.candidate_search(
+                space, queries, reference_ids, width, exclude_self=exclude_self, block_size=block_size
+            )
+        return knn_faiss.candidate_search(
+            space, queries, reference_ids, width, exclude_self=exclude_self,
+            approximate=backend == "faiss_approx", nprobe=nprobe, seed=seed,
+        )
+
+    ids = torch.empty(len(query_ids), k, dtype=torch.int64)
+    distances = torch.empty(len(query_ids), k, dtype=torch.float64)
+    pending = torch.arange(len(query_ids))
+    width = min(available, k + max(8, k // 2))
+    while len(pending) > 0:
+        pending_queries = query_ids[pending]
+        scores, candidates = search(pending_queries, width)
+        ranked_ids, ranked_distances, certified = _rank_candidates(
+            space, pending_queries, scores, candidates, k,
+            exhaustive=width >= available or backend == "faiss_approx",
+        )
+        ids[pending[certified]] = ranked_ids[certified]
+        distances[pending[certified]] = ranked_distances[certified]
+        pending = pending[~certified]
+        width = min(available, 4 * width)
+    return Neighbors(ids, distances)
+
+
+def _rank_candidates(
+    space: SearchSpace, query_ids: Tensor, scores: Tensor, candidates: Tensor, k: int, *, exhaustive: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    keys = _exact_keys(space, query_ids, candidates)
+    # Lexicographic (key, id): sort by id, then stably by key.
+    by_id = candidates.argsort(dim=1, stable=True)
+    candidates, keys = candidates.gather(1, by_id), keys.gather(1, by_id)
+    by_key = keys.argsort(dim=1, stable=True)
+    ranked_ids = candidates.gather(1, by_key)[:, :k]
+    ranked_keys = keys.gather(1, by_key)[:, :k]
+    if exhaustive:
+        return ranked_ids, ranked_keys, torch.ones(len(query_ids), dtype=torch.bool)
+    worst_kept = space.scores_to_distances(scores, query_ids).amax(dim=1)
+    closest_outside = worst_kept - space.distance_error_bound(query_ids)
+    return ranked_ids, ranked_keys, ranked_keys[:, -1] < closest_outside
+
+
+def _exact_keys(space: SearchSpace, query_ids: Tensor, candidates: Tensor) -> Tensor:
+    row_entries = max(1, candidates.shape[1] * space.exact_rows.shape[1])
+    chunk = max(1, _EXACT_CHUNK_ENTRIES // row_entries)
+    return torch.cat(
+        [
+            space.exact_distances(query_ids[start : start + chunk], candidates[start : start + chunk])
+            for start in range(0, len(query_ids), chunk)
+        ]
+    ) if len(query_ids) else torch.empty(0, candidates.shape[1], dtype=torch.float64)

@@ -1,0 +1,131 @@
+"""Structured clustering with the facility-location objective (Song et al. 2017)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dmlbench.distances import euclidean, same_label_mask
+from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
+from dmlbench.mining.base import check_batch
+from dmlbench.mining.tuples import Tuples
+from dmlbench.validation import check_non_negative
+
+
+def batched_nmi(predicted: Tensor, truth: Tensor) -> Tensor:
+    """NMI (arithmetic normalisation, sklearn's default) of each row of ``predicted`` against ``truth``.
+
+    ``predicted`` is ``[n, b]`` with cluster ids ``>= 0``, ``truth`` ``[b]`` with ids in ``[0, K)``;
+    returns ``[n]`` in float64. Limit cases as sklearn: both single-cluster gives 1, zero mutual
+    information gives 0.
+    """
+    rows, size = predicted.shape
+    num_true = int(truth.max()) + 1
+    ones = torch.ones(predicted.shape, dtype=torch.float64, device=predicted.device)
+    # Count only the (cluster, class) cells some row occupies, renumbered densely without sorting.
+    cell_ids = predicted * num_true + truth.unsqueeze(0)
+    occupied = torch.zeros(int(cell_ids.max()) + 1, dtype=torch.bool, device=predicted.device)
+    occupied[cell_ids.reshape(-1)] = True
+    cells = occupied.nonzero().squeeze(1)
+    cell_index = (torch.cumsum(occupied, dim=0) - 1)[cell_ids]
+    joint = torch.zeros(rows, len(cells), dtype=torch.float64, device=predicted.device)
+    joint.scatter_add_(1, cell_index, ones)
+    cluster_sizes = torch.zeros(rows, int(predicted.max()) + 1, dtype=torch.float64, device=predicted.device)
+    cluster_sizes.scatter_add_(1, predicted, ones)
+    class_sizes = torch.bincount(truth, minlength=num_true).to(torch.float64)
+    independent = cluster_sizes[:, cells // num_true] * class_sizes[cells % num_true]
+    ratio = torch.where(joint > 0, joint * size / independent.clamp_min(1.0), 1.0)
+    mutual_information = (joint * ratio.log()).sum(dim=1).clamp_min(0.0) / size
+    entropy_predicted = -torch.special.xlogy(cluster_sizes / size, cluster_sizes / size).sum(dim=1)
+    entropy_true = -torch.special.xlogy(class_sizes / size, class_sizes / size).sum()
+    normaliser = (entropy_predicted + entropy_true) / 2
+    nmi = torch.where(mutual_information > 0, mutual_information / normaliser.clamp_min(1e-300), 0.0)
+    single_cluster = ((cluster_sizes > 0).sum(dim=1) == 1) & (int((class_sizes > 0).sum()) == 1)
+    return torch.where(single_cluster, 1.0, nmi)
+
+
+def greedy_loss_augmented_medoids(distances: Tensor, class_index: Tensor, margin_multiplier: float) -> Tensor:
+    """Greedy maximiser of ``F(X, S) + gamma (1 - NMI(g(S), y))`` over ``|S| = |Y|`` (Song et al. 2017).
+
+    The loss-augmented inference of eq. 11: adds one medoid at a time, the one with the best augmented
+    score (ties: lowest index). Returns the medoid indices in the order they were chosen, which is
+    also the order ``assign_to_medoids`` uses to break distance ties.
+    """
+    batch = len(class_index)
+    nearest = torch.full((batch,), float("inf"), dtype=distances.dtype, device=distances.device)
+    assignment = torch.zeros(batch, dtype=torch.long, device=distances.device)
+    available = torch.ones(batch, dtype=torch.bool, device=distances.device)
+    chosen: list[int] = []
+    for step in range(int(class_index.max()) + 1):
+        # Row j: the facility location after adding candidate j as medoid number `step`.
+        energy = -torch.minimum(nearest.unsqueeze(0), distances).sum(dim=1).double()
+        energy = energy.masked_fill(~available, float("-inf"))
+        # 1 - NMI lies in [0, 1], so a candidate more than gamma below the best energy cannot win:
+        # the NMI (the expensive part) is only needed for the others. The slack covers round-off.
+        best_energy = energy.max()
+        bound = best_energy - margin_multiplier - 1e-9 * (best_energy.abs() + 1.0)
+        contenders = (energy >= bound).nonzero().squeeze(1)
+        captured = distances[contenders] < nearest.unsqueeze(0)  # strict: ties stay with the earlier medoid
+        captured[torch.arange(len(contenders), device=distances.device), contenders] = True
+        captured[:, ~available] = False  # medoids already chosen stay in their own cluster
+        candidate_assignment = torch.where(captured, step, assignment.unsqueeze(0))
+        score = energy[contenders] + margin_multiplier * (1.0 - batched_nmi(candidate_assignment, class_index))
+        winner = int(torch.argmax(score))  # contenders are in index order: ties go to the lowest index
+        best = int(contenders[winner])
+        chosen.append(best)
+        nearest = torch.minimum(nearest, distances[best])
+        assignment = candidate_assignment[winner]
+        available[best] = False
+    return torch.tensor(chosen, dtype=torch.long, device=distances.device)
+
+
+def assign_to_medoids(distances: Tensor, medoids: Tensor) -> Tensor:
+    """``g(S)``: each point's nearest medoid (position in ``medoids``; ties go to the earlier medoid),
+    every medoid in its own cluster."""
+    assignment = torch.argmin(distances[medoids], dim=0)
+    assignment[medoids] = torch.arange(len(medoids), device=medoids.device)
+    return assignment
+
+
+def oracle_clustering_score(distances: Tensor, labels: Tensor) -> Tensor:
+    """``F~(X, y) = sum_k max_{j in class k} F(X_k, {j})``: the best medoid of every class (eq. 10)."""
+    same = same_label_mask(labels)
+    # Column j: the total distance from j's classmates to j, i.e. -F(X_{y_j}, {j}).
+    cost = (distances * same.to(distances.dtype)).sum(dim=0)
+    _, class_index = torch.unique(labels, return_inverse=True)
+    members = F.one_hot(class_index).T.bool()
+    return -torch.where(members, cost.unsqueeze(0), float("inf")).amin(dim=1).sum()
+
+
+@LOSSES.register("facility_location")
+class FacilityLocationLoss(MetricLoss):
+    """Structured clustering loss, Fehervari et al. 2019 eq. 10-12 (Song et al. 2017).
+
+    ``L = [max_{S, |S| = |Y|} {F(X, S) + gamma Delta(g(S), Y)} - F~(X, Y)]_+`` with the facility
+    location ``F(X, S) = -sum_i min_{j in S} ||phi_i - phi_j||`` (Euclidean, not squared, as Song et
+    al.), ``F~`` the score of the best medoid per class (eq. 10), ``g(S)`` the nearest-medoid
+    assignment (eq. 12) and the structured margin ``Delta = 1 - NMI`` (sklearn's arithmetic NMI; the
+    reference codes used the geometric mean). The max is the greedy loss-augmented inference of Song
+    et al. (no PAM refinement); its medoids are constants for the gradient, which flows through the
+    distances of both terms. ``margin_multiplier`` is gamma (1, as Song et al.). A sum over the batch,
+    not normalised (as eq. 11). The embeddings are used as given (seed 000's Table 1 normalises them
+    for this loss).
+    """
+
+    def __init__(self, margin_multiplier: float = 1.0) -> None:
+        super().__init__()
+        self.margin_multiplier = check_non_negative("margin_multiplier", margin_multiplier)
+
+    def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
+        check_batch(embeddings, labels)
+        if len(labels) == 0:
+            return zero_loss(embeddings)
+        distances = euclidean(embeddings)
+        _, class_index = torch.unique(labels, return_inverse=True)
+        with torch.no_grad():
+            medoids = greedy_loss_augmented_medoids(distances.detach(), class_index, self.margin_multiplier)
+            margin = 1.0 - batched_nmi(assign_to_medoids(distances.detach(), medoids).unsqueeze(0), class_index)
+        predicted_score = -distances[medoids].amin(dim=0).sum()
+        augmented = predicted_score + self.margin_multiplier * margin.squeeze(0).to(distances.dtype)
+        return F.relu(augmented - oracle_clustering_score(distances, labels))

@@ -1,0 +1,74 @@
+"""SoftTriple loss (Qian et al. 2019): several normalised centres per class, softly assigned."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
+from dmlbench.losses.proxy_nca import check_class_batch, check_num_classes, check_seed, init_proxies
+from dmlbench.mining.tuples import Tuples
+from dmlbench.validation import check_non_negative, check_positive, check_positive_int
+
+# Below this squared distance two centres count as identical: distance 0 with zero gradient, since
+# the derivative of sqrt is infinite at 0 (same convention as dmlbench.distances.euclidean).
+_SQUARED_DISTANCE_EPS = 1e-12
+
+
+@LOSSES.register("softtriple")
+class SoftTripleLoss(MetricLoss):
+    """SoftTriple, Roth et al. 2020 supp. eq. 16-18 (Qian et al. 2019).
+
+    ``S_i^c = sum_k softmax_k(phi_i^T psi_c^k / gamma) phi_i^T psi_c^k`` (eq. 16; the printed
+    version drops the factor ``phi_i^T psi``, without which S would always be 1),
+    ``L_base = -1/b sum_i log softmax_c(scale * (S_i^c - margin [c = y_i]))_{y_i}`` (eq. 17) and
+    ``L = L_base + tau * sum_c sum_{k < l} ||psi_c^k - psi_c^l|| / (C K (K - 1))`` (eq. 18; each
+    unordered pair once, as in Qian et al. and Roth et al.'s code; ``||psi - psi'|| = sqrt(2 - 2 psi^T psi')``
+    for unit centres). Defaults from 004: ``tau`` = 0.2, ``scale`` (lambda) = 8, ``margin`` (delta)
+    = 0.01, ``gamma`` = 0.1, ``centers_per_class`` (K) = 2. Embeddings and centres are normalised here.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_dim: int,
+        centers_per_class: int = 2,
+        scale: float = 8.0,
+        gamma: float = 0.1,
+        margin: float = 0.01,
+        tau: float = 0.2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.num_classes = check_num_classes(num_classes)
+        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+        self.centers_per_class = check_positive_int("centers_per_class", centers_per_class)
+        self.scale = check_positive("scale", scale)
+        self.gamma = check_positive("gamma", gamma)
+        self.margin = check_non_negative("margin", margin)
+        self.tau = check_non_negative("tau", tau)
+        self.centers = init_proxies((num_classes, centers_per_class, embedding_dim), check_seed(seed))
+
+    def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
+        check_class_batch(embeddings, labels, self.num_classes, self.embedding_dim)
+        centers = F.normalize(self.centers.to(embeddings.dtype), dim=2)
+        regularizer = self.tau * self.center_spread(centers)
+        if len(labels) == 0:
+            return zero_loss(embeddings) + regularizer
+        cosine = torch.einsum("bd,ckd->bck", F.normalize(embeddings, dim=1), centers)
+        assignment = torch.softmax(cosine / self.gamma, dim=2)
+        similarity = (assignment * cosine).sum(dim=2)
+        labels = labels.long()
+        own = F.one_hot(labels, self.num_classes).to(similarity.dtype)
+        return F.cross_entropy(self.scale * (similarity - self.margin * own), labels) + regularizer
+
+    def center_spread(self, centers: Tensor) -> Tensor:
+        """``sum_c sum_{k<l} ||psi_c^k - psi_c^l|| / (C K (K-1))`` for unit centres ``[C, K, D]``."""
+        per_class = self.centers_per_class
+        first, second = torch.triu_indices(per_class, per_class, offset=1, device=centers.device)
+        squared = (centers[:, first] - centers[:, second]).square().sum(dim=2)
+        apart = squared > _SQUARED_DISTANCE_EPS
+        distance = torch.where(apart, torch.where(apart, squared, 1.0).sqrt(), 0.0)
+        pairs_norm = self.num_classes * self.centers_per_class * (self.centers_per_class - 1)
+        return distance.sum() / pairs_norm if pairs_norm else distance.sum()

@@ -1,0 +1,170 @@
+"""What every batch sampler shares: the registry, input checks, per-epoch seeding and sharding.
+
+A sampler is a ``torch.utils.data.Sampler[list[int]]`` used as
+``DataLoader(dataset, batch_sampler=sampler)``. The batches of epoch ``e`` are a pure function of
+``(seed, e, rank, world_size)`` (and, for embedded samplers, of the memory bank's contents):
+every rank builds the same *global* sequence of batches from a generator seeded with
+``(seed, epoch)`` and keeps every ``world_size``-th one starting at ``rank``, so ranks get disjoint
+batches of the same structure and the same number of them. The DataLoader asks for the batches in
+its main process, so the number of data-loader workers never changes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Sampler
+
+from dmlbench.errors import UserInputError
+from dmlbench.registry import Registry
+from dmlbench.validation import check_positive_int
+
+SAMPLERS: Registry[BatchSampler] = Registry("sampler")
+
+LabelsLike = Tensor | np.ndarray | Sequence[int]
+
+
+def as_labels(labels: LabelsLike) -> Tensor:
+    """The training labels as a 1-D int64 tensor (a copy); anything else is a ``UserInputError``."""
+    if isinstance(labels, Tensor):
+        tensor = labels.detach().cpu()
+    else:
+        array = np.asarray(labels)
+        if array.dtype == object:
+            raise UserInputError("labels must be a 1-D array of integers, got objects")
+        tensor = torch.from_numpy(array.copy()) if array.size else torch.empty(0, dtype=torch.int64)
+    if tensor.dtype == torch.bool or tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        raise UserInputError(f"labels must be a 1-D array of integers, got dtype {tensor.dtype}")
+    if tensor.dim() != 1 or tensor.numel() == 0:
+        raise UserInputError(f"labels must be a non-empty 1-D array, got shape {tuple(tensor.shape)}")
+    return tensor.to(torch.int64).clone()
+
+
+def resolve_process_group(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``; missing values come from ``torch.distributed`` when it is initialised."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if world_size is None:
+        world_size = torch.distributed.get_world_size() if distributed else 1
+    if rank is None:
+        rank = torch.distributed.get_rank() if distributed else 0
+    check_positive_int("world_size", world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise UserInputError(f"rank must be an integer in [0, world_size={world_size}), got {rank!r}")
+    return rank, world_size
+
+
+def check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserInputError(f"seed must be an integer >= 0, got {seed!r}")
+    return seed
+
+
+def derived_generator(*entropy: int) -> torch.Generator:
+    """A ``torch.Generator`` seeded from a tuple of non-negative ints via numpy's ``SeedSequence``,
+    so that nearby tuples such as ``(seed, epoch)`` and ``(seed, epoch + 1)`` give unrelated streams."""
+    state = np.random.SeedSequence(list(entropy)).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def format_classes(class_ids: Tensor, counts: Tensor, limit: int = 5) -> str:
+    """``'class 3 has 1 image, class 9 has 2 images'`` for error messages, at most ``limit`` entries."""
+    parts = [
+        f"class {int(c)} has {int(n)} image{'s' if int(n) != 1 else ''}"
+        for c, n in zip(class_ids[:limit], counts[:limit])
+    ]
+    if class_ids.numel() > limit:
+        parts.append(f"and {class_ids.numel() - limit} more")
+    return ", ".join(parts)
+
+
+class BatchSampler(Sampler[list[int]]):
+    """Base of all batch samplers: labels, batch size, seed, epoch and the rank's share of batches."""
+
+    needs_embeddings: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        labels: LabelsLike,
+        batch_size: int,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.labels = as_labels(labels)
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        self.seed = check_seed(seed)
+        self.rank, self.world_size = resolve_process_group(rank, world_size)
+        self.epoch = 0
+        self.class_ids, self.class_index, self.class_sizes = torch.unique(
+            self.labels, sorted=True, return_inverse=True, return_counts=True
+        )
+        self.class_starts = torch.cumsum(self.class_sizes, 0) - self.class_sizes
+        if self.batch_size > self.labels.numel():
+            raise UserInputError(
+                f"batch_size={self.batch_size} is larger than the training set ({self.labels.numel()} images)"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.labels.numel())
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.class_ids.numel())
+
+    def shuffled_by_class(self, generator: torch.Generator) -> Tensor:
+        """All dataset indices grouped by class (class ``k`` at ``class_starts[k]``, in ascending
+        label order), in a fresh random order within each class."""
+        shuffled = torch.randperm(self.num_samples, generator=generator)
+        return shuffled[torch.argsort(self.class_index[shuffled], stable=True)]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose batches the next ``iter(self)`` yields."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise UserInputError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self.epoch = epoch
+
+    def epoch_generator(self) -> torch.Generator:
+        """The generator of the current epoch's global batch sequence (the same on every rank)."""
+        return derived_generator(self.seed, self.epoch)
+
+    def num_global_batches(self) -> int:
+        """Batches per epoch summed over all ranks (before sharding)."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.num_global_batches() // self.world_size
+
+    def check_enough_batches(self) -> None:
+        """Every rank needs at least one batch per epoch."""
+        total = self.num_global_batches()
+        if total < self.world_size:
+            raise UserInputError(
+                f"{type(self).__name__} makes only {total} batch(es) per epoch from "
+                f"{self.num_samples} images with batch_size={self.batch_size}, fewer than "
+                f"world_size={self.world_size}"
+            )
+
+
+class LabelSampler(BatchSampler):
+    """A sampler that decides a whole epoch from the labels alone; subclasses build the epoch."""
+
+    def epoch_batches(self, generator: torch.Generator) -> Tensor:
+        """All global batches of one epoch as an int64 tensor ``[num_global_batches, batch_size]``."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.epoch_batches(self.epoch_generator())
+        # Whole rounds of world_size batches only, so that every rank takes the same number of steps.
+        mine = batches[self.rank : len(self) * self.world_size : self.world_size]
+        yield from mine.tolist()
+
+
+def build(name: str, /, **kwargs: Any) -> BatchSampler:
+    """Build sampler ``name`` with ``labels=``, ``batch_size=``, ``seed=`` and its own options."""
+    return SAMPLERS.build(name, **kwargs)

@@ -1,0 +1,115 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dmlbench.cli import main
+from training_fixtures import TINY
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_python_dash_m_works() -> None:
+    result = subprocess.run([sys.executable, "-m", "dmlbench", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for command in ("train", "evaluate", "benchmark", "data"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", [["train"], ["evaluate"], ["benchmark"], ["data"], ["data", "check"]])
+def test_every_subcommand_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli([*command, "--help"], capsys)
+    assert code == 0 and "Usage" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "missing.yaml"], "config file missing.yaml does not exist"),
+        (["train", str(REPO / "configs" / "glyphs.yaml"), "loss.name=nope"], "unknown loss 'nope'"),
+        (["train", str(REPO / "configs" / "glyphs.yaml"), "training.batch_size=30"], "divisible"),
+        (["train", "--resume"], "--resume needs --output"),
+        (["evaluate", "no/such/run"], "does not exist"),
+        (["benchmark", "missing.yaml"], "does not exist"),
+        (["data", "check", "imagenet"], "unknown dataset 'imagenet'"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_code_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_train_then_evaluate_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli(["train", str(REPO / "configs" / "glyphs.yaml"), *TINY, "--output", str(run_dir), "-q"], capsys)
+    assert code == 0, err
+    assert "best epoch" in out
+    results_path = tmp_path / "test.json"
+    code, out, err = run_cli(["evaluate", str(run_dir), "--json", str(results_path)], capsys)
+    assert code == 0, err
+    results = json.loads(results_path.read_text())
+    for key in ("precision_at_1", "recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8", "r_precision", "map_at_r", "nmi"):
+        assert 0.0 <= results[key] <= 1.0
+        assert key in results["untrained"]
+    assert "map_at_r" in out
+
+    code, _, err = run_cli(["train", "--resume", "--output", str(run_dir), "-q"], capsys)
+    assert code == 0, err
+
+
+def test_data_check_prints_classes_and_hash(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["data", "check", "glyphs", "max_classes=20", "augmentations_per_font=0", "image_size=16", "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["classes"] == 20
+    assert len(summary["content_hash"]) == 64
+    assert set(summary["splits"]) == {"train", "validation", "test"}
+
+
+def test_benchmark_runs_every_method_and_writes_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = {
+        "base": {"training": {"epochs": 1}},
+        "methods": [
+            {"name": "triplet", "overrides": {"loss.name": "triplet", "miner.name": "semihard"}},
+            {"name": "softmax", "overrides": {"loss.name": "normalized_softmax"}},
+        ],
+    }
+    spec_path = tmp_path / "bench.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    output = tmp_path / "out"
+    tiny = [override for override in TINY if not override.startswith("training.epochs")]
+    code, out, err = run_cli(["benchmark", str(spec_path), *tiny, "--output", str(output), "-q"], capsys)
+    assert code == 0, err
+    results = json.loads((output / "results.json").read_text())
+    assert [entry["name"] for entry in results] == ["triplet", "softmax"]
+    assert all(entry["status"] == "completed" for entry in results)
+    report = (output / "report.md").read_text()
+    assert "| untrained |" in report and "| triplet |" in report and "| softmax |" in report
+    assert "| untrained |" in out
+
+
+def test_builtin_benchmark_spec_is_valid() -> None:
+    from dmlbench.protocol.benchmark import load_spec, method_configs
+
+    configs = method_configs(load_spec(None), [])
+    assert len(configs) >= 4
+    assert len({config.loss.name for config in configs.values()}) == len(configs)

@@ -1,0 +1,98 @@
+"""``dmlbench evaluate --embeddings ... --labels ...`` and its one-line errors (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dmlbench.cli import main
+from dmlbench.evaluation import evaluate
+
+
+def _run(arguments: list[str]) -> tuple[int, str, str]:
+    runner = CliRunner()
+    with runner.isolation() as (stdout, stderr, *_):
+        try:
+            main(arguments)
+            code = 0
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+        return code, stdout.getvalue().decode(), stderr.getvalue().decode()
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 12, 150)
+    embeddings = rng.standard_normal((12, 8))[labels] + rng.standard_normal((150, 8))
+    paths = {"embeddings": tmp_path / "e.npy", "labels": tmp_path / "l.npy", "second": tmp_path / "e2.npy"}
+    np.save(paths["embeddings"], embeddings.astype(np.float32))
+    np.save(paths["labels"], labels)
+    np.save(paths["second"], rng.standard_normal((150, 4)))
+    return paths, embeddings.astype(np.float32), labels
+
+
+def test_table_and_json_match_the_python_api(arrays, tmp_path):
+    paths, embeddings, labels = arrays
+    out = tmp_path / "out" / "metrics.json"
+    code, stdout, stderr = _run(["evaluate", "--embeddings", str(paths["embeddings"]), "--labels", str(paths["labels"]),
+                                 "--metrics", "map_at_r,recall_at_3,nmi", "--json", str(out)])
+    assert code == 0, stderr
+    expected = evaluate(embeddings, labels, metrics=["map_at_r", "recall_at_3", "nmi"])
+    assert json.loads(out.read_text()) == pytest.approx(expected)
+    assert "map_at_r" in stdout and f"{expected['map_at_r']:.4f}" in stdout
+
+
+def test_analysis_writes_a_spectrum_plot(arrays, tmp_path):
+    paths, _, _ = arrays
+    plot = tmp_path / "spectrum.png"
+    code, stdout, stderr = _run(["evaluate", "--embeddings", str(paths["embeddings"]), "--labels", str(paths["labels"]),
+                                 "--metrics", "precision_at_1", "--analysis", "--plot", str(plot)])
+    assert code == 0, stderr
+    assert "rho" in stdout and "pi_ratio" in stdout
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_several_models_concatenated_and_separated(arrays):
+    paths, _, _ = arrays
+    for mode in ("concatenated", "separated"):
+        code, stdout, stderr = _run(["evaluate", "--embeddings", str(paths["embeddings"]), "--embeddings", str(paths["second"]),
+                                     "--labels", str(paths["labels"]), "--metrics", "map_at_r", "--mode", mode])
+        assert code == 0, stderr
+        assert "map_at_r" in stdout
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "extra", "message"),
+    [
+        (lambda e, l: (e[:-1], l), [], "rows but labels"),
+        (lambda e, l: (np.where(np.arange(e.size).reshape(e.shape) == 3, np.nan, e), l), [], "NaN"),
+        (lambda e, l: (e, np.zeros_like(l)), [], "single class"),
+        (lambda e, l: (e, l), ["--k", "100000"], "k=100000"),
+        (lambda e, l: (e, l), ["--query-mask", "MASK"], "selects no query"),
+        (lambda e, l: (e, l), ["--metrics", "recall_at_x"], "unknown metric"),
+        (lambda e, l: (e, l), ["--backend", "annoy"], "backend"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(arrays, tmp_path, make_bad, extra, message):
+    paths, embeddings, labels = arrays
+    bad_embeddings, bad_labels = make_bad(embeddings, labels)
+    np.save(tmp_path / "bad_e.npy", bad_embeddings)
+    np.save(tmp_path / "bad_l.npy", bad_labels)
+    np.save(tmp_path / "mask.npy", np.zeros(len(labels), dtype=bool))
+    extra = [str(tmp_path / "mask.npy") if item == "MASK" else item for item in extra]
+    code, stdout, stderr = _run(["evaluate", "--embeddings", str(tmp_path / "bad_e.npy"),
+                                 "--labels", str(tmp_path / "bad_l.npy"), *extra])
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], stderr
+
+
+def test_missing_file_and_missing_arguments_are_user_errors(tmp_path):
+    code, _, stderr = _run(["evaluate", "--embeddings", str(tmp_path / "none.npy"), "--labels", str(tmp_path / "none.npy")])
+    assert code == 2 and "does not exist" in stderr
+    code, _, stderr = _run(["evaluate"])
+    assert code == 2 and "either a RUN" in stderr

@@ -1,0 +1,150 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dmlbench import config as config_module
+from dmlbench.errors import UserInputError
+from dmlbench.training import TrainingDiverged, evaluate_run, loop, records, runs, train
+from training_fixtures import TINY
+
+
+def tiny_config(*overrides: str) -> config_module.Config:
+    return config_module.load(None, [*TINY, *overrides])
+
+
+def strip(entries: list[dict]) -> list[dict]:
+    """Metrics records without their wall-clock field."""
+    return [{key: value for key, value in entry.items() if key != "seconds"} for entry in entries]
+
+
+def test_run_directory_records_everything(tmp_path: Path) -> None:
+    result = train(tiny_config(), tmp_path / "run", progress=False)
+    run_dir = result.run_dir
+    for name in ("config.yaml", "run.json", "metrics.jsonl", "checkpoint_last.pt", "checkpoint_best.pt"):
+        assert (run_dir / name).is_file(), name
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "completed"
+    assert record["seed"] == 0
+    assert set(record["packages"]) >= {"torch", "numpy", "dmlbench"}
+    assert len(record["dataset"]["content_hash"]) == 64
+    assert "git_commit" in record
+    epochs = records.read_metrics(run_dir)
+    assert [entry["epoch"] for entry in epochs] == [1, 2]
+    assert all("map_at_r" in entry["validation"] for entry in epochs)
+    assert result.best_epoch == max(epochs, key=lambda entry: entry["validation"]["map_at_r"])["epoch"]
+    assert config_module.load(run_dir / "config.yaml") == tiny_config()
+
+
+def test_same_config_and_seed_give_identical_results(tmp_path: Path) -> None:
+    first = train(tiny_config(), tmp_path / "a", progress=False)
+    second = train(tiny_config(), tmp_path / "b", progress=False)
+    assert strip(records.read_metrics(first.run_dir)) == strip(records.read_metrics(second.run_dir))
+    other_seed = train(tiny_config("seed=1"), tmp_path / "c", progress=False)
+    assert strip(records.read_metrics(other_seed.run_dir)) != strip(records.read_metrics(first.run_dir))
+
+
+def test_resume_after_a_crash_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tiny_config("miner.name=random")
+    uninterrupted = train(config, tmp_path / "full", progress=False)
+
+    real_validate = loop._validate
+    calls = {"count": 0}
+
+    def crash_on_second_validation(*args, **kwargs):
+        calls["count"] += 1
+        if calls["count"] == 2:
+            raise KeyboardInterrupt
+        return real_validate(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_validate", crash_on_second_validation)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "crashed", progress=False)
+    assert json.loads((tmp_path / "crashed" / "run.json").read_text())["status"] == "failed"
+    monkeypatch.setattr(loop, "_validate", real_validate)
+
+    resumed = train(config, tmp_path / "crashed", resume=True, progress=False)
+    assert strip(records.read_metrics(resumed.run_dir)) == strip(records.read_metrics(uninterrupted.run_dir))
+    record = json.loads((resumed.run_dir / "run.json").read_text())
+    assert record["status"] == "completed" and len(record["resumed"]) == 1
+
+
+def test_nan_loss_stops_the_run_and_marks_it_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dmlbench.training import setup
+
+    real_build = setup.losses.build
+
+    def nan_loss(*args, **kwargs):
+        loss = real_build(*args, **kwargs)
+        original_forward = loss.forward
+        loss.forward = lambda *a, **k: original_forward(*a, **k) * float("nan")
+        return loss
+
+    monkeypatch.setattr(setup.losses, "build", nan_loss)
+    with pytest.raises(TrainingDiverged, match="nan"):
+        train(tiny_config(), tmp_path / "run", progress=False)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["status"] == "failed" and "diverged" in record["reason"]
+    assert not (tmp_path / "run" / "checkpoint_best.pt").exists()
+    with pytest.raises(UserInputError, match="not completed"):
+        evaluate_run(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["training.batch_size=30", "sampler.params={samples_per_class: 4}"], "divisible"),
+        (["training.batch_size=64", "sampler.params={samples_per_class: 2}"], "classes"),
+        (["loss.name=no_such_loss"], "unknown loss"),
+    ],
+)
+def test_bad_setups_fail_before_creating_the_run_directory(tmp_path: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(UserInputError, match=message):
+        train(tiny_config(*overrides), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "precious.txt").write_text("keep me")
+    with pytest.raises(UserInputError, match="already exists"):
+        train(tiny_config(), run_dir, progress=False)
+    assert (run_dir / "precious.txt").read_text() == "keep me"
+
+
+def test_evaluate_run_reports_untrained_and_touches_test_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = train(tiny_config(), tmp_path / "run", progress=False).run_dir
+    results = evaluate_run(run_dir)
+    assert {"map_at_r", "precision_at_1", "nmi"} <= set(results)
+    assert {"map_at_r", "precision_at_1"} <= set(results["untrained"])
+    assert results["map_at_r"] != results["untrained"]["map_at_r"]
+    stored = json.loads((run_dir / "test_metrics.json").read_text())
+    assert stored["results"] == results
+
+    def no_more_embedding(*args, **kwargs):
+        raise AssertionError("the test split was embedded a second time")
+
+    monkeypatch.setattr(runs, "embed", no_more_embedding)
+    assert evaluate_run(run_dir) == results
+
+
+def test_evaluate_run_needs_a_run_directory(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="does not exist"):
+        evaluate_run(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserInputError, match="not a dmlbench run directory"):
+        evaluate_run(tmp_path / "empty")
+
+
+def test_loss_parameters_get_their_own_learning_rate(tmp_path: Path) -> None:
+    from dmlbench.training.setup import build_components
+
+    config = tiny_config("loss.name=normalized_softmax", "loss.params={}", "optimizer.loss_lr=0.01")
+    components = build_components(config, num_classes=5, device=torch.device("cpu"))
+    groups = components.optimizer.param_groups
+    assert [group["lr"] for group in groups] == [config.optimizer.lr, 0.01]
+    assert sum(parameter.numel() for parameter in groups[1]["params"]) == sum(
+        parameter.numel() for parameter in components.loss.parameters()
+    )
