@@ -31,7 +31,7 @@ def make_data(n: int, dim: int, per_class: int, seed: int) -> tuple[np.ndarray, 
     num_classes = n // per_class
     labels = rng.permutation(np.arange(n) % num_classes)
     centres = rng.standard_normal((num_classes, dim), dtype=np.float32)
-    embeddings = centres[labels] + rng.standard_normal((n, dim), dtype=np.float32)
+    embeddings = centres[labels] + 1.4 * rng.standard_normal((n, dim), dtype=np.float32)
     embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
     return embeddings, labels
 

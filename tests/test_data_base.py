@@ -133,7 +133,7 @@ def test_bad_normalization_is_a_user_error(mean, std, message: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "indices", [[0, 10], [-1], np.array([True, False] * 5), np.zeros((2, 2), dtype=int), [0.5]]
+    "indices", [[0, 10], [-1], np.array([True, False] * 5), np.zeros((2, 2), dtype=int), [0.5], ["a"], [[0], [1, 2]]]
 )
 def test_bad_subset_indices_are_user_errors(indices) -> None:
     with pytest.raises(UserInputError, match="indices"):

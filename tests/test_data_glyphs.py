@@ -338,3 +338,10 @@ def test_raw_pixel_nearest_neighbour_solves_the_test_half_about_half_the_time(tm
     precision = raw_pixel_precision_at_1(dataset, test, max_queries=3000, seed=0)
     chance = 1 / len(np.unique(dataset.labels[test].numpy()))
     assert 0.4 <= precision <= 0.6 and precision > 50 * chance
+
+
+def test_unwritable_cache_directory_is_a_user_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(UserInputError, match="cache"):
+        build_small(blocker / "cache")

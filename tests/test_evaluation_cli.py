@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ def _run(arguments: list[str]) -> tuple[int, str, str]:
             code = 0
         except SystemExit as exit_:
             code = int(exit_.code or 0)
+        sys.stdout.flush()
+        sys.stderr.flush()
         return code, stdout.getvalue().decode(), stderr.getvalue().decode()
 
 

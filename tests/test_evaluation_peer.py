@@ -5,8 +5,10 @@ mean_average_precision_at_r -> map_at_r, mean_reciprocal_rank -> mrr, NMI/AMI ->
 Differences handled here: pml searches raw embeddings with faiss IndexFlatL2, so we pass it
 L2-normalised embeddings (dmlbench normalises by default); pml drops queries without a match the
 same way (its "lone" queries); pml's reciprocal rank looks at its k neighbours, so it is given our
-depth (the largest class size among the references) as an integer k; for NMI/AMI pml is handed
-our k-means assignment, because its own k-means is seeded differently.
+depth (the largest class size among the references, the query counted in self-retrieval) as an
+integer k, which also covers the R neighbours of MAP@R; pml computes reciprocal ranks in float32
+(tolerance 1e-7, the rest 1e-12); for NMI/AMI pml is handed our k-means assignment, because its own
+k-means is seeded differently.
 """
 
 from __future__ import annotations
@@ -39,14 +41,13 @@ def test_self_retrieval_matches_accuracy_calculator(seed):
     depth = int(torch.unique(labels, return_counts=True)[1].max())
     calculator = AccuracyCalculator(include=tuple(MAPPING), k=depth, device=torch.device("cpu"))
     peer = calculator.get_accuracy(embeddings, labels)
-    # pml's k covers its k neighbours after dropping self; MAP@R/R-precision need only max R = depth - 1.
     for peer_name, name in MAPPING.items():
-        if name == "mrr":
-            continue
-        assert ours[name] == pytest.approx(peer[peer_name], abs=1e-9), name
-    shallow = AccuracyCalculator(include=("mean_reciprocal_rank",), k=depth, device=torch.device("cpu"))
-    # With k = depth, pml ranks `depth` neighbours, as dmlbench's MRR does.
-    assert ours["mrr"] == pytest.approx(shallow.get_accuracy(embeddings, labels)["mean_reciprocal_rank"], abs=1e-9)
+        assert ours[name] == pytest.approx(peer[peer_name], abs=_tolerance(name)), name
+
+
+def _tolerance(name: str) -> float:
+    # pml accumulates reciprocal ranks in float32.
+    return 1e-7 if name == "mrr" else 1e-12
 
 
 def test_query_gallery_split_matches_accuracy_calculator():
@@ -58,7 +59,7 @@ def test_query_gallery_split_matches_accuracy_calculator():
     calculator = AccuracyCalculator(include=tuple(MAPPING), k=int(gallery_counts.max()), device=torch.device("cpu"))
     peer = calculator.get_accuracy(embeddings[mask], labels[mask], embeddings[~mask], labels[~mask], False)
     for peer_name, name in MAPPING.items():
-        assert ours[name] == pytest.approx(peer[peer_name], abs=1e-9), name
+        assert ours[name] == pytest.approx(peer[peer_name], abs=_tolerance(name)), name
 
 
 def test_nmi_and_ami_match_accuracy_calculator_on_the_same_clustering():

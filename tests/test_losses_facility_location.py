@@ -87,7 +87,7 @@ def test_batched_nmi_matches_sklearn() -> None:
     assert float(both_single) == normalized_mutual_info_score([0] * 6, [0] * 6) == 1.0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), min_size=1, max_size=12))
 def test_batched_nmi_matches_sklearn_on_any_labelling(pairs: list[tuple[int, int]]) -> None:
     truth = torch.tensor([t for t, _ in pairs])

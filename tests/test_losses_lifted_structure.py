@@ -28,7 +28,8 @@ from pytorch_metric_learning import losses as pml_losses
 
 from dmlbench import losses
 from dmlbench.errors import UserInputError
-from dmlbench.losses.lifted_structure import LiftedStructureLoss, masked_logsumexp, pair_masks
+from dmlbench.losses.pair_masks import masked_logsumexp, pair_masks
+from dmlbench.losses.lifted_structure import LiftedStructureLoss
 from dmlbench.mining.tuples import Pairs, Triplets, all_pairs, all_triplets
 
 

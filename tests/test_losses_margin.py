@@ -15,7 +15,6 @@ from losses_testkit import (
     pair_lists,
     random_batch,
     random_pair_subset,
-    value_and_gradient,
 )
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import reducers as pml_reducers

@@ -30,7 +30,7 @@ from pytorch_metric_learning import miners as pml_miners
 from dmlbench import losses
 from dmlbench.distances import cosine_similarity
 from dmlbench.errors import UserInputError
-from dmlbench.losses.lifted_structure import pair_masks
+from dmlbench.losses.pair_masks import pair_masks
 from dmlbench.losses.multi_similarity import MultiSimilarityLoss, multi_similarity_pair_selection
 
 

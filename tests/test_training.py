@@ -31,9 +31,10 @@ def test_run_directory_records_everything(tmp_path: Path) -> None:
     assert len(record["dataset"]["content_hash"]) == 64
     assert "git_commit" in record
     epochs = records.read_metrics(run_dir)
-    assert [entry["epoch"] for entry in epochs] == [1, 2]
+    assert [entry["epoch"] for entry in epochs] == [0, 1, 2]
     assert all("map_at_r" in entry["validation"] for entry in epochs)
-    assert result.best_epoch == max(epochs, key=lambda entry: entry["validation"]["map_at_r"])["epoch"]
+    trained = epochs[1:]
+    assert result.best_epoch == max(trained, key=lambda entry: entry["validation"]["map_at_r"])["epoch"]
     assert config_module.load(run_dir / "config.yaml") == tiny_config()
 
 
@@ -52,13 +53,13 @@ def test_resume_after_a_crash_continues_exactly(tmp_path: Path, monkeypatch: pyt
     real_validate = loop._validate
     calls = {"count": 0}
 
-    def crash_on_second_validation(*args, **kwargs):
+    def crash_in_second_epoch(*args, **kwargs):
         calls["count"] += 1
-        if calls["count"] == 2:
+        if calls["count"] == 3:  # epoch 0 (untrained), epoch 1, then epoch 2 crashes
             raise KeyboardInterrupt
         return real_validate(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "_validate", crash_on_second_validation)
+    monkeypatch.setattr(loop, "_validate", crash_in_second_epoch)
     with pytest.raises(KeyboardInterrupt):
         train(config, tmp_path / "crashed", progress=False)
     assert json.loads((tmp_path / "crashed" / "run.json").read_text())["status"] == "failed"

@@ -29,3 +29,16 @@ def check_positive_int(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise UserInputError(f"{name} must be an integer > 0, got {value!r}")
     return value
+
+
+def check_seed(seed: int) -> int:
+    """A seed is a non-negative integer (``bool`` is refused although it is an ``int``)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserInputError(f"seed must be an integer >= 0, got {seed!r}")
+    return seed
+
+
+def check_flag(name: str, value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise UserInputError(f"{name} must be true or false, got {value!r}")
+    return value

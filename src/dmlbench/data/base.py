@@ -39,8 +39,12 @@ def content_hash(images: Tensor, labels: Tensor) -> str:
 
 def as_index_tensor(indices: IndexLike, size: int, what: str = "indices") -> Tensor:
     """``indices`` as a 1-D int64 tensor, each in ``[0, size)``."""
-    index = torch.as_tensor(np.asarray(indices) if not isinstance(indices, Tensor) else indices)
-    if index.ndim != 1 or (index.numel() and index.dtype in (torch.bool, torch.float16, torch.float32, torch.float64)):
+    try:
+        index = indices if isinstance(indices, Tensor) else torch.as_tensor(np.asarray(indices))
+    except (TypeError, ValueError):
+        raise UserInputError(f"{what} must be a 1-D array of integers, got {type(indices).__name__}") from None
+    integer = not (index.dtype == torch.bool or index.dtype.is_floating_point or index.dtype.is_complex)
+    if index.ndim != 1 or (index.numel() and not integer):
         raise UserInputError(f"{what} must be a 1-D array of integers, got dtype {index.dtype} and shape {tuple(index.shape)}")
     index = index.to(torch.int64)
     if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):

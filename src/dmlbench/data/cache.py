@@ -69,6 +69,9 @@ def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        raise UserInputError(f"cannot write cache file {path}: {error.strerror or error}") from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

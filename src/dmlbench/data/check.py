@@ -124,9 +124,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 def raw_pixel_precision_at_1(
     dataset: ImageDataset, indices: Sequence[int] | np.ndarray | Tensor, max_queries: int | None = None, seed: int = 0
 ) -> float:
-    """Share of queries whose nearest other image (euclidean on raw pixels, ties to the lower index) has its class.
+    """Precision@1 (Musgrave et al. 2020 §3.2) of euclidean nearest neighbours on raw pixels, self excluded.
 
-    References are all items at ``indices``; queries are all of them, or ``max_queries`` drawn
+    A query counts as a hit when its nearest other image (ties to the lower index) has its class. References are all items at ``indices``; queries are all of them, or ``max_queries`` drawn
     without replacement with ``numpy.random.default_rng(seed)``.
     """
     index = as_index_tensor(indices, len(dataset)).numpy()

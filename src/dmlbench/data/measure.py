@@ -18,10 +18,7 @@ from dmlbench.data.splits import train_test_split
 
 
 def main(arguments: list[str]) -> None:
-    options = {}
-    for argument in arguments:
-        key, _, value = argument.partition("=")
-        options[key] = None if value == "None" else float(value) if "." in value else int(value)
+    options = {key: _parse(value) for key, _, value in (argument.partition("=") for argument in arguments)}
     with tempfile.TemporaryDirectory() as directory:
         started, cpu_started = time.perf_counter(), time.process_time()
         dataset = build("glyphs", cache_dir=directory, **options)
@@ -43,6 +40,17 @@ def main(arguments: list[str]) -> None:
     print(f"raw-pixel 1-NN Precision@1 on the test half ({len(test)} images): {precision:.3f} "
           f"({time.perf_counter() - started:.1f} s)")
     print(f"content hash {dataset.content_hash}")
+
+
+def _parse(text: str) -> int | float | str | None:
+    if text == "None":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 if __name__ == "__main__":

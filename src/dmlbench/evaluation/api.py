@@ -61,6 +61,9 @@ def evaluate(
     label has no reference, left out of all retrieval averages except mAP@C and mAP@1000).
     """
     names = _parse_metrics(metrics, ks)
+    for name, value in (("block_size", block_size), ("nprobe", nprobe)):
+        if value is not None:
+            check_positive_int(name, value)
     data = _as_embeddings(embeddings)
     label_tensor = _as_labels(labels, len(data))
     if len(torch.unique(label_tensor)) < 2:
@@ -147,7 +150,8 @@ def _retrieval(
         space, query_ids, reference_ids, k, exclude_self=self_retrieval,
         backend=backend, block_size=block_size, nprobe=nprobe, seed=seed,
     )
-    hits = labels[neighbours.ids] == query_labels.unsqueeze(1)
+    # faiss_approx may find fewer than k neighbours for a query; the missing ones (-1) are misses.
+    hits = (neighbours.ids >= 0) & (labels[neighbours.ids.clamp_min(0)] == query_labels.unsqueeze(1))
     results = {name: _retrieval_metric(name, hits, relevant, class_sizes, largest_class) for name in names}
     results["num_queries"] = len(query_ids)
     results["num_queries_without_match"] = int((relevant == 0).sum())

@@ -69,7 +69,8 @@ def nearest_neighbors(
     ids = torch.empty(len(query_ids), k, dtype=torch.int64)
     distances = torch.empty(len(query_ids), k, dtype=torch.float64)
     pending = torch.arange(len(query_ids))
-    width = min(available, k + max(8, k // 2))
+    # A little slack beyond k lets most queries be certified in one pass.
+    width = min(available, k + max(8, k // 8))
     while len(pending) > 0:
         pending_queries = query_ids[pending]
         scores, candidates = search(pending_queries, width)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import torch
@@ -9,7 +10,7 @@ from torch import Tensor, nn
 
 from dmlbench.errors import UserInputError
 from dmlbench.mining.tuples import Tuples
-from dmlbench.registry import Registry, accepted_parameters
+from dmlbench.registry import Registry
 
 LOSSES: Registry[MetricLoss] = Registry("loss")
 
@@ -45,12 +46,14 @@ def check_labels(labels: Tensor, num_classes: int) -> None:
 def build(name: str, *, num_classes: int | None = None, embedding_dim: int | None = None, **hparams: Any) -> MetricLoss:
     """Build loss ``name``; ``num_classes``/``embedding_dim`` go to losses that take them."""
     constructor = LOSSES.get(name)
-    accepted = accepted_parameters(constructor) or set()
+    parameters = inspect.signature(constructor).parameters
     for key, value in (("num_classes", num_classes), ("embedding_dim", embedding_dim)):
-        if key in accepted and key not in hparams:
-            if value is None:
-                raise UserInputError(f"loss {name!r} needs {key}")
+        if key not in parameters or key in hparams:
+            continue
+        if value is not None:
             hparams[key] = value
+        elif parameters[key].default is inspect.Parameter.empty:
+            raise UserInputError(f"loss {name!r} needs {key}")
     return LOSSES.build(name, **hparams)
 
 

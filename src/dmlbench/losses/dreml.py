@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, build
-from dmlbench.losses.proxy_nca import check_class_batch, check_flag, check_num_classes, check_seed
+from dmlbench.losses.proxies import check_class_batch, check_num_classes
+from dmlbench.validation import check_flag, check_seed
 from dmlbench.mining.tuples import Tuples
 from dmlbench.registry import accepted_parameters
 from dmlbench.validation import check_positive_int

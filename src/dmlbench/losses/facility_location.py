@@ -27,18 +27,22 @@ def batched_nmi(predicted: Tensor, truth: Tensor) -> Tensor:
     cell_ids = predicted * num_true + truth.unsqueeze(0)
     occupied = torch.zeros(int(cell_ids.max()) + 1, dtype=torch.bool, device=predicted.device)
     occupied[cell_ids.reshape(-1)] = True
-    cells = occupied.nonzero().squeeze(1)
     cell_index = (torch.cumsum(occupied, dim=0) - 1)[cell_ids]
-    joint = torch.zeros(rows, len(cells), dtype=torch.float64, device=predicted.device)
+    joint = torch.zeros(rows, int(occupied.sum()), dtype=torch.float64, device=predicted.device)
     joint.scatter_add_(1, cell_index, ones)
     cluster_sizes = torch.zeros(rows, int(predicted.max()) + 1, dtype=torch.float64, device=predicted.device)
     cluster_sizes.scatter_add_(1, predicted, ones)
     class_sizes = torch.bincount(truth, minlength=num_true).to(torch.float64)
-    independent = cluster_sizes[:, cells // num_true] * class_sizes[cells % num_true]
-    ratio = torch.where(joint > 0, joint * size / independent.clamp_min(1.0), 1.0)
-    mutual_information = (joint * ratio.log()).sum(dim=1).clamp_min(0.0) / size
-    entropy_predicted = -torch.special.xlogy(cluster_sizes / size, cluster_sizes / size).sum(dim=1)
-    entropy_true = -torch.special.xlogy(class_sizes / size, class_sizes / size).sum()
+
+    def sum_n_log_n(counts: Tensor) -> Tensor:
+        return torch.special.xlogy(counts, counts).sum(dim=-1)
+
+    # With counts n: N * MI = sum n_pk log n_pk - sum n_p log n_p - sum n_k log n_k + N log N and
+    # N * H = N log N - sum n log n, which needs no per-cell marginals.
+    total = sum_n_log_n(torch.tensor(float(size), dtype=torch.float64))
+    clusters_term, classes_term = sum_n_log_n(cluster_sizes), sum_n_log_n(class_sizes)
+    mutual_information = ((sum_n_log_n(joint) - clusters_term - classes_term + total) / size).clamp_min(0.0)
+    entropy_predicted, entropy_true = (total - clusters_term) / size, (total - classes_term) / size
     normaliser = (entropy_predicted + entropy_true) / 2
     nmi = torch.where(mutual_information > 0, mutual_information / normaliser.clamp_min(1e-300), 0.0)
     single_cluster = ((cluster_sizes > 0).sum(dim=1) == 1) & (int((class_sizes > 0).sum()) == 1)
@@ -66,9 +70,9 @@ def greedy_loss_augmented_medoids(distances: Tensor, class_index: Tensor, margin
         best_energy = energy.max()
         bound = best_energy - margin_multiplier - 1e-9 * (best_energy.abs() + 1.0)
         contenders = (energy >= bound).nonzero().squeeze(1)
-        captured = distances[contenders] < nearest.unsqueeze(0)  # strict: ties stay with the earlier medoid
+        # Strict: ties stay with the earlier medoid; medoids already chosen stay in their own cluster.
+        captured = (distances[contenders] < nearest.unsqueeze(0)) & available.unsqueeze(0)
         captured[torch.arange(len(contenders), device=distances.device), contenders] = True
-        captured[:, ~available] = False  # medoids already chosen stay in their own cluster
         candidate_assignment = torch.where(captured, step, assignment.unsqueeze(0))
         score = energy[contenders] + margin_multiplier * (1.0 - batched_nmi(candidate_assignment, class_index))
         winner = int(torch.argmax(score))  # contenders are in index order: ties go to the lowest index

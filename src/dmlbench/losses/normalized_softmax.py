@@ -11,7 +11,8 @@ from torch import Tensor
 
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.proxy_nca import check_class_batch, check_num_classes, check_seed, init_proxies
+from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
+from dmlbench.validation import check_seed
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_positive, check_positive_int
 

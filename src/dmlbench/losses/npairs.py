@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.lifted_structure import log1p_exp, masked_logsumexp, pair_masks
+from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
 from dmlbench.mining.base import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive

@@ -1,62 +1,16 @@
-"""ProxyNCA (Movshovitz-Attias et al. 2017) and the helpers every class-proxy loss shares.
-
-The helpers (``check_class_batch``, ``check_num_classes``, ``check_seed``, ``init_proxies``) live here
-because ProxyNCA is the first proxy loss; ``proxy_triplet``, ``proxy_anchor``,
-``normalized_softmax``, ``cosface``, ``arcface``, ``softtriple`` and ``dreml`` import them.
-"""
+"""ProxyNCA (Movshovitz-Attias et al. 2017)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from dmlbench.distances import euclidean, squared_euclidean
-from dmlbench.errors import UserInputError
-from dmlbench.losses.base import LOSSES, MetricLoss, check_labels, zero_loss
-from dmlbench.mining.base import check_batch
+from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
+from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
 from dmlbench.mining.tuples import Tuples
-from dmlbench.validation import check_positive, check_positive_int
-
-
-def check_class_batch(embeddings: Tensor, labels: Tensor, num_classes: int, embedding_dim: int) -> None:
-    """A batch for a loss with class weights: ``[b, embedding_dim]`` embeddings, labels in ``[0, num_classes)``."""
-    check_batch(embeddings, labels)
-    if embeddings.shape[1] != embedding_dim:
-        raise UserInputError(
-            f"embeddings have dimension {embeddings.shape[1]} but the loss was built with embedding_dim={embedding_dim}"
-        )
-    check_labels(labels, num_classes)
-
-
-def check_num_classes(num_classes: int, name: str = "num_classes") -> int:
-    """A softmax/proxy loss needs at least two classes (its denominator sums over the other classes)."""
-    check_positive_int(name, num_classes)
-    if num_classes < 2:
-        raise UserInputError(f"{name} must be at least 2, got {num_classes}")
-    return num_classes
-
-
-def check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserInputError(f"seed must be an integer >= 0, got {seed!r}")
-    return seed
-
-
-def check_flag(name: str, value: bool) -> bool:
-    if not isinstance(value, bool):
-        raise UserInputError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-def init_proxies(shape: tuple[int, ...], seed: int) -> nn.Parameter:
-    """Unit-norm proxies with uniformly random directions (normalised Gaussians), drawn from ``seed``.
-
-    Every loss here normalises its proxies before use, so only their directions matter for the
-    loss; unit norm at start keeps the effective proxy learning rate independent of the dimension.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    return nn.Parameter(F.normalize(torch.randn(*shape, generator=generator), dim=-1))
+from dmlbench.validation import check_flag, check_positive, check_positive_int, check_seed
 
 
 @LOSSES.register("proxy_nca")

@@ -7,7 +7,8 @@ from torch import Tensor
 
 from dmlbench.distances import euclidean, squared_euclidean
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.proxy_nca import check_class_batch, check_flag, check_num_classes, check_seed, init_proxies
+from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
+from dmlbench.validation import check_flag, check_seed
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive_int
 

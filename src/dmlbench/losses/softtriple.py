@@ -7,14 +7,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.proxy_nca import check_class_batch, check_num_classes, check_seed, init_proxies
+from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
+from dmlbench.validation import check_seed
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive, check_positive_int
-
-# Below this squared distance two centres count as identical: distance 0 with zero gradient, since
-# the derivative of sqrt is infinite at 0 (same convention as dmlbench.distances.euclidean).
-_SQUARED_DISTANCE_EPS = 1e-12
-
 
 @LOSSES.register("softtriple")
 class SoftTripleLoss(MetricLoss):
@@ -66,9 +62,9 @@ class SoftTripleLoss(MetricLoss):
     def center_spread(self, centers: Tensor) -> Tensor:
         """``sum_c sum_{k<l} ||psi_c^k - psi_c^l|| / (C K (K-1))`` for unit centres ``[C, K, D]``."""
         per_class = self.centers_per_class
+        if per_class == 1:
+            return centers.sum() * 0.0
         first, second = torch.triu_indices(per_class, per_class, offset=1, device=centers.device)
-        squared = (centers[:, first] - centers[:, second]).square().sum(dim=2)
-        apart = squared > _SQUARED_DISTANCE_EPS
-        distance = torch.where(apart, torch.where(apart, squared, 1.0).sqrt(), 0.0)
-        pairs_norm = self.num_classes * self.centers_per_class * (self.centers_per_class - 1)
-        return distance.sum() / pairs_norm if pairs_norm else distance.sum()
+        # vector_norm's gradient at a zero difference (coinciding centres) is 0, not sqrt's infinity.
+        distances = torch.linalg.vector_norm(centers[:, first] - centers[:, second], dim=2)
+        return distances.sum() / (self.num_classes * per_class * (per_class - 1))

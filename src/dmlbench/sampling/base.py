@@ -21,7 +21,7 @@ from torch.utils.data import Sampler
 
 from dmlbench.errors import UserInputError
 from dmlbench.registry import Registry
-from dmlbench.validation import check_positive_int
+from dmlbench.validation import check_positive_int, check_seed
 
 SAMPLERS: Registry[BatchSampler] = Registry("sampler")
 
@@ -55,12 +55,6 @@ def resolve_process_group(rank: int | None, world_size: int | None) -> tuple[int
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise UserInputError(f"rank must be an integer in [0, world_size={world_size}), got {rank!r}")
     return rank, world_size
-
-
-def check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserInputError(f"seed must be an integer >= 0, got {seed!r}")
-    return seed
 
 
 def derived_generator(*entropy: int) -> torch.Generator:

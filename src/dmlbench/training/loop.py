@@ -63,6 +63,9 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool
     model, loss_fn, miner, optimizer = components.model, components.loss, components.miner, components.optimizer
     epoch = start_epoch
     try:
+        if start_epoch == 0:
+            # The untrained model's validation scores: the baseline every epoch is compared with.
+            records.append_metrics(run_dir, {"epoch": 0, "validation": _validate(model, validation_set, config, device)})
         if getattr(sampler, "needs_embeddings", False):
             sampler.initialize_memory(embed(model, train_set, config.evaluation.batch_size, device)[0])
         for epoch in range(start_epoch + 1, config.training.epochs + 1):

@@ -1,0 +1,61 @@
+"""Building blocks of the batch-wise pair and list losses: a batch and optional mined tuples become
+boolean ``[b, b]`` pair masks, so that each loss is written once over masks and accepts "all pairs of
+the batch" and "mined pairs" alike; plus log-sum-exp over masked (possibly empty) sets."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dmlbench.errors import UserInputError
+from dmlbench.mining.base import label_masks
+from dmlbench.mining.tuples import Tuples, to_pairs
+
+
+def _check_indices(name: str, indices: Tensor, batch_size: int) -> None:
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= batch_size):
+        raise UserInputError(
+            f"tuples.{name} must index the batch of size {batch_size}, got range "
+            f"[{int(indices.min())}, {int(indices.max())}]"
+        )
+
+
+def pair_masks(labels: Tensor, tuples: Tuples | None = None) -> tuple[Tensor, Tensor]:
+    """Boolean ``[b, b]`` masks ``(positive, negative)`` of the batch's pairs; row = anchor, diagonal never set.
+
+    Without tuples every same-label pair is positive and every other-label pair negative. With tuples
+    (``Triplets`` are read as their (a, p) and (a, n) pairs) exactly the listed pairs are used, whatever
+    their labels (rho-regularisation lists same-class "negatives" on purpose); a pair listed twice counts once.
+    """
+    if tuples is None:
+        return label_masks(labels)
+    size = labels.shape[0]
+    not_self = ~torch.eye(size, dtype=torch.bool, device=labels.device)
+    pairs = to_pairs(tuples)
+    masks = []
+    for name, rows, columns in (
+        ("positive_anchors", pairs.positive_anchors, pairs.positives),
+        ("negative_anchors", pairs.negative_anchors, pairs.negatives),
+    ):
+        _check_indices(name, rows, size)
+        _check_indices(name.replace("_anchors", "s"), columns, size)
+        mask = torch.zeros(size, size, dtype=torch.bool, device=labels.device)
+        mask[rows.to(labels.device), columns.to(labels.device)] = True
+        masks.append(mask & not_self)
+    return masks[0], masks[1]
+
+
+def masked_logsumexp(values: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
+    """``log sum_{mask} exp(values)`` along ``dim``: ``-inf`` where the mask selects nothing, gradients always finite."""
+    any_selected = mask.any(dim=dim, keepdim=True)
+    selected = values.masked_fill(~mask, float("-inf"))
+    # A row of only -inf has a NaN logsumexp gradient; give empty rows harmless zeros instead and
+    # overwrite their result below, where no gradient flows back.
+    selected = torch.where(any_selected, selected, torch.zeros_like(selected))
+    result = torch.logsumexp(selected, dim=dim, keepdim=True).masked_fill(~any_selected, float("-inf"))
+    return result.squeeze(dim)
+
+
+def log1p_exp(values: Tensor) -> Tensor:
+    """``log(1 + exp(values))`` without overflow; ``-inf`` gives 0 with gradient 0."""
+    return torch.logaddexp(values, torch.zeros_like(values))
