@@ -46,17 +46,17 @@ def worker(side: str, n: int, dim: int, per_class: int, seed: int, threads: int)
 
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    from dmlbench.evaluation import evaluate
+
     embeddings, labels = make_data(n, dim, per_class, seed)
     baseline = _peak_rss_mb()
     start = time.perf_counter()
     if side == "dmlbench":
-        from dmlbench.evaluation import evaluate
-
         result = evaluate(embeddings, labels, metrics=list(METRICS))
         values = {name: result[name] for name in METRICS}
     else:
-        from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
-
         calculator = AccuracyCalculator(include=tuple(METRICS.values()), k="max_bin_count", device=torch.device("cpu"))
         result = calculator.get_accuracy(torch.from_numpy(embeddings), torch.from_numpy(labels))
         values = {name: result[peer_name] for name, peer_name in METRICS.items()}
@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-peer", action="store_true", help="time dmlbench only")
+    parser.add_argument("--memory-limit-gb", type=float, default=16.0, help="address-space limit of each side")
     parser.add_argument("--worker", choices=["dmlbench", "peer"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -81,16 +82,23 @@ def main() -> None:
 
     sides = ["dmlbench"] if args.skip_peer else ["dmlbench", "peer"]
     reports = {}
+    print(f"N={args.n} D={args.dim} classes={args.n // args.per_class} threads={args.threads}")
     for side in sides:
         command = [sys.executable, __file__, "--worker", side, "--n", str(args.n), "--dim", str(args.dim),
                    "--per-class", str(args.per_class), "--seed", str(args.seed), "--threads", str(args.threads)]
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        reports[side] = json.loads(output.strip().splitlines()[-1])
-    print(f"N={args.n} D={args.dim} classes={args.n // args.per_class} threads={args.threads}")
+        limit = int(args.memory_limit_gb * 2**30)
+        # An address-space limit turns a runaway allocation into a MemoryError instead of the OOM killer.
+        completed = subprocess.run(command, capture_output=True, text=True, check=False,
+                                   preexec_fn=lambda limit=limit: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+        if completed.returncode != 0:
+            last = (completed.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"{side:9s} failed under the {args.memory_limit_gb:g} GB address-space limit: {last}")
+            continue
+        reports[side] = json.loads(completed.stdout.strip().splitlines()[-1])
     for side, report in reports.items():
         print(f"{side:9s} {report['seconds']:8.2f} s  peak RSS {report['peak_rss_mb']:7.0f} MB "
               f"(+{report['rss_above_data_mb']:.0f} MB over the data)  {report['values']}")
-    if "peer" in reports:
+    if len(reports) == 2:
         ours, peer = reports["dmlbench"], reports["peer"]
         print(f"time ratio dmlbench / peer = {ours['seconds'] / peer['seconds']:.3f}")
         differences = {name: abs(ours["values"][name] - peer["values"][name]) for name in METRICS}

@@ -48,7 +48,8 @@ PML_LOSSES: dict[str, Callable[[int, int], torch.nn.Module]] = {
     "npairs": lambda c, d: pml_losses.NPairsLoss(),
     "nt_xent": lambda c, d: pml_losses.NTXentLoss(temperature=0.07),
     "angular": lambda c, d: pml_losses.AngularLoss(alpha=45),
-    "proxy_nca": lambda c, d: pml_losses.ProxyNCALoss(c, d, softmax_scale=3),
+    # ours scales unit vectors by 3 before squared distances, i.e. PML's softmax_scale = 3^2
+    "proxy_nca": lambda c, d: pml_losses.ProxyNCALoss(c, d, softmax_scale=9),
     "proxy_anchor": lambda c, d: pml_losses.ProxyAnchorLoss(c, d, margin=0.1, alpha=32),
     "normalized_softmax": lambda c, d: pml_losses.NormalizedSoftmaxLoss(c, d, temperature=0.05),
     "cosface": lambda c, d: pml_losses.CosFaceLoss(c, d, margin=0.35, scale=64),
@@ -56,7 +57,8 @@ PML_LOSSES: dict[str, Callable[[int, int], torch.nn.Module]] = {
     "softtriple": lambda c, d: pml_losses.SoftTripleLoss(c, d, centers_per_class=2, la=8, gamma=0.1, margin=0.01),
     "fastap": lambda c, d: pml_losses.FastAPLoss(num_bins=10),
     "circle": lambda c, d: pml_losses.CircleLoss(m=0.4, gamma=80),
-    "histogram": lambda c, d: pml_losses.HistogramLoss(n_bins=65),
+    # our R = 65 histogram nodes are PML's 64 bins
+    "histogram": lambda c, d: pml_losses.HistogramLoss(n_bins=64),
 }
 
 # our hyper-parameters where the defaults do not fit a benchmark batch (8 or 64 classes, D=128)

@@ -72,6 +72,14 @@ def test_train_then_evaluate_run(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert key in results["untrained"]
     assert "map_at_r" in out
 
+    plot = tmp_path / "spectrum.png"
+    code, out, err = run_cli(["evaluate", str(run_dir), "--analysis", "--plot", str(plot), "--json", str(results_path)], capsys)
+    assert code == 0, err
+    analysis = json.loads(results_path.read_text())["analysis"]
+    assert analysis["rho"] > 0 and 0 < analysis["pi_ratio"]
+    assert plot.stat().st_size > 0 and "train split" in out
+    assert json.loads(results_path.read_text())["map_at_r"] == results["map_at_r"]
+
     code, _, err = run_cli(["train", "--resume", "--output", str(run_dir), "-q"], capsys)
     assert code == 0, err
 

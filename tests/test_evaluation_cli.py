@@ -81,13 +81,13 @@ def test_several_models_concatenated_and_separated(arrays):
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(arrays, tmp_path, make_bad, extra, message):
-    paths, embeddings, labels = arrays
+    _, embeddings, labels = arrays
     bad_embeddings, bad_labels = make_bad(embeddings, labels)
     np.save(tmp_path / "bad_e.npy", bad_embeddings)
     np.save(tmp_path / "bad_l.npy", bad_labels)
     np.save(tmp_path / "mask.npy", np.zeros(len(labels), dtype=bool))
     extra = [str(tmp_path / "mask.npy") if item == "MASK" else item for item in extra]
-    code, stdout, stderr = _run(["evaluate", "--embeddings", str(tmp_path / "bad_e.npy"),
+    code, _, stderr = _run(["evaluate", "--embeddings", str(tmp_path / "bad_e.npy"),
                                  "--labels", str(tmp_path / "bad_l.npy"), *extra])
     assert code == 2
     lines = stderr.strip().splitlines()
@@ -99,3 +99,23 @@ def test_missing_file_and_missing_arguments_are_user_errors(tmp_path):
     assert code == 2 and "does not exist" in stderr
     code, _, stderr = _run(["evaluate"])
     assert code == 2 and "either a RUN" in stderr
+
+
+def test_run_directory_prints_trained_and_untrained_columns(monkeypatch, tmp_path):
+    from dmlbench.training import runs
+
+    calls = []
+
+    def fake_evaluate_run(run_dir, **options):
+        calls.append((run_dir, options))
+        return {"map_at_r": 0.5, "num_queries": 10, "untrained": {"map_at_r": 0.125, "num_queries": 10}}
+
+    monkeypatch.setattr(runs, "evaluate_run", fake_evaluate_run)
+    out = tmp_path / "run.json"
+    code, stdout, stderr = _run(["evaluate", str(tmp_path), "--metrics", "map_at_r", "--json", str(out)])
+    assert code == 0, stderr
+    header, row = stdout.splitlines()[:2]
+    assert header.split() == ["metric", "trained", "untrained"]
+    assert row.split() == ["map_at_r", "0.5000", "0.1250"]
+    assert calls == [(tmp_path, {"metrics": "map_at_r"})]
+    assert json.loads(out.read_text())["untrained"]["map_at_r"] == 0.125

@@ -144,3 +144,19 @@ def test_k_outside_the_gallery_is_a_user_error():
         nearest_neighbors(space, everyone, everyone, 5, exclude_self=True)
     with pytest.raises(UserInputError, match="backend"):
         nearest_neighbors(space, everyone, everyone, 2, exclude_self=True, backend="annoy")
+
+
+@pytest.mark.parametrize(("normalize", "scale"), [(True, 1.0), (False, 1.0), (False, 1e6), (False, 1e-5)])
+def test_float32_distances_stay_within_the_certification_bound(normalize, scale):
+    generator = torch.Generator().manual_seed(6)
+    points = torch.randn(300, 64, generator=generator, dtype=torch.float64) * scale
+    points[:50] *= 100.0  # uneven norms
+    points[50] = points[51] + 1e-9 * scale  # near-duplicates
+    space = prepare(points, normalize=normalize, binarize=False)
+    everyone = torch.arange(300)
+    approximate = space.scores_to_distances(space.search_rows @ space.reference_rows.T, everyone)
+    exact = space.exact_distances(everyone, everyone.unsqueeze(0).expand(300, -1))
+    error = (approximate - exact).abs().amax(dim=1)
+    bound = space.distance_error_bound(everyone)
+    assert bool((error <= bound).all())
+    assert float((error / bound).max()) > 1e-3  # the bound is not vacuous

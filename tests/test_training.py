@@ -149,3 +149,18 @@ def test_loss_parameters_get_their_own_learning_rate(tmp_path: Path) -> None:
     assert sum(parameter.numel() for parameter in groups[1]["params"]) == sum(
         parameter.numel() for parameter in components.loss.parameters()
     )
+
+
+@pytest.mark.parametrize("sampler", ["greedy_coreset", "ddm", "frd"])
+def test_embedded_samplers_train_with_a_memory_bank(tmp_path: Path, sampler: str) -> None:
+    config = tiny_config(
+        "training.epochs=1", f"sampler.name={sampler}", "sampler.params={samples_per_class: 2, big_batch_size: 128}"
+    )
+    result = train(config, tmp_path / sampler, progress=False)
+    assert json.loads((result.run_dir / "run.json").read_text())["status"] == "completed"
+    assert records.read_metrics(result.run_dir)[-1]["steps"] > 0
+
+
+def test_rho_regularisation_runs_through_the_loop(tmp_path: Path) -> None:
+    config = tiny_config("training.epochs=1", "miner.name=distance_weighted", "miner.p_switch=0.5")
+    assert train(config, tmp_path / "rho", progress=False).best_epoch == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -33,49 +33,51 @@ def _parse_ks(text: str) -> tuple[int, ...]:
 
 
 def evaluate_command(
-    run: Annotated[Optional[Path], typer.Argument(help="A training run directory.")] = None,
-    embeddings: Annotated[Optional[list[Path]], typer.Option("--embeddings", help="Embeddings [N, D] (.npy); repeat for several models.")] = None,
-    labels: Annotated[Optional[Path], typer.Option("--labels", help="Integer labels [N] (.npy).")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
-    metrics: Annotated[Optional[str], typer.Option("--metrics", help="Comma-separated subset, e.g. map_at_r,recall_at_1.")] = None,
+    run: Annotated[Path | None, typer.Argument(help="A training run directory.")] = None,
+    embeddings: Annotated[list[Path] | None, typer.Option("--embeddings", help="Embeddings [N, D] (.npy); repeat for several models.")] = None,
+    labels: Annotated[Path | None, typer.Option("--labels", help="Integer labels [N] (.npy).")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    metrics: Annotated[str | None, typer.Option("--metrics", help="Comma-separated subset, e.g. map_at_r,recall_at_1.")] = None,
     ks: Annotated[str, typer.Option("--ks", help="K values of the default recall_at_<k> metrics.")] = "1,2,4,8",
-    query_mask: Annotated[Optional[Path], typer.Option("--query-mask", help="Bool [N] (.npy): queries; the rest is the gallery.")] = None,
+    query_mask: Annotated[Path | None, typer.Option("--query-mask", help="Bool [N] (.npy): queries; the rest is the gallery.")] = None,
     backend: Annotated[str, typer.Option(help="torch, faiss or faiss_approx.")] = "torch",
     binarize: Annotated[bool, typer.Option("--binarize", help="Sign bits and Hamming distance.")] = False,
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise before searching.")] = True,
-    k: Annotated[Optional[int], typer.Option("--k", help="Neighbours per query (default: the largest class size).")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="k-means seed (default 0, or the run's seed).")] = None,
-    block_size: Annotated[Optional[int], typer.Option(help="Rows per block of the torch engine.")] = None,
+    k: Annotated[int | None, typer.Option("--k", help="Neighbours per query (default: the largest class size).")] = None,
+    seed: Annotated[int | None, typer.Option(help="k-means seed (default 0, or the run's seed).")] = None,
+    block_size: Annotated[int | None, typer.Option(help="Rows per block of the torch engine.")] = None,
+    nprobe: Annotated[int | None, typer.Option(help="Inverted lists probed by faiss_approx.")] = None,
     mode: Annotated[str, typer.Option(help="Several --embeddings: concatenated or separated.")] = "concatenated",
     analysis: Annotated[bool, typer.Option("--analysis", help="Also print rho and the pi distance ratios.")] = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="With --analysis: spectrum plot path (PNG).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="With --analysis: spectrum plot path (PNG).")] = None,
     drop: Annotated[int, typer.Option(help="Largest singular values left out of rho.")] = 1,
     center: Annotated[bool, typer.Option("--center", help="Center the embeddings before the SVD.")] = False,
 ) -> None:
     """Retrieval and clustering metrics as a table (and JSON with --json)."""
     from dmlbench import evaluation
-    from dmlbench.evaluation import embedding_space
     from dmlbench.evaluation.table import format_table
 
     if (run is None) == (not embeddings):
         raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
     options: dict[str, Any] = {"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize}
-    for name, value in (("metrics", metrics), ("k", k), ("seed", seed), ("block_size", block_size)):
+    for name, value in (("metrics", metrics), ("k", k), ("seed", seed), ("block_size", block_size), ("nprobe", nprobe)):
         if value is not None:
             options[name] = value
     if query_mask is not None:
         options["query_mask"] = _load_array(query_mask, "query mask")
 
     if run is not None:
-        if analysis:
-            raise UserInputError("--analysis needs --embeddings and --labels (the run's embeddings are not stored)")
-        from dmlbench.training.runs import evaluate_run
+        from dmlbench.training.runs import embed_run, evaluate_run
 
         run_defaults = {"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}
         changed = {name: value for name, value in options.items() if run_defaults.get(name, object()) != value}
         results = evaluate_run(run, **changed)
         trained = {name: value for name, value in results.items() if name != "untrained"}
         typer.echo(format_table({"trained": trained, "untrained": results.get("untrained", {})}))
+        if analysis:
+            # Roth et al. 2020 measure the embedding space on the training data, never on the test split.
+            train_embeddings, train_labels = embed_run(run, "train")
+            results = {**results, "analysis": _analyze(train_embeddings, train_labels, drop, center, normalize, plot, "train split")}
         _write_json(json_path, results)
         return
 
@@ -92,14 +94,24 @@ def evaluate_command(
         arrays = list(matrices.values())
         # Several models are analysed as evaluated: each L2-normalised, then concatenated.
         combined = arrays[0] if len(arrays) == 1 else np.concatenate([_unit_rows(array) for array in arrays], axis=1)
-        space = embedding_space.analyze(combined, label_array, drop=drop, center=center, normalize=normalize)
-        typer.echo("")
-        typer.echo(format_table({"analysis": {key: value for key, value in space.items() if key != "singular_values"}}))
-        if plot is not None:
-            embedding_space.plot_spectrum(space["singular_values"], plot, drop=drop)
-            typer.echo(f"spectrum plot: {plot}")
-        results = {**results, "analysis": space}
+        results = {**results, "analysis": _analyze(combined, label_array, drop, center, normalize, plot, "analysis")}
     _write_json(json_path, results)
+
+
+def _analyze(
+    embeddings: Any, labels: Any, drop: int, center: bool, normalize: bool, plot: Path | None, title: str
+) -> dict[str, Any]:
+    """rho, pi_intra, pi_inter, pi_ratio printed as a table, the spectrum optionally plotted."""
+    from dmlbench.evaluation import embedding_space
+    from dmlbench.evaluation.table import format_table
+
+    space = embedding_space.analyze(embeddings, labels, drop=drop, center=center, normalize=normalize)
+    typer.echo("")
+    typer.echo(format_table({title: {key: value for key, value in space.items() if key != "singular_values"}}))
+    if plot is not None:
+        embedding_space.plot_spectrum(space["singular_values"], plot, drop=drop)
+        typer.echo(f"spectrum plot: {plot}")
+    return space
 
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:

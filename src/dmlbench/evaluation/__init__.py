@@ -15,17 +15,19 @@ from dmlbench.evaluation.api import (
     evaluate_many,
 )
 from dmlbench.evaluation.neighbors import BACKENDS, Neighbors, nearest_neighbors
+from dmlbench.evaluation.table import format_table
 
 __all__ = [
     "BACKENDS",
     "CLUSTERING_METRICS",
     "COUNT_KEYS",
     "DEFAULT_KS",
-    "Neighbors",
     "RETRIEVAL_METRICS",
+    "Neighbors",
     "available_metrics",
     "default_metrics",
     "evaluate",
     "evaluate_many",
+    "format_table",
     "nearest_neighbors",
 ]

@@ -59,20 +59,22 @@ def evaluate(
     ``default_metrics(ks)``); ``k`` neighbours are retrieved (default: the largest class size).
     Retrieval metrics come with ``num_queries`` and ``num_queries_without_match`` (queries whose
     label has no reference, left out of all retrieval averages except mAP@C and mAP@1000).
+    Clustering metrics run faiss k-means (``seed``, ``kmeans_iterations``) on all N rows with as
+    many clusters as classes. Neighbours are exact and ordered by (distance, index) for every
+    ``backend`` except ``faiss_approx`` (inverted lists, ``nprobe`` probes).
     """
     names = _parse_metrics(metrics, ks)
     for name, value in (("block_size", block_size), ("nprobe", nprobe)):
         if value is not None:
             check_positive_int(name, value)
-    data = _as_embeddings(embeddings)
-    label_tensor = _as_labels(labels, len(data))
+    space = prepare(_as_embeddings(embeddings), normalize=normalize, binarize=binarize)
+    label_tensor = _as_labels(labels, space.num_rows)
     if len(torch.unique(label_tensor)) < 2:
         raise UserInputError("labels contain a single class; evaluation needs at least 2 classes")
-    space = prepare(data, normalize=normalize, binarize=binarize)
     results: dict[str, float] = {}
     retrieval_names = [name for name in names if name not in CLUSTERING_METRICS]
     if retrieval_names:
-        mask = _as_query_mask(query_mask, len(data))
+        mask = _as_query_mask(query_mask, space.num_rows)
         results.update(_retrieval(space, label_tensor, mask, retrieval_names, k, backend, block_size, nprobe, seed))
     clustering_names = [name for name in names if name in CLUSTERING_METRICS]
     if clustering_names:

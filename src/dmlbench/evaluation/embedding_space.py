@@ -16,7 +16,6 @@ from torch import Tensor
 
 from dmlbench.distances import euclidean
 from dmlbench.errors import UserInputError
-from dmlbench.validation import check_positive_int
 
 # Entries of a pairwise-distance block computed at once.
 _BLOCK_ENTRIES = 1 << 22
@@ -44,12 +43,14 @@ def spectral_decay(
     embeddings: Tensor | np.ndarray, *, drop: int = 1, center: bool = False, normalize: bool = True
 ) -> float:
     """rho = KL(U || S), S the sorted spectrum without its ``drop`` largest values normalised to sum 1, Roth et al. 2020 section 5."""
-    if isinstance(drop, bool) or not isinstance(drop, int) or drop < 0:
-        raise UserInputError(f"drop must be an integer >= 0, got {drop!r}")
     values = singular_values(embeddings, center=center, normalize=normalize)
-    if drop >= len(values):
-        raise UserInputError(f"drop={drop} removes all {len(values)} singular values")
+    _check_drop(drop, len(values))
     return spectral_decay_of(values, drop=drop)
+
+
+def _check_drop(drop: int, count: int) -> None:
+    if isinstance(drop, bool) or not isinstance(drop, int) or not 0 <= drop < count:
+        raise UserInputError(f"drop must be an integer in [0, {count - 1}] (it removes the largest of {count} singular values), got {drop!r}")
 
 
 def spectral_decay_of(values: Tensor, *, drop: int = 1) -> float:
@@ -145,8 +146,7 @@ def analyze(
 ) -> dict[str, Any]:
     """rho, pi_intra, pi_inter, pi_ratio and the singular-value spectrum, Roth et al. 2020 section 5."""
     values = singular_values(embeddings, center=center, normalize=normalize)
-    if isinstance(drop, bool) or not isinstance(drop, int) or not 0 <= drop < len(values):
-        raise UserInputError(f"drop must be an integer in [0, {len(values) - 1}], got {drop!r}")
+    _check_drop(drop, len(values))
     result: dict[str, Any] = {"rho": spectral_decay_of(values, drop=drop)}
     result.update(class_distances(embeddings, labels, normalize=normalize))
     result["singular_values"] = values.tolist()
@@ -160,7 +160,7 @@ def plot_spectrum(values: Tensor | list[float], path: str | Path, *, drop: int =
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    check_positive_int("drop + 1", drop + 1)
+    _check_drop(drop, len(values))
     kept = torch.as_tensor(values, dtype=torch.float64)[drop:]
     spectrum = (kept / kept.sum()).numpy()
     path = Path(path)

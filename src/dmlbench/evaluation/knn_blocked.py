@@ -22,6 +22,9 @@ from dmlbench.evaluation.search_space import SearchSpace
 DEFAULT_BLOCK_SIZE = 4096
 _CELL = 32
 _COLUMN_CELL = 8
+# A block with more than 1/_DENSE_FRACTION of its entries in active cells (weak thresholds, or many
+# tied scores as with binary codes) is merged with one dense top-k instead.
+_DENSE_FRACTION = 8
 
 
 class _RunningTopK:
@@ -47,6 +50,9 @@ class _RunningTopK:
         active_rows, active_cells = torch.nonzero(cell_maxima > threshold.unsqueeze(1), as_tuple=True)
         if active_rows.numel() == 0:
             return
+        if active_rows.numel() * _CELL > block.numel() // _DENSE_FRACTION:
+            self._merge_dense(block, query_start, reference_ids)
+            return
         cells_per_row = columns // _CELL
         values = cells.reshape(-1, _CELL).index_select(0, active_rows * cells_per_row + active_cells)
         self._merge(values, active_rows, active_cells * _CELL, threshold, query_start, reference_ids)
@@ -58,10 +64,13 @@ class _RunningTopK:
         cell_maxima = block.view(rows // _COLUMN_CELL, _COLUMN_CELL, columns).amax(dim=1)
         threshold = self._threshold(cell_maxima, query_start, dim=0)
         if threshold is None:
-            self._merge_dense(block.T, query_start, reference_ids)
+            self._merge_dense(block.T.contiguous(), query_start, reference_ids)
             return
         active_cells, active_columns = torch.nonzero(cell_maxima > threshold.unsqueeze(0), as_tuple=True)
         if active_cells.numel() == 0:
+            return
+        if active_cells.numel() * _COLUMN_CELL > block.numel() // _DENSE_FRACTION:
+            self._merge_dense(block.T.contiguous(), query_start, reference_ids)
             return
         # Entry (c * COLUMN_CELL + p, j) of the block sits at flat position (c * COLUMN_CELL + p) * columns + j.
         flat_positions = (active_cells * _COLUMN_CELL).unsqueeze(1) + torch.arange(_COLUMN_CELL)
@@ -86,7 +95,7 @@ class _RunningTopK:
         return torch.maximum(threshold, torch.nextafter(block_bound, torch.tensor(-math.inf)))
 
     def _merge_dense(self, block: Tensor, query_start: int, reference_ids: Tensor) -> None:
-        # Used when a block is too narrow to bound the entries that may enter.
+        # For blocks too narrow to bound the entries that may enter, or where most entries may.
         rows = slice(query_start, query_start + block.shape[0])
         block_scores, block_positions = block.topk(min(self.width, block.shape[1]), dim=1)
         all_scores = torch.cat([self.scores[rows], block_scores], dim=1)

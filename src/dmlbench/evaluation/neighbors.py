@@ -105,9 +105,8 @@ def _rank_candidates(
 def _exact_keys(space: SearchSpace, query_ids: Tensor, candidates: Tensor) -> Tensor:
     row_entries = max(1, candidates.shape[1] * space.exact_rows.shape[1])
     chunk = max(1, _EXACT_CHUNK_ENTRIES // row_entries)
-    return torch.cat(
-        [
-            space.exact_distances(query_ids[start : start + chunk], candidates[start : start + chunk])
-            for start in range(0, len(query_ids), chunk)
-        ]
-    ) if len(query_ids) else torch.empty(0, candidates.shape[1], dtype=torch.float64)
+    keys = torch.empty(candidates.shape, dtype=torch.float64)
+    for start in range(0, len(query_ids), chunk):
+        stop = start + chunk
+        keys[start:stop] = space.exact_distances(query_ids[start:stop], candidates[start:stop])
+    return keys

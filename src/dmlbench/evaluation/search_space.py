@@ -19,17 +19,19 @@ from torch import Tensor
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
 # Covers float64 round-off in the exact keys and in the norms (|x|^2 = 1 up to ~1e-16).
 _FLOAT64_MARGIN = 1e-12
-_POPCOUNT = torch.tensor([bin(byte).count("1") for byte in range(256)], dtype=torch.int64)
+_POPCOUNT = torch.tensor([byte.bit_count() for byte in range(256)], dtype=torch.int64)
 
 
 @dataclass(frozen=True)
 class SearchSpace:
     """All rows of one evaluation, in the two forms the search needs.
 
-    ``search_rows`` (float32) feed the candidate products: unit rows (``normalize=True``), rows
-    augmented with ``[q, 1]`` / ``[r, -|r|^2 / 2]`` columns (``normalize=False``, so that one
-    product gives ``q.r - |r|^2/2``, ordered like ``-|q - r|^2``) or +-1 sign vectors (binarised,
-    ``q.r = D - 2 * hamming``). ``exact_rows`` hold what the exact key is computed from.
+    ``search_rows`` (queries) and ``reference_rows`` (float32) feed the candidate products: unit
+    rows for both (``normalize=True``); ``[q, 1]`` and ``[r, -|r|^2 / 2]`` (``normalize=False``, so
+    that one product gives ``q.r - |r|^2/2``, ordered like ``-|q - r|^2``); or +-1 sign vectors for
+    both (binarised, ``q.r = D - 2 * hamming``). ``symmetric_scores``: the two are the same matrix,
+    so score(i, j) = score(j, i). ``exact_rows`` hold what the exact key is computed from (float64
+    rows, or packed sign bits); ``squared_norms`` is ``None`` for unit rows.
     """
 
     search_rows: Tensor

@@ -9,12 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dmlbench.errors import UserInputError
-from dmlbench.losses.base import LOSSES, MetricLoss, build
-from dmlbench.losses.proxies import check_class_batch, check_num_classes
-from dmlbench.validation import check_flag, check_seed
-from dmlbench.mining.tuples import Tuples
+from dmlbench.losses.base import LOSSES, build
+from dmlbench.losses.proxies import ClassLoss, check_num_classes
 from dmlbench.registry import accepted_parameters
-from dmlbench.validation import check_positive_int
+from dmlbench.validation import check_flag, check_positive_int, check_seed
 
 
 def random_meta_class_partitions(num_classes: int, num_learners: int, num_meta_classes: int, seed: int) -> Tensor:
@@ -38,7 +36,7 @@ def normalize_each_chunk(embeddings: Tensor, num_learners: int) -> Tensor:
 
 
 @LOSSES.register("dreml")
-class DREMLLoss(MetricLoss):
+class DREMLLoss(ClassLoss):
     """DREML ensemble, Fehervari et al. 2019 sec. 2.10 and 4.1 (Xuan et al. 2018).
 
     ``num_learners`` (L) learners, each with its own random partition of the ``num_classes``
@@ -64,9 +62,7 @@ class DREMLLoss(MetricLoss):
         base_hparams: dict[str, Any] | None = None,
         normalize_chunks: bool = True,
     ) -> None:
-        super().__init__()
-        self.num_classes = check_positive_int("num_classes", num_classes)
-        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+        super().__init__(num_classes, embedding_dim)
         self.num_learners = check_positive_int("num_learners", num_learners)
         check_num_classes(num_meta_classes, "num_meta_classes")
         if num_meta_classes > num_classes:
@@ -101,12 +97,11 @@ class DREMLLoss(MetricLoss):
         partitions = random_meta_class_partitions(num_classes, num_learners, num_meta_classes, seed)
         self.register_buffer("partitions", partitions)
 
-    def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
-        check_class_batch(embeddings, labels, self.num_classes, self.embedding_dim)
+    def class_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
         if self.normalize_chunks:
             embeddings = normalize_each_chunk(embeddings, self.num_learners)
         chunks = embeddings.chunk(self.num_learners, dim=1)
-        meta_labels = self.partitions[:, labels.long()]
+        meta_labels = self.partitions[:, labels]
         # Mined tuples refer to the original labels, not to a learner's meta-classes: not passed on.
         losses = [learner(chunk, meta) for learner, chunk, meta in zip(self.learners, chunks, meta_labels)]
         return torch.stack(losses).mean()

@@ -10,11 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
-from dmlbench.validation import check_seed
-from dmlbench.mining.tuples import Tuples
-from dmlbench.validation import check_positive, check_positive_int
+from dmlbench.losses.base import LOSSES
+from dmlbench.losses.proxies import ClassLoss, unit_weights
+from dmlbench.validation import check_positive
 
 
 def check_subsample_ratio(ratio: float) -> float:
@@ -24,7 +22,7 @@ def check_subsample_ratio(ratio: float) -> float:
     return ratio
 
 
-class CosineSoftmaxLoss(MetricLoss):
+class CosineSoftmaxLoss(ClassLoss):
     """Cross-entropy over ``scale * cos(phi_i, w_c)`` with L2-normalised class weights ``w_c``.
 
     Subclasses change the target logit (``target_cosine``): identity for the normalised softmax, an
@@ -41,28 +39,22 @@ class CosineSoftmaxLoss(MetricLoss):
     def __init__(
         self, num_classes: int, embedding_dim: int, scale: float, class_subsample_ratio: float, seed: int
     ) -> None:
-        super().__init__()
-        self.num_classes = check_num_classes(num_classes)
-        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+        super().__init__(num_classes, embedding_dim)
         self.scale = scale
         self.class_subsample_ratio = check_subsample_ratio(class_subsample_ratio)
-        self.weights = init_proxies((num_classes, embedding_dim), check_seed(seed))
+        self.weights = self.class_weights(seed)
         self.subsample_generator = torch.Generator().manual_seed(seed)
 
     def target_cosine(self, cosine: Tensor) -> Tensor:
         """The logit (before ``scale``) of each sample's own class, given its cosine."""
         return cosine
 
-    def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
-        check_class_batch(embeddings, labels, self.num_classes, self.embedding_dim)
-        if len(labels) == 0:
-            return zero_loss(embeddings)
-        labels = labels.long()
+    def class_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
         weights, targets = self.weights, labels
         if self.training and self.class_subsample_ratio < 1:
             classes = self.sample_classes(labels)
             weights, targets = weights[classes], torch.searchsorted(classes, labels)
-        cosine = F.normalize(embeddings, dim=1) @ F.normalize(weights.to(embeddings.dtype), dim=1).T
+        cosine = F.normalize(embeddings, dim=1) @ unit_weights(weights, embeddings.dtype).T
         own = targets.unsqueeze(1)
         logits = cosine.scatter(1, own, self.target_cosine(cosine.gather(1, own)))
         return F.cross_entropy(self.scale * logits, targets)

@@ -7,14 +7,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dmlbench.distances import euclidean, squared_euclidean
-from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
-from dmlbench.mining.tuples import Tuples
-from dmlbench.validation import check_flag, check_positive, check_positive_int, check_seed
+from dmlbench.losses.base import LOSSES
+from dmlbench.losses.proxies import ClassLoss, unit_weights
+from dmlbench.validation import check_flag, check_positive
 
 
 @LOSSES.register("proxy_nca")
-class ProxyNCALoss(MetricLoss):
+class ProxyNCALoss(ClassLoss):
     """ProxyNCA, Roth et al. 2020 supp. eq. 13 (Movshovitz-Attias et al. 2017; Fehervari et al. 2019 eq. 14).
 
     ``L = 1/b sum_i [ d(s phi_i, s psi_{y_i}) + log sum_{c != y_i} exp(-d(s phi_i, s psi_c)) ]``: the
@@ -28,21 +27,15 @@ class ProxyNCALoss(MetricLoss):
     def __init__(
         self, num_classes: int, embedding_dim: int, scale: float = 3.0, squared: bool = True, seed: int = 0
     ) -> None:
-        super().__init__()
-        self.num_classes = check_num_classes(num_classes)
-        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+        super().__init__(num_classes, embedding_dim)
         self.scale = check_positive("scale", scale)
         self.squared = check_flag("squared", squared)
-        self.proxies = init_proxies((num_classes, embedding_dim), check_seed(seed))
+        self.proxies = self.class_weights(seed)
 
-    def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
-        check_class_batch(embeddings, labels, self.num_classes, self.embedding_dim)
-        if len(labels) == 0:
-            return zero_loss(embeddings)
+    def class_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
         points = self.scale * F.normalize(embeddings, dim=1)
-        proxies = self.scale * F.normalize(self.proxies.to(points.dtype), dim=1)
+        proxies = self.scale * unit_weights(self.proxies, points.dtype)
         distances = squared_euclidean(points, proxies) if self.squared else euclidean(points, proxies)
-        labels = labels.long()
         own_class = F.one_hot(labels, self.num_classes).bool()
         positive = distances.gather(1, labels.unsqueeze(1)).squeeze(1)
         # num_classes >= 2, so every row keeps at least one finite negative logit.

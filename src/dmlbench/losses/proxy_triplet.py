@@ -6,15 +6,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dmlbench.distances import euclidean, squared_euclidean
-from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
-from dmlbench.validation import check_flag, check_seed
-from dmlbench.mining.tuples import Tuples
-from dmlbench.validation import check_non_negative, check_positive_int
+from dmlbench.losses.base import LOSSES
+from dmlbench.losses.proxies import ClassLoss, unit_weights
+from dmlbench.validation import check_flag, check_non_negative
 
 
 @LOSSES.register("proxy_triplet")
-class ProxyTripletLoss(MetricLoss):
+class ProxyTripletLoss(ClassLoss):
     """Proxy triplet loss, Fehervari et al. 2019 eq. 1 with proxies (sec. 2.9; Movshovitz-Attias et al. 2017).
 
     Every sample is an anchor, its class proxy the positive and every other class proxy a negative:
@@ -28,21 +26,15 @@ class ProxyTripletLoss(MetricLoss):
     def __init__(
         self, num_classes: int, embedding_dim: int, margin: float = 1.0, squared: bool = True, seed: int = 0
     ) -> None:
-        super().__init__()
-        self.num_classes = check_num_classes(num_classes)
-        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+        super().__init__(num_classes, embedding_dim)
         self.margin = check_non_negative("margin", margin)
         self.squared = check_flag("squared", squared)
-        self.proxies = init_proxies((num_classes, embedding_dim), check_seed(seed))
+        self.proxies = self.class_weights(seed)
 
-    def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
-        check_class_batch(embeddings, labels, self.num_classes, self.embedding_dim)
-        if len(labels) == 0:
-            return zero_loss(embeddings)
+    def class_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
         points = F.normalize(embeddings, dim=1)
-        proxies = F.normalize(self.proxies.to(points.dtype), dim=1)
+        proxies = unit_weights(self.proxies, points.dtype)
         distances = squared_euclidean(points, proxies) if self.squared else euclidean(points, proxies)
-        labels = labels.long()
         positive = distances.gather(1, labels.unsqueeze(1))
         hinge = F.relu(positive - distances + self.margin)
         negative = ~F.one_hot(labels, self.num_classes).bool()

@@ -6,14 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.proxies import check_class_batch, check_num_classes, init_proxies
-from dmlbench.validation import check_seed
+from dmlbench.losses.base import LOSSES
+from dmlbench.losses.proxies import ClassLoss, unit_weights
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive, check_positive_int
 
+
 @LOSSES.register("softtriple")
-class SoftTripleLoss(MetricLoss):
+class SoftTripleLoss(ClassLoss):
     """SoftTriple, Roth et al. 2020 supp. eq. 16-18 (Qian et al. 2019).
 
     ``S_i^c = sum_k softmax_k(phi_i^T psi_c^k / gamma) phi_i^T psi_c^k`` (eq. 16; the printed
@@ -36,28 +36,27 @@ class SoftTripleLoss(MetricLoss):
         tau: float = 0.2,
         seed: int = 0,
     ) -> None:
-        super().__init__()
-        self.num_classes = check_num_classes(num_classes)
-        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+        super().__init__(num_classes, embedding_dim)
         self.centers_per_class = check_positive_int("centers_per_class", centers_per_class)
         self.scale = check_positive("scale", scale)
         self.gamma = check_positive("gamma", gamma)
         self.margin = check_non_negative("margin", margin)
         self.tau = check_non_negative("tau", tau)
-        self.centers = init_proxies((num_classes, centers_per_class, embedding_dim), check_seed(seed))
+        self.centers = self.class_weights(seed, per_class=centers_per_class)
 
     def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
-        check_class_batch(embeddings, labels, self.num_classes, self.embedding_dim)
-        centers = F.normalize(self.centers.to(embeddings.dtype), dim=2)
-        regularizer = self.tau * self.center_spread(centers)
-        if len(labels) == 0:
-            return zero_loss(embeddings) + regularizer
+        # Eq. 18's regulariser does not depend on the batch: an empty batch gives it alone.
+        base = super().forward(embeddings, labels, tuples)
+        return base + self.tau * self.center_spread(unit_weights(self.centers, embeddings.dtype))
+
+    def class_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        """``L_base`` of eq. 17."""
+        centers = unit_weights(self.centers, embeddings.dtype)
         cosine = torch.einsum("bd,ckd->bck", F.normalize(embeddings, dim=1), centers)
         assignment = torch.softmax(cosine / self.gamma, dim=2)
         similarity = (assignment * cosine).sum(dim=2)
-        labels = labels.long()
         own = F.one_hot(labels, self.num_classes).to(similarity.dtype)
-        return F.cross_entropy(self.scale * (similarity - self.margin * own), labels) + regularizer
+        return F.cross_entropy(self.scale * (similarity - self.margin * own), labels)
 
     def center_spread(self, centers: Tensor) -> Tensor:
         """``sum_c sum_{k<l} ||psi_c^k - psi_c^l|| / (C K (K-1))`` for unit centres ``[C, K, D]``."""

@@ -15,12 +15,9 @@ from dmlbench.validation import check_positive_int
 TRUNKS: Registry[tuple[nn.Module, int]] = Registry("trunk")
 
 
-def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
+def _conv_stage(in_channels: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels),
-        nn.ReLU(inplace=True),
-        nn.Conv2d(out_channels, out_channels, kernel_size=3, padding=1, bias=False),
         nn.BatchNorm2d(out_channels),
         nn.ReLU(inplace=True),
         nn.MaxPool2d(2),
@@ -29,17 +26,14 @@ def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
 
 @TRUNKS.register("small_cnn")
 def small_cnn(in_channels: int = 1, width: int = 32) -> tuple[nn.Module, int]:
-    """A three-stage VGG-style CNN sized for a laptop CPU (about 0.3 M parameters at width 32)."""
+    """Four conv-BN-ReLU-pool stages doubling the width (about 0.4 M parameters at width 32): sized so
+    that a training step at batch 112 on 32x32 images takes a fraction of a second on a laptop CPU."""
     check_positive_int("in_channels", in_channels)
     check_positive_int("width", width)
-    trunk = nn.Sequential(
-        _conv_block(in_channels, width),
-        _conv_block(width, 2 * width),
-        _conv_block(2 * width, 4 * width),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-    )
-    return trunk, 4 * width
+    widths = [width, 2 * width, 4 * width, 8 * width]
+    stages = [_conv_stage(cin, cout) for cin, cout in zip([in_channels, *widths[:-1]], widths)]
+    trunk = nn.Sequential(*stages, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    return trunk, widths[-1]
 
 
 def _torchvision_trunk(name: str, in_channels: int, weights_path: str | None) -> tuple[nn.Module, int]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from torch import Tensor, nn
 
 from dmlbench import config as config_module
 from dmlbench import evaluation
+from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
@@ -26,36 +28,67 @@ def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
     stored on later calls with the same options.
     """
     run_dir = Path(run_dir)
-    run_record = records.require_run_dir(run_dir)
-    if run_record.get("status") != "completed":
-        raise UserInputError(f"run {run_dir} is not completed (status: {run_record.get('status')})")
     stored_path = run_dir / records.TEST_METRICS_FILE
     options = {key: _jsonable(value) for key, value in sorted(evaluate_kwargs.items())}
+    record = _completed_record(run_dir)
     if stored_path.exists():
         stored = records.read_json(stored_path)
         if stored.get("options") == options:
             return stored["results"]
-    checkpoint = run_dir / records.BEST_CHECKPOINT
-    if not checkpoint.is_file():
-        raise UserInputError(f"run {run_dir} has no {records.BEST_CHECKPOINT}")
-    config = load_run_config(run_dir)
-    dataset = load_dataset(config)
-    if dataset.content_hash != run_record["dataset"]["content_hash"]:
-        raise UserInputError(f"dataset {config.data.name!r} differs from the one run {run_dir} was trained on")
-    test_set = dataset.subset(make_splits(config, dataset).test)
-    device = resolve_device(config.training.device)
-    evaluate_kwargs.setdefault("seed", config.seed)
-
-    untrained = build_model(config).to(device)
-    untrained_embeddings, labels = embed(untrained, test_set, config.evaluation.batch_size, device)
-    trained = build_model(config).to(device)
-    trained.load_state_dict(torch.load(checkpoint, map_location=device, weights_only=False)["model"])
-    trained_embeddings, _ = embed(trained, test_set, config.evaluation.batch_size, device)
-
+    run = _CompletedRun(run_dir, record)
+    evaluate_kwargs.setdefault("seed", run.config.seed)
+    trained_embeddings, labels = embed(run.trained_model(), run.split("test"), run.batch_size, run.device)
+    untrained_embeddings, _ = embed(run.untrained_model(), run.split("test"), run.batch_size, run.device)
     results = dict(evaluation.evaluate(trained_embeddings, labels, **evaluate_kwargs))
     results["untrained"] = dict(evaluation.evaluate(untrained_embeddings, labels, **evaluate_kwargs))
     records.write_json(stored_path, {"evaluated": records.now(), "options": options, "results": results})
     return results
+
+
+def embed_run(run_dir: str | Path, split: Literal["train", "validation"] = "train") -> tuple[Tensor, Tensor]:
+    """Embeddings and labels of a non-test split under the run's best checkpoint (for the embedding-space
+    analysis, which Roth et al. 2020 compute on the training data). The test split goes only through
+    ``evaluate_run``."""
+    if split not in ("train", "validation"):
+        raise UserInputError(f"split must be 'train' or 'validation', got {split!r}")
+    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
+    return embed(run.trained_model(), run.split(split), run.batch_size, run.device)
+
+
+class _CompletedRun:
+    """A finished run's config, data splits and models, loaded on demand."""
+
+    def __init__(self, run_dir: Path, record: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.config = load_run_config(run_dir)
+        self.device = resolve_device(self.config.training.device)
+        self.batch_size = self.config.evaluation.batch_size
+        self.dataset = load_dataset(self.config)
+        if self.dataset.content_hash != record["dataset"]["content_hash"]:
+            raise UserInputError(f"dataset {self.config.data.name!r} differs from the one run {run_dir} was trained on")
+        self.splits = make_splits(self.config, self.dataset)
+
+    def split(self, name: str) -> ImageDataset:
+        return self.dataset.subset(getattr(self.splits, name))
+
+    def untrained_model(self) -> nn.Module:
+        """The model exactly as training started (same seed, same initialisation)."""
+        return build_model(self.config).to(self.device)
+
+    def trained_model(self) -> nn.Module:
+        model = build_model(self.config).to(self.device)
+        state = torch.load(self.run_dir / records.BEST_CHECKPOINT, map_location=self.device, weights_only=False)
+        model.load_state_dict(state["model"])
+        return model
+
+
+def _completed_record(run_dir: Path) -> dict[str, Any]:
+    record = records.require_run_dir(run_dir)
+    if record.get("status") != "completed":
+        raise UserInputError(f"run {run_dir} is not completed (status: {record.get('status')})")
+    if not (run_dir / records.BEST_CHECKPOINT).is_file():
+        raise UserInputError(f"run {run_dir} has no {records.BEST_CHECKPOINT}")
+    return record
 
 
 def _jsonable(value: Any) -> Any:
