@@ -1,16 +1,21 @@
-"""Shared helpers for loss and miner tests: random batches, gradcheck, degenerate inputs.
+"""Shared helpers for loss and miner tests: random batches, gradcheck, degenerate inputs, and the
+checks that a whole family of losses shares (class-weight, batch-wise pair/list and tuple losses).
 
 Append new helpers at the end; do not rewrite helpers others rely on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+import pytest
 import torch
 from torch import Tensor
 
-from dmlbench.mining.tuples import Pairs, Triplets, Tuples
+import dmlbench.mining as mining
+from dmlbench import losses
+from dmlbench.errors import UserInputError
+from dmlbench.mining.tuples import Pairs, Triplets, Tuples, all_pairs, to_pairs, to_triplets
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -125,8 +130,6 @@ def check_empty_tuples_keep_graph(loss: torch.nn.Module, embeddings: Tensor, lab
 
 # --- Helpers for the batch-wise pair/list losses (appended) -------------------------------------
 
-from dmlbench.mining.tuples import all_pairs  # noqa: E402  (appended section)
-
 
 def random_pair_subset(labels: Tensor, keep: float = 0.5, seed: int = 0) -> Pairs:
     """A random subset of the batch's ordered positive and negative pairs, as a miner might return."""
@@ -181,6 +184,11 @@ def py_distance(u: list[float], v: list[float]) -> float:
     return sum((a - b) ** 2 for a, b in zip(u, v)) ** 0.5
 
 
+def tensor_distance(u: Tensor, v: Tensor) -> Tensor:
+    """Euclidean distance of two vectors, differentiable for loop references of tuple losses."""
+    return torch.sqrt(((u - v) ** 2).sum())
+
+
 def value_and_gradient(loss_fn: LossFn, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     """``(loss, d loss / d embeddings)`` of ``loss_fn`` at ``embeddings``."""
     embeddings = embeddings.detach().clone().requires_grad_(True)
@@ -233,11 +241,6 @@ def check_class_loss_contract(name: str, **hparams: object) -> None:
     """What every loss with class weights must do: ``losses.build`` demands ``num_classes`` and
     ``embedding_dim``, the weights are seeded parameters the optimiser can see, and bad labels,
     dimensions, class counts or hyper-parameter names raise a ``UserInputError`` naming them."""
-    import pytest
-
-    from dmlbench import losses
-    from dmlbench.errors import UserInputError
-
     with pytest.raises(UserInputError, match="num_classes"):
         losses.build(name, embedding_dim=8, **hparams)
     with pytest.raises(UserInputError, match="embedding_dim"):
@@ -273,3 +276,118 @@ def check_class_loss_contract(name: str, **hparams: object) -> None:
         loss(embeddings[:, :5], labels)
     with pytest.raises(UserInputError, match="labels"):
         loss(embeddings, labels[:5])
+
+
+# --- Checks shared by a whole family of losses (appended) ----------------------------------------
+
+
+def check_bad_hyper_parameters(name: str, bad: dict[str, Iterable[object]], **fixed: object) -> None:
+    """Building loss ``name`` (with the ``fixed`` options) with any of the ``bad`` values of a
+    parameter raises a ``UserInputError`` whose message names the parameter."""
+    for parameter, values in bad.items():
+        for value in values:
+            with pytest.raises(UserInputError, match=parameter):
+                losses.build(name, **fixed, **{parameter: value})
+
+
+# What a float64 loop reference of a tuple loss must match: value (rtol, atol) and embedding gradient.
+LOOP_REFERENCE_TOLERANCES = {"value_tol": (1e-10, 1e-12), "gradient_tol": (1e-8, 1e-10)}
+
+
+def assert_same_value_and_gradient(
+    loss_fn: LossFn,
+    expected_fn: LossFn,
+    embeddings: Tensor,
+    labels: Tensor,
+    *,
+    scale: float = 1.0,
+    value_tol: tuple[float, float] = (1e-9, 1e-12),
+    gradient_tol: tuple[float, float] = (1e-7, 1e-10),
+) -> Tensor:
+    """``loss_fn = scale * expected_fn`` on the batch, in value and in the gradient w.r.t. the
+    embeddings (tolerances as ``(rtol, atol)``); returns the value.
+
+    Both sides are backpropagated, so loss modules are left with the gradients of their own
+    parameters in ``.grad`` for the caller to compare."""
+    x = embeddings.detach().clone().requires_grad_(True)
+    x_expected = embeddings.detach().clone().requires_grad_(True)
+    value, expected = loss_fn(x, labels), expected_fn(x_expected, labels)
+    torch.testing.assert_close(value, scale * expected, rtol=value_tol[0], atol=value_tol[1])
+    value.backward()
+    expected.backward()
+    torch.testing.assert_close(x.grad, scale * x_expected.grad, rtol=gradient_tol[0], atol=gradient_tol[1])
+    return value.detach()
+
+
+def check_class_loss_degenerate_and_bf16(name: str, bf16_atol: float, **hparams: object) -> None:
+    """Loss ``name`` with class weights (4 classes, 8 dimensions) is finite on every degenerate
+    batch (float64), and under bf16 autocast finite and within rtol 0.05 / ``bf16_atol`` of float32."""
+    loss = losses.build(name, num_classes=4, embedding_dim=8, **hparams)
+    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
+    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
+    value = check_bf16_autocast(loss.float(), embeddings, labels)
+    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=bf16_atol)
+
+
+def check_pair_loss_degenerate_bf16_and_empty_pairs(
+    loss: torch.nn.Module, *, normalize: bool = True, rel: float | None = None, abs: float | None = None
+) -> dict[str, Tensor]:
+    """What every batch-wise pair/list loss must do: stay finite on the degenerate batches (whose
+    values are returned for the loss's own expectations), give under bf16 autocast a value within
+    ``pytest.approx(rel, abs)`` of float32, and give a graph-keeping 0 for an empty pair set."""
+    values = check_degenerate_inputs(loss)
+    embeddings, labels = random_batch(12, 8, 3, seed=7, normalize=normalize)
+    bf16 = check_bf16_autocast(loss, embeddings, labels)
+    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=rel, abs=abs)
+    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
+    return values
+
+
+def check_tuple_loss_bf16(loss: torch.nn.Module, seed: int, rtol: float, atol: float) -> None:
+    """A tuple-based loss under bf16 autocast is finite and within ``rtol``/``atol`` of float32 on
+    a random 16-sample batch of 4 classes."""
+    embeddings, labels = random_batch(16, 8, 4, seed=seed)
+    bf16 = check_bf16_autocast(loss, embeddings, labels)
+    torch.testing.assert_close(bf16, loss(embeddings.float(), labels).detach(), rtol=rtol, atol=atol)
+
+
+def check_empty_tuple_sets_keep_graph(loss: torch.nn.Module, embeddings: Tensor, labels: Tensor) -> None:
+    """Both an empty pair set and an empty triplet set give exactly 0 with an autograd graph."""
+    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
+    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_triplets())
+
+
+def mined_tuples(
+    kind: str, embeddings: Tensor, labels: Tensor, *, keep: float, pair_seed: int, miner_seed: int
+) -> Tuples | None:
+    """The tuples a loss test feeds: ``None`` for ``"all"``, a random pair subset (``keep``,
+    ``pair_seed``) for ``"pairs"``, otherwise what miner ``kind`` (seeded ``miner_seed``) returns."""
+    if kind == "all":
+        return None
+    if kind == "pairs":
+        return random_pair_subset(labels, keep=keep, seed=pair_seed)
+    return mining.build(kind, generator=torch.Generator().manual_seed(miner_seed))(embeddings, labels)
+
+
+def all_valid_triplets(labels: list[int]) -> list[tuple[int, int, int]]:
+    """Every ``(a, p, n)`` with ``a != p``, ``y_a == y_p`` and ``y_n != y_a``, in index order."""
+    indices = range(len(labels))
+    return [
+        (a, p, n) for a in indices for p in indices for n in indices if a != p and labels[a] == labels[p] != labels[n]
+    ]
+
+
+def reference_triplets(labels: Tensor, tuples: Tuples | None) -> list[tuple[int, int, int]]:
+    """The triplets a triplet-based loss sums over: every valid one without tuples, else ``tuples`` as triplets."""
+    if tuples is None:
+        return all_valid_triplets(labels.tolist())
+    triplets = to_triplets(tuples)
+    return list(zip(triplets.anchors.tolist(), triplets.positives.tolist(), triplets.negatives.tolist()))
+
+
+def reference_pairs(labels: Tensor, tuples: Tuples | None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The ``(positive, negative)`` pairs a pair-based loss sums over: every one without tuples,
+    else ``tuples`` as pairs."""
+    if tuples is None:
+        return all_pair_lists(labels.tolist())
+    return pair_lists(to_pairs(tuples))

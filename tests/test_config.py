@@ -38,6 +38,8 @@ def test_dotted_overrides_parse_yaml_values() -> None:
         (["loss.params.margn=0.1"], "has no parameter 'margn'"),
         (["miner.p_switch=1.5"], "config key 'miner.p_switch'"),
         (["nonsense"], "not of the form"),
+        (["miner.p_switch=0.3"], "needs a miner"),
+        (["loss.name=normalized_softmax", "miner.name=semihard"], "does not use mined tuples"),
         (["evaluation.selection_metric=nmi", "evaluation.metrics=[map_at_r]"], "selection_metric"),
     ],
 )

@@ -8,11 +8,9 @@ import pytest
 import torch
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     pair_lists,
     py_dot,
@@ -25,7 +23,6 @@ from losses_testkit import (
 from pytorch_metric_learning import losses as pml_losses
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 from dmlbench.losses.angular import AngularLoss
 
 
@@ -114,13 +111,8 @@ def test_angular_term_matches_pytorch_metric_learning() -> None:
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
-    loss = AngularLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(AngularLoss(), normalize=False, rel=0.05)
     assert values["no_positive_pairs"] == 0
-    embeddings, labels = random_batch(12, 8, 3, seed=7, normalize=False)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_permutation_invariance() -> None:
@@ -131,8 +123,4 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("angular")
     assert isinstance(loss, AngularLoss) and loss.alpha == pytest.approx(math.pi / 4) and loss.angular_weight == 2.0
-    for bad in (0.0, -0.5, math.pi / 2, 45):
-        with pytest.raises(UserInputError, match="alpha"):
-            losses.build("angular", alpha=bad)
-    with pytest.raises(UserInputError, match="angular_weight"):
-        losses.build("angular", angular_weight=-1)
+    check_bad_hyper_parameters("angular", {"alpha": [0.0, -0.5, math.pi / 2, 45], "angular_weight": [-1]})

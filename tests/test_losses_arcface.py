@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import Tensor
 from losses_testkit import (
-    check_bf16_autocast,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
     check_class_loss_contract,
-    check_degenerate_inputs,
+    check_class_loss_degenerate_and_bf16,
     loss_gradcheck,
     py_dot,
     py_unit,
@@ -16,7 +17,6 @@ from losses_testkit import (
 from pytorch_metric_learning.losses import ArcFaceLoss as PMLArcFaceLoss
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 
 
 def reference_arcface(
@@ -61,13 +61,9 @@ def test_matches_pytorch_metric_learning() -> None:
     assert torch.all(target_angles(ours, embeddings, labels) < math.pi - 0.5)
     pml = PMLArcFaceLoss(num_classes=4, embedding_size=5, margin=math.degrees(0.5), scale=16)
     pml.W.data = ours.weights.detach().T.clone()
-    x_ours = embeddings.clone().requires_grad_(True)
-    x_pml = embeddings.clone().requires_grad_(True)
-    value, expected = ours(x_ours, labels), pml(x_pml, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10)
-    value.backward()
-    expected.backward()
-    torch.testing.assert_close(x_ours.grad, x_pml.grad, rtol=1e-7, atol=1e-9)
+    assert_same_value_and_gradient(
+        ours, pml, embeddings, labels, value_tol=(1e-10, 1e-10), gradient_tol=(1e-7, 1e-9)
+    )
     torch.testing.assert_close(ours.weights.grad, pml.W.grad.T, rtol=1e-7, atol=1e-9)
 
 
@@ -106,17 +102,10 @@ def test_finite_at_cosine_plus_and_minus_one() -> None:
 
 
 def test_degenerate_inputs_and_bf16() -> None:
-    loss = losses.build("arcface", num_classes=4, embedding_dim=8)
-    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
-    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
-    value = check_bf16_autocast(loss.float(), embeddings, labels)
-    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=0.3)
+    check_class_loss_degenerate_and_bf16("arcface", bf16_atol=0.3)
 
 
 def test_contract_and_bad_hyper_parameters() -> None:
     check_class_loss_contract("arcface")
-    with pytest.raises(UserInputError, match="scale"):
-        losses.build("arcface", num_classes=4, embedding_dim=8, scale=-16.0)
-    for margin in (-0.1, math.pi):
-        with pytest.raises(UserInputError, match="margin"):
-            losses.build("arcface", num_classes=4, embedding_dim=8, margin=margin)
+    bad = {"scale": [-16.0], "margin": [-0.1, math.pi]}
+    check_bad_hyper_parameters("arcface", bad, num_classes=4, embedding_dim=8)

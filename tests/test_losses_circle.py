@@ -8,11 +8,10 @@ import pytest
 import torch
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     numerical_gradient,
     pair_lists,
     py_dot,
@@ -25,7 +24,6 @@ from losses_testkit import (
 from pytorch_metric_learning import losses as pml_losses
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 from dmlbench.losses.circle import CircleLoss
 
 
@@ -102,20 +100,13 @@ def test_matches_pytorch_metric_learning_up_to_the_reduction() -> None:
     labels[0] = 9  # a singleton anchor has loss 0, so the two reductions differ
     nonzero = sum(value > 0 for value in reference_circle_per_anchor(embeddings, labels))
     assert nonzero == 11
-    ours = value_and_gradient(CircleLoss(), embeddings, labels)
-    theirs = value_and_gradient(pml_losses.CircleLoss(m=0.4, gamma=80), embeddings, labels)
-    torch.testing.assert_close(ours[0], theirs[0] * nonzero / 12, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], theirs[1] * nonzero / 12, rtol=1e-7, atol=1e-10)
+    pml = pml_losses.CircleLoss(m=0.4, gamma=80)
+    assert_same_value_and_gradient(CircleLoss(), pml, embeddings, labels, scale=nonzero / 12)
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
-    loss = CircleLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(CircleLoss(), rel=0.05)
     assert values["one_class"] == 0 and values["no_positive_pairs"] == 0
-    embeddings, labels = random_batch(12, 8, 3, seed=7)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_permutation_invariance() -> None:
@@ -126,8 +117,4 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("circle")
     assert (loss.margin, loss.gamma) == (0.4, 80.0) and loss.uses_tuples
-    for bad in (-0.1, 1.0):
-        with pytest.raises(UserInputError, match="margin"):
-            losses.build("circle", margin=bad)
-    with pytest.raises(UserInputError, match="gamma"):
-        losses.build("circle", gamma=0)
+    check_bad_hyper_parameters("circle", {"margin": [-0.1, 1.0], "gamma": [0]})

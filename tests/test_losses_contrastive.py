@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 from losses_testkit import (
+    LOOP_REFERENCE_TOLERANCES,
     all_pair_lists,
-    check_bf16_autocast,
+    assert_same_value_and_gradient,
     check_degenerate_inputs,
+    check_empty_tuple_sets_keep_graph,
     check_empty_tuples_keep_graph,
-    empty_pairs,
-    empty_triplets,
+    check_tuple_loss_bf16,
     loss_gradcheck,
-    pair_lists,
+    mined_tuples,
     random_batch,
     random_pair_subset,
-    value_and_gradient,
+    reference_pairs,
 )
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import reducers as pml_reducers
@@ -35,11 +36,7 @@ def reference(x: torch.Tensor, positive: list, negative: list, margin: float = 1
 
 
 def mined(kind: str, embeddings: torch.Tensor, labels: torch.Tensor):
-    if kind == "all":
-        return None
-    if kind == "pairs":
-        return random_pair_subset(labels, keep=0.4, seed=3)
-    return mining.build(kind, generator=torch.Generator().manual_seed(4))(embeddings, labels)
+    return mined_tuples(kind, embeddings, labels, keep=0.4, pair_seed=3, miner_seed=4)
 
 
 @pytest.mark.parametrize("kind", ["all", "pairs", "distance_weighted", "multi_similarity"])
@@ -47,15 +44,15 @@ def mined(kind: str, embeddings: torch.Tensor, labels: torch.Tensor):
 def test_matches_loop_reference_values_and_gradients(kind: str, seed: int) -> None:
     embeddings, labels = random_batch(14, 6, 4, seed=seed)
     tuples = mined(kind, embeddings, labels)
-    if tuples is None:
-        positive, negative = all_pair_lists(labels.tolist())
-    else:
-        positive, negative = pair_lists(to_pairs(tuples))
+    positive, negative = reference_pairs(labels, tuples)
     loss = losses.build("contrastive", margin=1.0)
-    value, gradient = value_and_gradient(lambda e, y: loss(e, y, tuples), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(lambda e, y: reference(e, positive, negative), embeddings, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
+    assert_same_value_and_gradient(
+        lambda e, y: loss(e, y, tuples),
+        lambda e, y: reference(e, positive, negative),
+        embeddings,
+        labels,
+        **LOOP_REFERENCE_TOLERANCES,
+    )
 
 
 def test_margin_is_a_hyper_parameter() -> None:
@@ -81,20 +78,17 @@ def test_gradcheck() -> None:
 
 def test_degenerate_inputs_and_bf16_stay_finite() -> None:
     loss = losses.build("contrastive")
-    values = check_degenerate_inputs(lambda e, y: loss(e, y))
+    values = check_degenerate_inputs(loss)
     # identical embeddings: positives at 0, negatives at 0 -> the negative term is the margin
     assert values["identical_embeddings"] > 0
     assert values["one_class"] >= 0
-    embeddings, labels = random_batch(16, 8, 4, seed=8)
-    bf16 = check_bf16_autocast(lambda e, y: loss(e, y), embeddings, labels)
-    torch.testing.assert_close(bf16, loss(embeddings.float(), labels), rtol=3e-2, atol=3e-2)
+    check_tuple_loss_bf16(loss, seed=8, rtol=3e-2, atol=3e-2)
 
 
 def test_empty_tuple_sets_give_a_zero_that_keeps_the_graph() -> None:
     embeddings, labels = random_batch(6, 4, 2, seed=9)
     loss = losses.build("contrastive")
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_triplets())
+    check_empty_tuple_sets_keep_graph(loss, embeddings, labels)
     check_empty_tuples_keep_graph(loss, embeddings[:1], labels[:1], None)
 
 
@@ -118,10 +112,9 @@ def test_cross_check_with_pytorch_metric_learning(kind: str) -> None:
         return (positive.sum() + negative.sum()) / (len(positive) + len(negative))
 
     ours = losses.build("contrastive")
-    value, gradient = value_and_gradient(lambda e, y: ours(e, y, tuples), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(pml_mapped, embeddings, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-6, atol=1e-9)
+    assert_same_value_and_gradient(
+        lambda e, y: ours(e, y, tuples), pml_mapped, embeddings, labels, gradient_tol=(1e-6, 1e-9)
+    )
 
 
 @pytest.mark.parametrize(("hparams", "parameter"), [({"margin": -1.0}, "margin"), ({"margin": 0.0}, "margin"), ({"gamma": 1.0}, "gamma")])

@@ -1,9 +1,8 @@
 import pytest
 import torch
 from losses_testkit import (
-    check_bf16_autocast,
     check_class_loss_contract,
-    check_degenerate_inputs,
+    check_class_loss_degenerate_and_bf16,
     loss_gradcheck,
     random_batch,
 )
@@ -86,11 +85,7 @@ def test_gradcheck() -> None:
 
 
 def test_degenerate_inputs_and_bf16() -> None:
-    loss = losses.build("dreml", num_classes=4, embedding_dim=8, num_learners=2, num_meta_classes=2)
-    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
-    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
-    value = check_bf16_autocast(loss.float(), embeddings, labels)
-    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=0.05)
+    check_class_loss_degenerate_and_bf16("dreml", bf16_atol=0.05, num_learners=2, num_meta_classes=2)
 
 
 def test_contract_and_bad_hyper_parameters() -> None:

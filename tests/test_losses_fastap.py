@@ -6,11 +6,10 @@ import pytest
 import torch
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     pair_lists,
     py_distance,
@@ -18,12 +17,10 @@ from losses_testkit import (
     random_batch,
     random_pair_subset,
     rows,
-    value_and_gradient,
 )
 from pytorch_metric_learning import losses as pml_losses
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 from dmlbench.losses.fastap import FastAPLoss
 
 
@@ -91,20 +88,12 @@ def test_matches_pytorch_metric_learning_values_and_gradients() -> None:
     # [0, 4], mean of 1 - FastAP over anchors with positives: the same definition.
     embeddings, labels = random_batch(16, 6, 4, seed=6, normalize=False)
     labels[0] = 11  # an anchor without positives is left out by both
-    ours = value_and_gradient(FastAPLoss(10), embeddings, labels)
-    theirs = value_and_gradient(pml_losses.FastAPLoss(num_bins=10), embeddings, labels)
-    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-7, atol=1e-10)
+    assert_same_value_and_gradient(FastAPLoss(10), pml_losses.FastAPLoss(num_bins=10), embeddings, labels)
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
-    loss = FastAPLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(FastAPLoss(), abs=0.05)
     assert values["no_positive_pairs"] == 0
-    embeddings, labels = random_batch(12, 8, 3, seed=7)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), abs=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_permutation_invariance() -> None:
@@ -115,6 +104,4 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("fastap")
     assert loss.num_bins == 10 and loss.uses_tuples
-    for bad in (0, -1, 2.0):
-        with pytest.raises(UserInputError, match="num_bins"):
-            losses.build("fastap", num_bins=bad)
+    check_bad_hyper_parameters("fastap", {"num_bins": [0, -1, 2.0]})

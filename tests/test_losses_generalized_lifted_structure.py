@@ -8,11 +8,10 @@ import pytest
 import torch
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     pair_lists,
     py_distance,
@@ -20,7 +19,6 @@ from losses_testkit import (
     random_batch,
     random_pair_subset,
     rows,
-    value_and_gradient,
 )
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import losses as pml_losses
@@ -96,20 +94,14 @@ def test_matches_pytorch_metric_learning_times_batch_size(normalize: bool) -> No
     pml = pml_losses.GeneralizedLiftedStructureLoss(
         neg_margin=1.0, pos_margin=0, distance=pml_distances.LpDistance(normalize_embeddings=False)
     )
-    ours = value_and_gradient(GeneralizedLiftedStructureLoss(regularization=0.0), embeddings, labels)
-    theirs = value_and_gradient(pml, embeddings, labels)
-    torch.testing.assert_close(ours[0], 12 * theirs[0], rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], 12 * theirs[1], rtol=1e-7, atol=1e-10)
+    ours = GeneralizedLiftedStructureLoss(regularization=0.0)
+    assert_same_value_and_gradient(ours, pml, embeddings, labels, scale=12)
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
     loss = GeneralizedLiftedStructureLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(loss, normalize=False, rel=0.05)
     assert values["one_class"] == 0 and values["no_positive_pairs"] == 0
-    embeddings, labels = random_batch(12, 8, 3, seed=7, normalize=False)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_permutation_invariance() -> None:
@@ -120,9 +112,6 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("generalized_lifted_structure", margin=2.0, regularization=0.0)
     assert isinstance(loss, GeneralizedLiftedStructureLoss) and loss.uses_tuples
-    with pytest.raises(UserInputError, match="margin"):
-        losses.build("generalized_lifted_structure", margin=-0.1)
-    with pytest.raises(UserInputError, match="regularization"):
-        losses.build("generalized_lifted_structure", regularization=-1.0)
+    check_bad_hyper_parameters("generalized_lifted_structure", {"margin": [-0.1], "regularization": [-1.0]})
     with pytest.raises(UserInputError, match="labels"):
         loss(torch.randn(4, 3), torch.zeros(3, dtype=torch.long))

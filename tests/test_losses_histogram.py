@@ -7,11 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from losses_testkit import (
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     pair_lists,
     py_dot,
@@ -19,12 +18,10 @@ from losses_testkit import (
     random_batch,
     random_pair_subset,
     rows,
-    value_and_gradient,
 )
 from pytorch_metric_learning import losses as pml_losses
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 from dmlbench.losses.histogram import HistogramLoss, soft_histogram
 
 
@@ -121,21 +118,13 @@ def test_matches_pytorch_metric_learning_values_and_gradients() -> None:
     # uses the unordered pairs of all triplets: the same definition when every anchor has a negative.
     # (PML indexes past its last node for a similarity of exactly 1; random data avoids that.)
     embeddings, labels = random_batch(16, 6, 4, seed=6, normalize=False)
-    ours = value_and_gradient(HistogramLoss(65), embeddings, labels)
-    theirs = value_and_gradient(pml_losses.HistogramLoss(n_bins=64), embeddings, labels)
-    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-7, atol=1e-10)
+    assert_same_value_and_gradient(HistogramLoss(65), pml_losses.HistogramLoss(n_bins=64), embeddings, labels)
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
-    loss = HistogramLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(HistogramLoss(), abs=0.05)
     assert values["one_class"] == 0 and values["no_positive_pairs"] == 0
     assert values["identical_embeddings"] == pytest.approx(1.0)  # all pairs at cos 1: full overlap
-    embeddings, labels = random_batch(12, 8, 3, seed=7)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), abs=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_permutation_invariance() -> None:
@@ -146,6 +135,4 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("histogram")
     assert loss.num_bins == 65 and loss.uses_tuples
-    for bad in (1, 0, -3, 2.5, True):
-        with pytest.raises(UserInputError, match="num_bins"):
-            losses.build("histogram", num_bins=bad)
+    check_bad_hyper_parameters("histogram", {"num_bins": [1, 0, -3, 2.5, True]})

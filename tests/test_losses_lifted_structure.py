@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
     check_empty_tuples_keep_graph,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     pair_lists,
     py_distance,
@@ -90,20 +90,15 @@ def test_matches_pytorch_metric_learning_values_and_gradients() -> None:
     # PML's LiftedStructureLoss(neg_margin, pos_margin=0) averages relu(J)^2 / 2 over ordered positive
     # pairs, with the negatives of both ends, on normalised embeddings: the same definition.
     embeddings, labels = random_batch(16, 8, 4, seed=6, normalize=False)
-    ours = value_and_gradient(LiftedStructureLoss(margin=0.8), embeddings, labels)
-    theirs = value_and_gradient(pml_losses.LiftedStructureLoss(neg_margin=0.8, pos_margin=0), embeddings, labels)
-    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-7, atol=1e-10)
+    pml = pml_losses.LiftedStructureLoss(neg_margin=0.8, pos_margin=0)
+    assert_same_value_and_gradient(LiftedStructureLoss(margin=0.8), pml, embeddings, labels)
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
     loss = LiftedStructureLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(loss, rel=0.05)
     assert values["one_class"] == 0 and values["no_positive_pairs"] == 0
     embeddings, labels = random_batch(12, 8, 3, seed=7)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
     check_empty_tuples_keep_graph(loss, embeddings, labels, Triplets(*(torch.empty(0, dtype=torch.long),) * 3))
 
 
@@ -115,11 +110,7 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("lifted_structure", margin=0.5)
     assert isinstance(loss, LiftedStructureLoss) and loss.uses_tuples and loss.margin == 0.5
-    for bad in (0.0, -1.0, float("nan")):
-        with pytest.raises(UserInputError, match="margin"):
-            losses.build("lifted_structure", margin=bad)
-    with pytest.raises(UserInputError, match="alpha"):
-        losses.build("lifted_structure", alpha=1.0)
+    check_bad_hyper_parameters("lifted_structure", {"margin": [0.0, -1.0, float("nan")], "alpha": [1.0]})
     embeddings, labels = random_batch(6, 4, 2)
     with pytest.raises(UserInputError, match="labels"):
         loss(embeddings, labels[:5])

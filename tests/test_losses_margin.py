@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 from losses_testkit import (
-    all_pair_lists,
-    check_bf16_autocast,
+    LOOP_REFERENCE_TOLERANCES,
+    assert_same_value_and_gradient,
     check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    check_empty_tuple_sets_keep_graph,
+    check_tuple_loss_bf16,
     empty_pairs,
-    empty_triplets,
     loss_gradcheck,
-    pair_lists,
+    mined_tuples,
     random_batch,
-    random_pair_subset,
+    reference_pairs,
 )
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import reducers as pml_reducers
@@ -24,7 +24,6 @@ import dmlbench.losses as losses
 import dmlbench.mining as mining
 from dmlbench.errors import UserInputError
 from dmlbench.losses.margin import MarginLoss
-from dmlbench.mining import to_pairs
 
 
 def reference(
@@ -41,32 +40,23 @@ def reference(
 
 
 def check_against_reference(loss: losses.MetricLoss, embeddings: torch.Tensor, labels: torch.Tensor, tuples) -> None:
-    if tuples is None:
-        positive, negative = all_pair_lists(labels.tolist())
-    else:
-        positive, negative = pair_lists(to_pairs(tuples))
-    x = embeddings.detach().clone().requires_grad_(True)
-    value = loss(x, labels, tuples)
-    gradient, beta_gradient = torch.autograd.grad(value, [x, loss.beta])
-    x_ref = embeddings.detach().clone().requires_grad_(True)
+    positive, negative = reference_pairs(labels, tuples)
     beta_ref = loss.beta.detach().clone().requires_grad_(True)
-    expected = reference(x_ref, labels.tolist(), positive, negative, beta_ref, loss.margin, loss.nu)
-    expected_gradient, expected_beta_gradient = torch.autograd.grad(expected, [x_ref, beta_ref])
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(beta_gradient, expected_beta_gradient, rtol=1e-8, atol=1e-10)
+
+    def expected(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return reference(x, y.tolist(), positive, negative, beta_ref, loss.margin, loss.nu)
+
+    assert_same_value_and_gradient(
+        lambda e, y: loss(e, y, tuples), expected, embeddings, labels, **LOOP_REFERENCE_TOLERANCES
+    )
+    torch.testing.assert_close(loss.beta.grad, beta_ref.grad, rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("kind", ["all", "pairs", "distance_weighted", "multi_similarity"])
 @pytest.mark.parametrize("per_class", [False, True])
 def test_matches_loop_reference_values_and_gradients(kind: str, per_class: bool) -> None:
     embeddings, labels = random_batch(14, 6, 4, seed=1)
-    if kind == "all":
-        tuples = None
-    elif kind == "pairs":
-        tuples = random_pair_subset(labels, keep=0.5, seed=2)
-    else:
-        tuples = mining.build(kind, generator=torch.Generator().manual_seed(3))(embeddings, labels)
+    tuples = mined_tuples(kind, embeddings, labels, keep=0.5, pair_seed=2, miner_seed=3)
     loss = losses.build("margin", num_classes=4, beta_per_class=per_class, nu=0.1).double()
     with torch.no_grad():  # distinct betas per class, so indexing by the wrong thing would show
         loss.beta.copy_(torch.linspace(0.6, 1.3, len(loss.beta)))
@@ -103,17 +93,13 @@ def test_gradcheck_embeddings_and_beta() -> None:
 def test_degenerate_inputs_and_bf16_stay_finite() -> None:
     loss = losses.build("margin", num_classes=4, beta_per_class=True, nu=0.01).double()
     check_degenerate_inputs(lambda e, y: loss(e, y))
-    embeddings, labels = random_batch(16, 8, 4, seed=6)
-    loss = loss.float()
-    bf16 = check_bf16_autocast(lambda e, y: loss(e, y), embeddings, labels)
-    torch.testing.assert_close(bf16, loss(embeddings.float(), labels).detach(), rtol=3e-2, atol=3e-2)
+    check_tuple_loss_bf16(loss.float(), seed=6, rtol=3e-2, atol=3e-2)
 
 
 def test_empty_tuple_sets_give_a_zero_that_keeps_the_graph() -> None:
     embeddings, labels = random_batch(6, 4, 2, seed=7)
     loss = losses.build("margin", num_classes=2).double()
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_triplets())
+    check_empty_tuple_sets_keep_graph(loss, embeddings, labels)
     value = loss(embeddings, labels, empty_pairs())
     (beta_gradient,) = torch.autograd.grad(value, loss.beta)
     assert beta_gradient.item() == 0.0

@@ -10,11 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     pair_lists,
     py_dot,
@@ -22,14 +21,12 @@ from losses_testkit import (
     random_batch,
     random_pair_subset,
     rows,
-    value_and_gradient,
 )
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
 
 from dmlbench import losses
 from dmlbench.distances import cosine_similarity
-from dmlbench.errors import UserInputError
 from dmlbench.losses.pair_masks import pair_masks
 from dmlbench.losses.multi_similarity import MultiSimilarityLoss, multi_similarity_pair_selection
 
@@ -108,10 +105,7 @@ def test_matches_pytorch_metric_learning_loss_with_its_miner() -> None:
     embeddings, labels = random_batch(16, 6, 4, seed=5, normalize=False)
     miner = pml_miners.MultiSimilarityMiner(epsilon=0.1)
     pml = pml_losses.MultiSimilarityLoss(alpha=2, beta=40, base=0.5)
-    ours = value_and_gradient(MultiSimilarityLoss(), embeddings, labels)
-    theirs = value_and_gradient(lambda e, l: pml(e, l, miner(e, l)), embeddings, labels)
-    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-7, atol=1e-10)
+    assert_same_value_and_gradient(MultiSimilarityLoss(), lambda e, l: pml(e, l, miner(e, l)), embeddings, labels)
 
 
 def test_gradcheck() -> None:
@@ -121,14 +115,9 @@ def test_gradcheck() -> None:
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
-    loss = MultiSimilarityLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(MultiSimilarityLoss(), rel=0.05)
     # Without positives the mining keeps no negatives (and vice versa): nothing to learn.
     assert values["one_class"] == 0 and values["no_positive_pairs"] == 0
-    embeddings, labels = random_batch(12, 8, 3, seed=7)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_permutation_invariance() -> None:
@@ -139,6 +128,5 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("multi_similarity")
     assert (loss.alpha, loss.beta, loss.threshold, loss.epsilon) == (2.0, 40.0, 0.5, 0.1) and loss.uses_tuples
-    for name, bad in (("alpha", 0.0), ("beta", -1.0), ("threshold", -0.5), ("epsilon", -0.1)):
-        with pytest.raises(UserInputError, match=name):
-            losses.build("multi_similarity", **{name: bad})
+    bad = {"alpha": [0.0], "beta": [-1.0], "threshold": [-0.5], "epsilon": [-0.1]}
+    check_bad_hyper_parameters("multi_similarity", bad)

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import Tensor
 from losses_testkit import (
-    check_bf16_autocast,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
     check_class_loss_contract,
-    check_degenerate_inputs,
+    check_class_loss_degenerate_and_bf16,
     loss_gradcheck,
     py_dot,
     py_unit,
@@ -16,7 +17,6 @@ from losses_testkit import (
 from pytorch_metric_learning.losses import NormalizedSoftmaxLoss as PMLNormalizedSoftmaxLoss
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 
 
 def reference_normalized_softmax(
@@ -49,13 +49,9 @@ def test_matches_pytorch_metric_learning() -> None:
     ours = losses.build("normalized_softmax", num_classes=4, embedding_dim=5).double()
     pml = PMLNormalizedSoftmaxLoss(num_classes=4, embedding_size=5, temperature=0.05)
     pml.W.data = ours.weights.detach().T.clone()
-    x_ours = embeddings.clone().requires_grad_(True)
-    x_pml = embeddings.clone().requires_grad_(True)
-    value, expected = ours(x_ours, labels), pml(x_pml, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10)
-    value.backward()
-    expected.backward()
-    torch.testing.assert_close(x_ours.grad, x_pml.grad, rtol=1e-8, atol=1e-10)
+    assert_same_value_and_gradient(
+        ours, pml, embeddings, labels, value_tol=(1e-10, 1e-10), gradient_tol=(1e-8, 1e-10)
+    )
     torch.testing.assert_close(ours.weights.grad, pml.W.grad.T, rtol=1e-8, atol=1e-10)
 
 
@@ -121,18 +117,10 @@ def test_gradcheck(ratio: float) -> None:
 
 
 def test_degenerate_inputs_and_bf16() -> None:
-    loss = losses.build("normalized_softmax", num_classes=4, embedding_dim=8)
-    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
-    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
-    value = check_bf16_autocast(loss.float(), embeddings, labels)
-    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=0.2)
+    check_class_loss_degenerate_and_bf16("normalized_softmax", bf16_atol=0.2)
 
 
 def test_contract_and_bad_hyper_parameters() -> None:
     check_class_loss_contract("normalized_softmax")
-    for value in (0, -0.05, float("nan")):
-        with pytest.raises(UserInputError, match="temperature"):
-            losses.build("normalized_softmax", num_classes=4, embedding_dim=8, temperature=value)
-    for value in (0.0, 1.5):
-        with pytest.raises(UserInputError, match="class_subsample_ratio"):
-            losses.build("normalized_softmax", num_classes=4, embedding_dim=8, class_subsample_ratio=value)
+    bad = {"temperature": [0, -0.05, float("nan")], "class_subsample_ratio": [0.0, 1.5]}
+    check_bad_hyper_parameters("normalized_softmax", bad, num_classes=4, embedding_dim=8)

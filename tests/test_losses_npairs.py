@@ -8,11 +8,10 @@ import pytest
 import torch
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     pair_lists,
     py_dot,
@@ -94,11 +93,9 @@ def test_matches_pytorch_metric_learning_npairs_on_its_own_pairs() -> None:
     other = ~torch.eye(5, dtype=torch.bool)
     anchor_index, positive_index = other.nonzero(as_tuple=True)
     pairs = Pairs(anchors, positives, anchors[anchor_index], positives[positive_index])
-    ours = value_and_gradient(lambda e, l: NPairsLoss(regularization=0.0)(e, l, pairs), embeddings, labels)
+    ours = NPairsLoss(regularization=0.0)
     pml = pml_losses.NPairsLoss(distance=pml_distances.DotProductSimilarity(normalize_embeddings=False))
-    theirs = value_and_gradient(pml, embeddings, labels)
-    torch.testing.assert_close(ours[0], theirs[0] / 2, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], theirs[1] / 2, rtol=1e-7, atol=1e-10)
+    assert_same_value_and_gradient(lambda e, l: ours(e, l, pairs), pml, embeddings, labels, scale=0.5)
 
 
 def test_nt_xent_matches_pytorch_metric_learning_up_to_the_reduction() -> None:
@@ -106,21 +103,15 @@ def test_nt_xent_matches_pytorch_metric_learning_up_to_the_reduction() -> None:
     # positive pairs; eq. 4 sums the same terms and divides by b: ours = |P| / b * PML.
     embeddings, labels = random_batch(12, 6, 3, seed=7, normalize=False)
     positive_pairs = len(all_pair_lists(labels.tolist())[0])
-    ours = value_and_gradient(NTXentLoss(temperature=0.1), embeddings, labels)
-    theirs = value_and_gradient(pml_losses.NTXentLoss(temperature=0.1), embeddings, labels)
+    pml = pml_losses.NTXentLoss(temperature=0.1)
     scale = positive_pairs / len(labels)
-    torch.testing.assert_close(ours[0], scale * theirs[0], rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours[1], scale * theirs[1], rtol=1e-7, atol=1e-10)
+    assert_same_value_and_gradient(NTXentLoss(temperature=0.1), pml, embeddings, labels, scale=scale)
 
 
 @pytest.mark.parametrize("loss", [NPairsLoss(), NTXentLoss()], ids=["npairs", "nt_xent"])
 def test_degenerate_inputs_bf16_and_empty_tuples(loss: NPairsLoss) -> None:
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(loss, normalize=False, rel=0.05)
     assert values["no_positive_pairs"] == 0
-    embeddings, labels = random_batch(12, 8, 3, seed=7, normalize=False)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_large_unnormalised_embeddings_do_not_overflow() -> None:
@@ -139,10 +130,7 @@ def test_build_aliases_and_bad_input() -> None:
     for name in ("nt_xent", "info_nce"):
         loss = losses.build(name)
         assert isinstance(loss, NTXentLoss) and loss.normalize and loss.temperature == 0.07 and loss.regularization == 0
-    for bad in (0.0, -0.1):
-        with pytest.raises(UserInputError, match="temperature"):
-            losses.build("nt_xent", temperature=bad)
-    with pytest.raises(UserInputError, match="regularization"):
-        losses.build("npairs", regularization=-1)
+    check_bad_hyper_parameters("nt_xent", {"temperature": [0.0, -0.1]})
+    check_bad_hyper_parameters("npairs", {"regularization": [-1]})
     with pytest.raises(UserInputError, match="unknown loss 'npair'"):
         losses.build("npair")

@@ -3,9 +3,10 @@ import math
 import pytest
 import torch
 from losses_testkit import (
-    check_bf16_autocast,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
     check_class_loss_contract,
-    check_degenerate_inputs,
+    check_class_loss_degenerate_and_bf16,
     loss_gradcheck,
     py_dot,
     py_unit,
@@ -15,7 +16,6 @@ from losses_testkit import (
 from pytorch_metric_learning.losses import ProxyAnchorLoss as PMLProxyAnchorLoss
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 
 
 def reference_proxy_anchor(
@@ -60,13 +60,9 @@ def test_matches_pytorch_metric_learning() -> None:
     ours = losses.build("proxy_anchor", num_classes=4, embedding_dim=5).double()
     pml = PMLProxyAnchorLoss(num_classes=4, embedding_size=5, margin=0.1, alpha=32)
     pml.proxies.data = ours.proxies.detach().clone()
-    x_ours = embeddings.clone().requires_grad_(True)
-    x_pml = embeddings.clone().requires_grad_(True)
-    value, expected = ours(x_ours, labels), pml(x_pml, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10)
-    value.backward()
-    expected.backward()
-    torch.testing.assert_close(x_ours.grad, x_pml.grad, rtol=1e-8, atol=1e-10)
+    assert_same_value_and_gradient(
+        ours, pml, embeddings, labels, value_tol=(1e-10, 1e-10), gradient_tol=(1e-8, 1e-10)
+    )
     torch.testing.assert_close(ours.proxies.grad, pml.proxies.grad, rtol=1e-8, atol=1e-10)
 
 
@@ -77,16 +73,9 @@ def test_gradcheck() -> None:
 
 
 def test_degenerate_inputs_and_bf16() -> None:
-    loss = losses.build("proxy_anchor", num_classes=4, embedding_dim=8)
-    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
-    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
-    value = check_bf16_autocast(loss.float(), embeddings, labels)
-    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=0.5)
+    check_class_loss_degenerate_and_bf16("proxy_anchor", bf16_atol=0.5)
 
 
 def test_contract_and_bad_hyper_parameters() -> None:
     check_class_loss_contract("proxy_anchor")
-    with pytest.raises(UserInputError, match="alpha"):
-        losses.build("proxy_anchor", num_classes=4, embedding_dim=8, alpha=0)
-    with pytest.raises(UserInputError, match="margin"):
-        losses.build("proxy_anchor", num_classes=4, embedding_dim=8, margin=-1.0)
+    check_bad_hyper_parameters("proxy_anchor", {"alpha": [0], "margin": [-1.0]}, num_classes=4, embedding_dim=8)

@@ -4,9 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from losses_testkit import (
-    check_bf16_autocast,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
     check_class_loss_contract,
-    check_degenerate_inputs,
+    check_class_loss_degenerate_and_bf16,
     loss_gradcheck,
     py_distance,
     py_unit,
@@ -16,7 +17,6 @@ from losses_testkit import (
 from pytorch_metric_learning.losses import ProxyNCALoss as PMLProxyNCALoss
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 
 
 def reference_proxy_nca(
@@ -68,25 +68,18 @@ def test_matches_pytorch_metric_learning_up_to_the_positive_in_the_denominator()
     pml = PMLProxyNCALoss(num_classes=4, embedding_size=5, softmax_scale=scale**2)
     pml.proxies.data = ours.proxies.detach().clone()
 
-    x_ours = embeddings.clone().requires_grad_(True)
-    per_sample = torch.stack([ours(x_ours[i : i + 1], labels[i : i + 1]) for i in range(len(labels))])
-    mapped = F.softplus(per_sample).mean()
-    x_pml = embeddings.clone().requires_grad_(True)
-    expected = pml(x_pml, labels)
-    torch.testing.assert_close(mapped, expected, rtol=1e-10, atol=1e-12)
+    def mapped(e: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        per_sample = torch.stack([ours(e[i : i + 1], y[i : i + 1]) for i in range(len(y))])
+        return F.softplus(per_sample).mean()
 
-    mapped.backward()
-    expected.backward()
-    torch.testing.assert_close(x_ours.grad, x_pml.grad, rtol=1e-8, atol=1e-12)
+    assert_same_value_and_gradient(
+        mapped, pml, embeddings, labels, value_tol=(1e-10, 1e-12), gradient_tol=(1e-8, 1e-12)
+    )
     torch.testing.assert_close(ours.proxies.grad, pml.proxies.grad, rtol=1e-8, atol=1e-12)
 
 
 def test_degenerate_inputs_and_bf16() -> None:
-    loss = losses.build("proxy_nca", num_classes=4, embedding_dim=8)
-    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
-    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
-    value = check_bf16_autocast(loss.float(), embeddings, labels)
-    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=0.05)
+    check_class_loss_degenerate_and_bf16("proxy_nca", bf16_atol=0.05)
 
 
 def test_empty_batch_gives_zero_with_graph() -> None:
@@ -98,9 +91,5 @@ def test_empty_batch_gives_zero_with_graph() -> None:
 
 def test_contract_and_bad_hyper_parameters() -> None:
     check_class_loss_contract("proxy_nca")
-    with pytest.raises(UserInputError, match="scale"):
-        losses.build("proxy_nca", num_classes=4, embedding_dim=8, scale=0.0)
-    with pytest.raises(UserInputError, match="squared"):
-        losses.build("proxy_nca", num_classes=4, embedding_dim=8, squared="yes")
-    with pytest.raises(UserInputError, match="seed"):
-        losses.build("proxy_nca", num_classes=4, embedding_dim=8, seed=-1)
+    bad = {"scale": [0.0], "squared": ["yes"], "seed": [-1]}
+    check_bad_hyper_parameters("proxy_nca", bad, num_classes=4, embedding_dim=8)

@@ -1,9 +1,9 @@
 import pytest
 import torch
 from losses_testkit import (
-    check_bf16_autocast,
+    check_bad_hyper_parameters,
     check_class_loss_contract,
-    check_degenerate_inputs,
+    check_class_loss_degenerate_and_bf16,
     loss_gradcheck,
     py_distance,
     py_unit,
@@ -12,7 +12,6 @@ from losses_testkit import (
 )
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 
 # pytorch-metric-learning has no proxy triplet loss, so there is no cross-check against it.
 
@@ -65,14 +64,9 @@ def test_satisfied_triplets_give_zero_loss_and_gradient() -> None:
 
 
 def test_degenerate_inputs_and_bf16() -> None:
-    loss = losses.build("proxy_triplet", num_classes=4, embedding_dim=8)
-    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
-    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
-    value = check_bf16_autocast(loss.float(), embeddings, labels)
-    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=0.05)
+    check_class_loss_degenerate_and_bf16("proxy_triplet", bf16_atol=0.05)
 
 
 def test_contract_and_bad_hyper_parameters() -> None:
     check_class_loss_contract("proxy_triplet")
-    with pytest.raises(UserInputError, match="margin"):
-        losses.build("proxy_triplet", num_classes=4, embedding_dim=8, margin=-0.1)
+    check_bad_hyper_parameters("proxy_triplet", {"margin": [-0.1]}, num_classes=4, embedding_dim=8)

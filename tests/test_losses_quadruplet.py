@@ -6,70 +6,53 @@ pytorch-metric-learning has no quadruplet loss; the cross-check is the triplet t
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from losses_testkit import (
-    check_bf16_autocast,
+    LOOP_REFERENCE_TOLERANCES,
+    assert_same_value_and_gradient,
     check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
-    empty_pairs,
-    empty_triplets,
+    check_empty_tuple_sets_keep_graph,
+    check_tuple_loss_bf16,
     loss_gradcheck,
+    mined_tuples,
     random_batch,
-    random_pair_subset,
-    value_and_gradient,
+    reference_triplets,
+    tensor_distance,
 )
 
 import dmlbench.losses as losses
 import dmlbench.mining as mining
 from dmlbench.errors import UserInputError
-from dmlbench.mining import to_triplets
-
-
-def distance(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.sqrt(((u - v) ** 2).sum())
 
 
 def reference(x: torch.Tensor, labels: list[int], triplets: list, margin_1: float = 1.0, margin_2: float = 0.5) -> torch.Tensor:
     """Eq. 14 as loops (second distance pair as in Chen et al.: d_ij - d_lk); means over triplets and over quadruplets."""
     triplet_terms, quadruplet_terms = [], []
     for i, j, k in triplets:
-        d_ij = distance(x[i], x[j])
-        triplet_terms.append(torch.clamp(d_ij - distance(x[i], x[k]) + margin_1, min=0))
+        d_ij = tensor_distance(x[i], x[j])
+        triplet_terms.append(torch.clamp(d_ij - tensor_distance(x[i], x[k]) + margin_1, min=0))
         for l in range(len(labels)):
             if labels[l] != labels[k] and labels[l] != labels[i]:
-                quadruplet_terms.append(torch.clamp(d_ij - distance(x[l], x[k]) + margin_2, min=0))
+                quadruplet_terms.append(torch.clamp(d_ij - tensor_distance(x[l], x[k]) + margin_2, min=0))
     quadruplet = sum(quadruplet_terms) / len(quadruplet_terms) if quadruplet_terms else 0.0
     return sum(triplet_terms) / len(triplet_terms) + quadruplet
-
-
-def all_valid_triplets(labels: list[int]) -> list[tuple[int, int, int]]:
-    indices = range(len(labels))
-    return [(a, p, n) for a, p, n in itertools.product(indices, indices, indices) if a != p and labels[a] == labels[p] != labels[n]]
 
 
 @pytest.mark.parametrize("kind", ["all", "pairs", "distance_weighted", "softhard"])
 @pytest.mark.parametrize("margins", [(1.0, 0.5), (0.3, 0.1)])
 def test_matches_loop_reference_values_and_gradients(kind: str, margins: tuple[float, float]) -> None:
     embeddings, labels = random_batch(10, 5, 4, seed=1)
-    if kind == "all":
-        tuples, triplets = None, all_valid_triplets(labels.tolist())
-    else:
-        if kind == "pairs":
-            tuples = random_pair_subset(labels, keep=0.4, seed=2)
-        else:
-            tuples = mining.build(kind, generator=torch.Generator().manual_seed(3))(embeddings, labels)
-        converted = to_triplets(tuples)
-        triplets = list(zip(converted.anchors.tolist(), converted.positives.tolist(), converted.negatives.tolist()))
+    tuples = mined_tuples(kind, embeddings, labels, keep=0.4, pair_seed=2, miner_seed=3)
+    triplets = reference_triplets(labels, tuples)
     loss = losses.build("quadruplet", margin_1=margins[0], margin_2=margins[1])
-    value, gradient = value_and_gradient(lambda e, y: loss(e, y, tuples), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(
-        lambda e, y: reference(e, y.tolist(), triplets, *margins), embeddings, labels
+    assert_same_value_and_gradient(
+        lambda e, y: loss(e, y, tuples),
+        lambda e, y: reference(e, y.tolist(), triplets, *margins),
+        embeddings,
+        labels,
+        **LOOP_REFERENCE_TOLERANCES,
     )
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
 
 
 def test_sorted_prefix_sum_path_equals_explicit_enumeration() -> None:
@@ -78,10 +61,9 @@ def test_sorted_prefix_sum_path_equals_explicit_enumeration() -> None:
     embeddings, labels = random_batch(30, 8, 7, seed=8, samples_per_class=3)
     loss = losses.build("quadruplet", margin_1=0.3, margin_2=0.6)
     every = mining.all_triplets(labels)
-    value, gradient = value_and_gradient(lambda e, y: loss(e, y), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(lambda e, y: loss(e, y, every), embeddings, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
+    assert_same_value_and_gradient(
+        loss, lambda e, y: loss(e, y, every), embeddings, labels, **LOOP_REFERENCE_TOLERANCES
+    )
 
 
 def test_triplet_term_equals_the_triplet_loss_when_no_fourth_sample_exists() -> None:
@@ -100,18 +82,15 @@ def test_gradcheck() -> None:
 
 def test_degenerate_inputs_and_bf16_stay_finite() -> None:
     loss = losses.build("quadruplet")
-    values = check_degenerate_inputs(lambda e, y: loss(e, y))
+    values = check_degenerate_inputs(loss)
     torch.testing.assert_close(values["identical_embeddings"], torch.tensor(1.0, dtype=torch.float64))
-    embeddings, labels = random_batch(16, 8, 4, seed=6)
-    bf16 = check_bf16_autocast(lambda e, y: loss(e, y), embeddings, labels)
-    torch.testing.assert_close(bf16, loss(embeddings.float(), labels), rtol=3e-2, atol=3e-2)
+    check_tuple_loss_bf16(loss, seed=6, rtol=3e-2, atol=3e-2)
 
 
 def test_empty_tuple_sets_give_a_zero_that_keeps_the_graph() -> None:
     embeddings, labels = random_batch(6, 4, 3, seed=7)
     loss = losses.build("quadruplet")
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_triplets())
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
+    check_empty_tuple_sets_keep_graph(loss, embeddings, labels)
 
 
 @pytest.mark.parametrize(("hparams", "parameter"), [({"margin_1": -1.0}, "margin_1"), ({"margin_2": -0.5}, "margin_2"), ({"margin": 1.0}, "margin")])

@@ -8,11 +8,9 @@ import pytest
 import torch
 from losses_testkit import (
     all_pair_lists,
-    check_bf16_autocast,
-    check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
+    check_bad_hyper_parameters,
+    check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
-    empty_pairs,
     loss_gradcheck,
     numerical_gradient,
     pair_lists,
@@ -123,13 +121,8 @@ def test_matches_pytorch_metric_learning_up_to_imbalance_and_stabiliser() -> Non
 
 
 def test_degenerate_inputs_bf16_and_empty_tuples() -> None:
-    loss = RankedListLoss()
-    values = check_degenerate_inputs(loss)
+    values = check_pair_loss_degenerate_bf16_and_empty_pairs(RankedListLoss(), rel=0.05)
     assert values["one_class"] >= 0 and values["identical_embeddings"] > 0
-    embeddings, labels = random_batch(12, 8, 3, seed=7)
-    bf16 = check_bf16_autocast(loss, embeddings, labels)
-    assert float(bf16) == pytest.approx(float(loss(embeddings, labels)), rel=0.05)
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
 
 
 def test_large_temperature_stays_finite() -> None:
@@ -146,8 +139,7 @@ def test_permutation_invariance() -> None:
 def test_build_and_bad_input() -> None:
     loss = losses.build("ranked_list")
     assert (loss.margin, loss.boundary, loss.temperature, loss.negative_weight) == (0.4, 1.2, 10.0, 1.0)
-    for name, bad in (("margin", 0.0), ("boundary", -1.0), ("temperature", -1.0), ("negative_weight", -0.5)):
-        with pytest.raises(UserInputError, match=name):
-            losses.build("ranked_list", **{name: bad})
+    bad = {"margin": [0.0], "boundary": [-1.0], "temperature": [-1.0], "negative_weight": [-0.5]}
+    check_bad_hyper_parameters("ranked_list", bad)
     with pytest.raises(UserInputError, match="margin must not exceed boundary"):
         losses.build("ranked_list", margin=1.5, boundary=1.2)

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from losses_testkit import (
-    check_bf16_autocast,
+    LOOP_REFERENCE_TOLERANCES,
+    assert_same_value_and_gradient,
     check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
-    empty_pairs,
+    check_empty_tuple_sets_keep_graph,
+    check_tuple_loss_bf16,
     empty_triplets,
     loss_gradcheck,
+    mined_tuples,
     random_batch,
-    random_pair_subset,
-    value_and_gradient,
+    reference_triplets,
 )
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import reducers as pml_reducers
@@ -25,7 +24,6 @@ import dmlbench.losses as losses
 import dmlbench.mining as mining
 from dmlbench.errors import UserInputError
 from dmlbench.losses.snr import snr_distances
-from dmlbench.mining import to_triplets
 
 
 def variance(v: torch.Tensor) -> torch.Tensor:
@@ -46,29 +44,20 @@ def reference(x: torch.Tensor, triplets: list, margin: float = 0.2, regularizati
     return ranking + regularization * penalty
 
 
-def all_valid_triplets(labels: list[int]) -> list[tuple[int, int, int]]:
-    indices = range(len(labels))
-    return [(a, p, n) for a, p, n in itertools.product(indices, indices, indices) if a != p and labels[a] == labels[p] != labels[n]]
-
-
 @pytest.mark.parametrize("kind", ["all", "pairs", "distance_weighted"])
 @pytest.mark.parametrize("normalize", [True, False])
 def test_matches_loop_reference_values_and_gradients(kind: str, normalize: bool) -> None:
     embeddings, labels = random_batch(10, 5, 3, seed=1, normalize=normalize)
-    if kind == "all":
-        tuples, triplets = None, all_valid_triplets(labels.tolist())
-    else:
-        if kind == "pairs":
-            tuples = random_pair_subset(labels, keep=0.4, seed=2)
-        else:
-            tuples = mining.build(kind, generator=torch.Generator().manual_seed(3))(embeddings, labels)
-        converted = to_triplets(tuples)
-        triplets = list(zip(converted.anchors.tolist(), converted.positives.tolist(), converted.negatives.tolist()))
+    tuples = mined_tuples(kind, embeddings, labels, keep=0.4, pair_seed=2, miner_seed=3)
+    triplets = reference_triplets(labels, tuples)
     loss = losses.build("snr")
-    value, gradient = value_and_gradient(lambda e, y: loss(e, y, tuples), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(lambda e, y: reference(e, triplets), embeddings, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
+    assert_same_value_and_gradient(
+        lambda e, y: loss(e, y, tuples),
+        lambda e, y: reference(e, triplets),
+        embeddings,
+        labels,
+        **LOOP_REFERENCE_TOLERANCES,
+    )
 
 
 def test_snr_distance_properties() -> None:
@@ -106,16 +95,12 @@ def test_cross_check_loss_with_pytorch_metric_learning() -> None:
     def pml_mapped(e: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return pml(e, y) + 0.005 * e.sum(dim=1).abs().mean()
 
-    ours = losses.build("snr")
-    value, gradient = value_and_gradient(lambda e, y: ours(e, y), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(pml_mapped, embeddings, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-6, atol=1e-9)
+    assert_same_value_and_gradient(losses.build("snr"), pml_mapped, embeddings, labels, gradient_tol=(1e-6, 1e-9))
 
 
 def test_zero_variance_is_guarded() -> None:
     loss = losses.build("snr")
-    values = check_degenerate_inputs(lambda e, y: loss(e, y))
+    values = check_degenerate_inputs(loss)
     # identical constant embeddings: every SNR distance is 0 (guarded 0/0) and the loss is the margin + penalty
     constant = torch.nn.functional.normalize(torch.ones(1, 8, dtype=torch.float64), dim=1).repeat(4, 1)
     expected = 0.2 + 0.005 * constant.sum(dim=1).abs().mean()
@@ -133,13 +118,10 @@ def test_gradcheck() -> None:
 
 def test_bf16_autocast_and_empty_tuples() -> None:
     loss = losses.build("snr")
-    embeddings, labels = random_batch(16, 8, 4, seed=9)
-    bf16 = check_bf16_autocast(lambda e, y: loss(e, y), embeddings, labels)
-    torch.testing.assert_close(bf16, loss(embeddings.float(), labels), rtol=5e-2, atol=3e-2)
+    check_tuple_loss_bf16(loss, seed=9, rtol=5e-2, atol=3e-2)
     # without tuples only the regulariser remains, and it keeps the graph
-    without = losses.build("snr", regularization=0.0)
-    check_empty_tuples_keep_graph(without, embeddings, labels, empty_triplets())
-    check_empty_tuples_keep_graph(without, embeddings, labels, empty_pairs())
+    embeddings, labels = random_batch(16, 8, 4, seed=9)
+    check_empty_tuple_sets_keep_graph(losses.build("snr", regularization=0.0), embeddings, labels)
     penalty_only = loss(embeddings, labels, empty_triplets())
     torch.testing.assert_close(penalty_only, 0.005 * embeddings.sum(dim=1).abs().mean())
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import Tensor
 from losses_testkit import (
-    check_bf16_autocast,
+    assert_same_value_and_gradient,
+    check_bad_hyper_parameters,
     check_class_loss_contract,
-    check_degenerate_inputs,
+    check_class_loss_degenerate_and_bf16,
     loss_gradcheck,
     py_distance,
     py_dot,
@@ -17,7 +18,6 @@ from losses_testkit import (
 from pytorch_metric_learning.losses import SoftTripleLoss as PMLSoftTripleLoss
 
 from dmlbench import losses
-from dmlbench.errors import UserInputError
 
 
 def reference_softtriple(
@@ -69,13 +69,9 @@ def test_matches_pytorch_metric_learning_without_the_regulariser() -> None:
     ours = losses.build("softtriple", num_classes=4, embedding_dim=5, tau=0.0).double()
     pml = PMLSoftTripleLoss(num_classes=4, embedding_size=5, centers_per_class=2, la=8.0, gamma=0.1, margin=0.01)
     pml.fc.data = ours.centers.detach().reshape(8, 5).T.clone()
-    x_ours = embeddings.clone().requires_grad_(True)
-    x_pml = embeddings.clone().requires_grad_(True)
-    value, expected = ours(x_ours, labels), pml(x_pml, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-10)
-    value.backward()
-    expected.backward()
-    torch.testing.assert_close(x_ours.grad, x_pml.grad, rtol=1e-8, atol=1e-10)
+    assert_same_value_and_gradient(
+        ours, pml, embeddings, labels, value_tol=(1e-10, 1e-10), gradient_tol=(1e-8, 1e-10)
+    )
     torch.testing.assert_close(ours.centers.grad, pml.fc.grad.T.reshape(4, 2, 5), rtol=1e-8, atol=1e-10)
 
 
@@ -99,16 +95,10 @@ def test_identical_centres_keep_the_regulariser_gradient_finite() -> None:
 
 
 def test_degenerate_inputs_and_bf16() -> None:
-    loss = losses.build("softtriple", num_classes=4, embedding_dim=8)
-    check_degenerate_inputs(lambda e, l: loss.double()(e, l))
-    embeddings, labels = random_batch(12, 8, 4, seed=1, dtype=torch.float32)
-    value = check_bf16_autocast(loss.float(), embeddings, labels)
-    torch.testing.assert_close(value, loss(embeddings, labels).detach(), rtol=0.05, atol=0.1)
+    check_class_loss_degenerate_and_bf16("softtriple", bf16_atol=0.1)
 
 
 def test_contract_and_bad_hyper_parameters() -> None:
     check_class_loss_contract("softtriple")
-    bad = {"centers_per_class": 0, "scale": 0.0, "gamma": 0.0, "margin": -0.01, "tau": -0.2}
-    for name, value in bad.items():
-        with pytest.raises(UserInputError, match=name):
-            losses.build("softtriple", num_classes=4, embedding_dim=8, **{name: value})
+    bad = {"centers_per_class": [0], "scale": [0.0], "gamma": [0.0], "margin": [-0.01], "tau": [-0.2]}
+    check_bad_hyper_parameters("softtriple", bad, num_classes=4, embedding_dim=8)

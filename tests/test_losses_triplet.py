@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from losses_testkit import (
-    check_bf16_autocast,
+    LOOP_REFERENCE_TOLERANCES,
+    assert_same_value_and_gradient,
     check_degenerate_inputs,
-    check_empty_tuples_keep_graph,
-    empty_pairs,
-    empty_triplets,
+    check_empty_tuple_sets_keep_graph,
+    check_tuple_loss_bf16,
     loss_gradcheck,
+    mined_tuples,
     random_batch,
     random_pair_subset,
+    reference_triplets,
+    tensor_distance,
     triplet_set,
-    value_and_gradient,
 )
 from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import reducers as pml_reducers
@@ -28,22 +28,11 @@ from dmlbench.errors import UserInputError
 from dmlbench.mining import to_triplets
 
 
-def distance(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.sqrt(((u - v) ** 2).sum())
-
-
-def all_valid_triplets(labels: list[int]) -> list[tuple[int, int, int]]:
-    indices = range(len(labels))
-    return [
-        (a, p, n)
-        for a, p, n in itertools.product(indices, indices, indices)
-        if a != p and labels[a] == labels[p] and labels[n] != labels[a]
-    ]
-
-
 def reference(x: torch.Tensor, triplets: list[tuple[int, int, int]], margin: float = 0.2) -> torch.Tensor:
     """Eq. 2 as a loop: 1/b over the b triplets of [d_ap - d_an + margin]_+."""
-    terms = [torch.clamp(distance(x[a], x[p]) - distance(x[a], x[n]) + margin, min=0) for a, p, n in triplets]
+    terms = [
+        torch.clamp(tensor_distance(x[a], x[p]) - tensor_distance(x[a], x[n]) + margin, min=0) for a, p, n in triplets
+    ]
     return sum(terms) / len(terms)
 
 
@@ -51,20 +40,16 @@ def reference(x: torch.Tensor, triplets: list[tuple[int, int, int]], margin: flo
 @pytest.mark.parametrize("seed", [0, 1])
 def test_matches_loop_reference_values_and_gradients(kind: str, seed: int) -> None:
     embeddings, labels = random_batch(12, 6, 3, seed=seed)
-    if kind == "all":
-        tuples, triplets = None, all_valid_triplets(labels.tolist())
-    else:
-        if kind == "pairs":
-            tuples = random_pair_subset(labels, keep=0.5, seed=seed)
-        else:
-            tuples = mining.build(kind, generator=torch.Generator().manual_seed(seed))(embeddings, labels)
-        converted = to_triplets(tuples)
-        triplets = list(zip(converted.anchors.tolist(), converted.positives.tolist(), converted.negatives.tolist()))
+    tuples = mined_tuples(kind, embeddings, labels, keep=0.5, pair_seed=seed, miner_seed=seed)
+    triplets = reference_triplets(labels, tuples)
     loss = losses.build("triplet")
-    value, gradient = value_and_gradient(lambda e, y: loss(e, y, tuples), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(lambda e, y: reference(e, triplets), embeddings, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
+    assert_same_value_and_gradient(
+        lambda e, y: loss(e, y, tuples),
+        lambda e, y: reference(e, triplets),
+        embeddings,
+        labels,
+        **LOOP_REFERENCE_TOLERANCES,
+    )
 
 
 def test_pairs_become_every_positive_negative_combination_of_an_anchor() -> None:
@@ -85,19 +70,16 @@ def test_gradcheck() -> None:
 
 def test_degenerate_inputs_and_bf16_stay_finite() -> None:
     loss = losses.build("triplet")
-    values = check_degenerate_inputs(lambda e, y: loss(e, y))
+    values = check_degenerate_inputs(loss)
     torch.testing.assert_close(values["identical_embeddings"], torch.tensor(0.2, dtype=torch.float64))
     assert values["no_positive_pairs"] == 0 and values["one_class"] == 0
-    embeddings, labels = random_batch(16, 8, 4, seed=5)
-    bf16 = check_bf16_autocast(lambda e, y: loss(e, y), embeddings, labels)
-    torch.testing.assert_close(bf16, loss(embeddings.float(), labels), rtol=5e-2, atol=2e-2)
+    check_tuple_loss_bf16(loss, seed=5, rtol=5e-2, atol=2e-2)
 
 
 def test_empty_tuple_sets_give_a_zero_that_keeps_the_graph() -> None:
     embeddings, labels = random_batch(6, 4, 2, seed=6)
     loss = losses.build("triplet")
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_triplets())
-    check_empty_tuples_keep_graph(loss, embeddings, labels, empty_pairs())
+    check_empty_tuple_sets_keep_graph(loss, embeddings, labels)
 
 
 @pytest.mark.parametrize("kind", ["all", "semihard"])
@@ -115,10 +97,9 @@ def test_cross_check_with_pytorch_metric_learning(kind: str) -> None:
     )
     indices = None if tuples is None else (tuples.anchors, tuples.positives, tuples.negatives)
     ours = losses.build("triplet")
-    value, gradient = value_and_gradient(lambda e, y: ours(e, y, tuples), embeddings, labels)
-    expected, expected_gradient = value_and_gradient(lambda e, y: pml(e, y, indices), embeddings, labels)
-    torch.testing.assert_close(value, expected, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, rtol=1e-6, atol=1e-9)
+    value = assert_same_value_and_gradient(
+        lambda e, y: ours(e, y, tuples), lambda e, y: pml(e, y, indices), embeddings, labels, gradient_tol=(1e-6, 1e-9)
+    )
     # and the AvgNonZero mapping: ours * n_triplets / n_nonzero
     nonzero_pml = pml_losses.TripletMarginLoss(margin=0.2, distance=LpDistance(normalize_embeddings=False))
     triplets = mining.all_triplets(labels) if tuples is None else tuples

@@ -185,6 +185,10 @@ def check_component_names(config: Config) -> None:
         checks.append(("miner.params", mining.MINERS, config.miner.name, config.miner.params))
     for section, registry, name, params in checks:
         check_kwargs(registry.get(name), params, f"{section} of {registry.kind} {name!r}")
+    if config.miner.p_switch > 0 and config.miner.name is None:
+        raise UserInputError("miner.p_switch (rho-regularisation) needs a miner: set miner.name")
+    if config.miner.name is not None and not getattr(losses.LOSSES.get(config.loss.name), "uses_tuples", False):
+        raise UserInputError(f"loss {config.loss.name!r} does not use mined tuples: remove miner.name")
 
 
 def to_yaml(config: Config) -> str:

@@ -12,6 +12,7 @@ its main process, so the number of data-loader workers never changes them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -75,24 +76,30 @@ def format_classes(class_ids: Tensor, counts: Tensor, limit: int = 5) -> str:
     return ", ".join(parts)
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class BatchSampler(Sampler[list[int]]):
-    """Base of all batch samplers: labels, batch size, seed, epoch and the rank's share of batches."""
+    """Base of all batch samplers: labels, batch size, seed, epoch and the rank's share of batches.
+
+    The options are keyword-only dataclass fields: a subclass declares only the options it adds
+    (as fields of a ``@dataclass(kw_only=True, eq=False, repr=False)``) and checks them in
+    ``check_options``, and its constructor still names every option, so the registry can refuse
+    unknown ones. On construction ``labels`` becomes an int64 tensor and ``rank``/``world_size``
+    are resolved.
+    """
+
+    labels: LabelsLike
+    batch_size: int
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
 
     needs_embeddings: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        *,
-        labels: LabelsLike,
-        batch_size: int,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        self.labels = as_labels(labels)
-        self.batch_size = check_positive_int("batch_size", batch_size)
-        self.seed = check_seed(seed)
-        self.rank, self.world_size = resolve_process_group(rank, world_size)
+    def __post_init__(self) -> None:
+        self.labels = as_labels(self.labels)
+        self.batch_size = check_positive_int("batch_size", self.batch_size)
+        self.seed = check_seed(self.seed)
+        self.rank, self.world_size = resolve_process_group(self.rank, self.world_size)
         self.epoch = 0
         self.class_ids, self.class_index, self.class_sizes = torch.unique(
             self.labels, sorted=True, return_inverse=True, return_counts=True
@@ -102,6 +109,12 @@ class BatchSampler(Sampler[list[int]]):
             raise UserInputError(
                 f"batch_size={self.batch_size} is larger than the training set ({self.labels.numel()} images)"
             )
+        self.check_options()
+        self.check_enough_batches()
+
+    def check_options(self) -> None:
+        """Check the subclass's own options and derive what ``num_global_batches`` needs; an override
+        calls ``super().check_options()`` first."""
 
     @property
     def num_samples(self) -> int:

@@ -11,11 +11,13 @@ histograms.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from dmlbench.distances import squared_euclidean
-from dmlbench.sampling.base import SAMPLERS, LabelsLike
+from dmlbench.sampling.base import SAMPLERS
 from dmlbench.sampling.memory import CandidateMatchingSampler
 from dmlbench.validation import check_positive_int
 
@@ -41,28 +43,15 @@ def pairwise_distance_values(distances: Tensor) -> Tensor:
     return distances[..., rows, cols]
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class DistanceMatchingSampler(CandidateMatchingSampler):
     """DDM batches (Roth et al. 2020 sec. 3.2): the candidate whose distance histogram is W1-closest to B*'s."""
 
-    def __init__(
-        self,
-        *,
-        labels: LabelsLike,
-        batch_size: int,
-        samples_per_class: int = 2,
-        big_batch_size: int = 1024,
-        num_candidates: int = 10,
-        num_bins: int = 50,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        super().__init__(
-            labels=labels, batch_size=batch_size, samples_per_class=samples_per_class,
-            big_batch_size=big_batch_size, num_candidates=num_candidates, seed=seed, rank=rank,
-            world_size=world_size,
-        )
-        self.num_bins = check_positive_int("num_bins", num_bins)
+    num_bins: int = 50
+
+    def check_options(self) -> None:
+        super().check_options()
+        self.num_bins = check_positive_int("num_bins", self.num_bins)
 
     def mismatch(self, points: Tensor, candidates: Tensor) -> Tensor:
         # No autograd runs through the sampler, so the plain sqrt (infinite slope at 0) is safe and

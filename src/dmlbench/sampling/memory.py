@@ -26,13 +26,14 @@ Choices the paper leaves open, as implemented here:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.sampling.base import BatchSampler, LabelsLike, format_classes
+from dmlbench.sampling.base import BatchSampler, format_classes
 from dmlbench.validation import check_positive_int
 
 
@@ -50,25 +51,21 @@ def random_candidates(
     return keys.argsort(dim=1)[:, :groups_per_batch]
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class EmbeddedSampler(BatchSampler):
     """Base of memory-bank samplers; subclasses pick ``b/n`` groups of the big batch (``select_groups``)."""
 
+    samples_per_class: int = 2
+    big_batch_size: int = 1024
+    memory: Tensor | None = field(default=None, init=False)
+    _awaiting_update: bool = field(default=False, init=False)
+
     needs_embeddings: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        *,
-        labels: LabelsLike,
-        batch_size: int,
-        samples_per_class: int = 2,
-        big_batch_size: int = 1024,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        super().__init__(labels=labels, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
-        self.samples_per_class = n = check_positive_int("samples_per_class", samples_per_class)
-        self.big_batch_size = check_positive_int("big_batch_size", big_batch_size)
+    def check_options(self) -> None:
+        super().check_options()
+        self.samples_per_class = n = check_positive_int("samples_per_class", self.samples_per_class)
+        self.big_batch_size = check_positive_int("big_batch_size", self.big_batch_size)
         for name, value in (("batch_size", self.batch_size), ("big_batch_size", self.big_batch_size)):
             if value % n:
                 raise UserInputError(f"{name}={value} is not divisible by samples_per_class={n}")
@@ -92,9 +89,6 @@ class EmbeddedSampler(BatchSampler):
                 f"(big_batch_size={self.big_batch_size} x world_size={self.world_size}), but the training "
                 f"set ({self.num_samples} images) gives only {self.num_groups}; lower big_batch_size"
             )
-        self.check_enough_batches()
-        self.memory: Tensor | None = None
-        self._awaiting_update = False
 
     def num_global_batches(self) -> int:
         return self.num_samples // self.batch_size
@@ -178,27 +172,16 @@ class EmbeddedSampler(BatchSampler):
             yield batch.tolist()
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class CandidateMatchingSampler(EmbeddedSampler):
     """Picks, among ``num_candidates`` random batches of the big batch, the one whose statistic is
     closest to the big batch's (DDM and FRD, Roth et al. 2020 sec. 3.2)."""
 
-    def __init__(
-        self,
-        *,
-        labels: LabelsLike,
-        batch_size: int,
-        samples_per_class: int = 2,
-        big_batch_size: int = 1024,
-        num_candidates: int = 10,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        super().__init__(
-            labels=labels, batch_size=batch_size, samples_per_class=samples_per_class,
-            big_batch_size=big_batch_size, seed=seed, rank=rank, world_size=world_size,
-        )
-        self.num_candidates = check_positive_int("num_candidates", num_candidates)
+    num_candidates: int = 10
+
+    def check_options(self) -> None:
+        super().check_options()
+        self.num_candidates = check_positive_int("num_candidates", self.num_candidates)
 
     def mismatch(self, points: Tensor, candidates: Tensor) -> Tensor:
         """``[m]`` distances between the big batch and each candidate (``[m, b]`` point positions)."""

@@ -10,23 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.sampling.base import SAMPLERS, LabelSampler, LabelsLike
+from dmlbench.sampling.base import SAMPLERS, LabelSampler
 
 
 class RandomBatchSampler(LabelSampler):
     """Uniformly shuffled batches without replacement (the "random" baseline of Musgrave et al. 2020 sec. 3.1)."""
-
-    def __init__(
-        self,
-        *,
-        labels: LabelsLike,
-        batch_size: int,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        super().__init__(labels=labels, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
-        self.check_enough_batches()
 
     def num_global_batches(self) -> int:
         return self.num_samples // self.batch_size

@@ -21,11 +21,13 @@ random draws would. The batch order is shuffled at the end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.sampling.base import SAMPLERS, LabelSampler, LabelsLike, format_classes
+from dmlbench.sampling.base import SAMPLERS, LabelSampler, format_classes
 from dmlbench.validation import check_positive_int
 
 
@@ -66,22 +68,16 @@ def deal_groups(
     return classes, group_numbers
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class SamplesPerClassSampler(LabelSampler):
     """SPC-n batches, Roth et al. 2020 sec. 3.2 "Label Samplers": b/n distinct classes x n images
     (default n = 2, their recommendation of sec. 4.3)."""
 
-    def __init__(
-        self,
-        *,
-        labels: LabelsLike,
-        batch_size: int,
-        samples_per_class: int = 2,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        super().__init__(labels=labels, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
-        self.samples_per_class = check_positive_int("samples_per_class", samples_per_class)
+    samples_per_class: int = 2
+
+    def check_options(self) -> None:
+        super().check_options()
+        self.samples_per_class = check_positive_int("samples_per_class", self.samples_per_class)
         if self.batch_size % self.samples_per_class:
             raise UserInputError(
                 f"batch_size={self.batch_size} is not divisible by samples_per_class={self.samples_per_class}"
@@ -101,7 +97,6 @@ class SamplesPerClassSampler(LabelSampler):
             )
         self.groups_per_class = self.class_sizes // self.samples_per_class
         self._num_global_batches = max_distinct_class_batches(self.groups_per_class, self.classes_per_batch)
-        self.check_enough_batches()
 
     def num_global_batches(self) -> int:
         return self._num_global_batches
@@ -119,15 +114,8 @@ SAMPLERS.register("spc")(SamplesPerClassSampler)
 
 
 @SAMPLERS.register("classification")
-def classification(
-    *,
-    labels: LabelsLike,
-    batch_size: int,
-    seed: int = 0,
-    rank: int | None = None,
-    world_size: int | None = None,
-) -> SamplesPerClassSampler:
+@dataclass(kw_only=True, eq=False, repr=False)
+class ClassificationSampler(SamplesPerClassSampler):
     """Batches of C = batch_size distinct classes x 1 image, Musgrave et al. 2020 sec. 3.1 (M = 1)."""
-    return SamplesPerClassSampler(
-        labels=labels, batch_size=batch_size, samples_per_class=1, seed=seed, rank=rank, world_size=world_size
-    )
+
+    samples_per_class: int = field(default=1, init=False)

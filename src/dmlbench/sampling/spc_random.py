@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.sampling.base import SAMPLERS, LabelSampler, LabelsLike, format_classes
+from dmlbench.sampling.base import SAMPLERS, LabelSampler, format_classes
 
 
 def first_outside_batch(candidates: Tensor, valid: Tensor, batch_of: Tensor, batch_ids: Tensor) -> Tensor:
@@ -34,16 +34,8 @@ def first_outside_batch(candidates: Tensor, valid: Tensor, batch_of: Tensor, bat
 class SpcRandomSampler(LabelSampler):
     """SPC-R batches (Roth et al. 2020, sec. 3.2 "Label Samplers"): b-1 random images + 1 positive."""
 
-    def __init__(
-        self,
-        *,
-        labels: LabelsLike,
-        batch_size: int,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-    ) -> None:
-        super().__init__(labels=labels, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+    def check_options(self) -> None:
+        super().check_options()
         if self.batch_size < 2:
             raise UserInputError(f"spc_random needs batch_size >= 2 to hold a positive pair, got {self.batch_size}")
         singletons = self.class_sizes < 2
@@ -52,7 +44,6 @@ class SpcRandomSampler(LabelSampler):
                 "spc_random needs at least 2 images in every class to guarantee a positive pair: "
                 f"{format_classes(self.class_ids[singletons], self.class_sizes[singletons])}"
             )
-        self.check_enough_batches()
 
     def num_global_batches(self) -> int:
         return self.num_samples // (self.batch_size - 1)
