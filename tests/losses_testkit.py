@@ -12,10 +12,16 @@ import pytest
 import torch
 from torch import Tensor
 
-import dmlbench.mining as mining
-from dmlbench import losses
+from dmlbench import losses, mining
 from dmlbench.errors import UserInputError
-from dmlbench.mining.tuples import Pairs, Triplets, Tuples, all_pairs, to_pairs, to_triplets
+from dmlbench.mining.tuples import (
+    Pairs,
+    Triplets,
+    Tuples,
+    all_pairs,
+    to_pairs,
+    to_triplets,
+)
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -166,6 +172,19 @@ def all_pair_lists(labels: list[int]) -> tuple[list[tuple[int, int]], list[tuple
     return positive, negative
 
 
+def given_or_all_pairs(
+    labels: list[int],
+    positive_pairs: Iterable[tuple[int, int]] | None,
+    negative_pairs: Iterable[tuple[int, int]] | None,
+) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """The pairs a loop reference uses: the given ones as sets, each ``None`` replaced by every
+    ordered positive (``i != j``) or negative pair of the batch."""
+    every_positive, every_negative = all_pair_lists(labels)
+    positive = every_positive if positive_pairs is None else positive_pairs
+    negative = every_negative if negative_pairs is None else negative_pairs
+    return set(positive), set(negative)
+
+
 def rows(embeddings: Tensor) -> list[list[float]]:
     """Embeddings as Python lists of floats (float64), for loop references."""
     return embeddings.detach().double().tolist()
@@ -251,6 +270,9 @@ def check_class_loss_contract(name: str, **hparams: object) -> None:
         losses.build(name, num_classes=4, embedding_dim=8, no_such_option=1, **hparams)
 
     loss = losses.build(name, num_classes=4, embedding_dim=8, **hparams)
+    # An empty batch is no error: a zero (SoftTriple: its batch-independent regulariser) that keeps the graph.
+    value = loss(torch.zeros(0, 8, requires_grad=True), torch.zeros(0, dtype=torch.long))
+    assert value.dim() == 0 and torch.isfinite(value) and value.requires_grad
     parameters = losses.loss_parameters(loss)
     assert parameters and all(isinstance(p, torch.nn.Parameter) for p in parameters)
     same_seed = losses.build(name, num_classes=4, embedding_dim=8, **hparams)

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 from losses_testkit import (
-    all_pair_lists,
     assert_same_value_and_gradient,
     check_bad_hyper_parameters,
     check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
+    given_or_all_pairs,
     numerical_gradient,
     pair_lists,
     py_dot,
@@ -40,9 +40,7 @@ def reference_circle_per_anchor(
     x = [py_unit(row) for row in rows(embeddings)]
     frozen = x if weights_from is None else [py_unit(row) for row in rows(weights_from)]
     y = labels.tolist()
-    default_positive, default_negative = all_pair_lists(y)
-    positive_pairs = set(default_positive if positive_pairs is None else positive_pairs)
-    negative_pairs = set(default_negative if negative_pairs is None else negative_pairs)
+    positive_pairs, negative_pairs = given_or_all_pairs(y, positive_pairs, negative_pairs)
     per_anchor = []
     for i in range(len(y)):
         # Exponents, summed in log space below: gamma = 256 overflows exp() in float64.

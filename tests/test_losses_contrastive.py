@@ -22,8 +22,7 @@ from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import reducers as pml_reducers
 from pytorch_metric_learning.distances import LpDistance
 
-import dmlbench.losses as losses
-import dmlbench.mining as mining
+from dmlbench import losses, mining
 from dmlbench.errors import UserInputError
 from dmlbench.mining import to_pairs
 

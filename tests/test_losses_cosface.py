@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from torch import Tensor
 from losses_testkit import (
     assert_same_value_and_gradient,
     check_bad_hyper_parameters,
@@ -15,6 +14,7 @@ from losses_testkit import (
     rows,
 )
 from pytorch_metric_learning.losses import CosFaceLoss as PMLCosFaceLoss
+from torch import Tensor
 
 from dmlbench import losses
 

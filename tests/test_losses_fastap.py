@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from losses_testkit import (
-    all_pair_lists,
     assert_same_value_and_gradient,
     check_bad_hyper_parameters,
     check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
+    given_or_all_pairs,
     loss_gradcheck,
     pair_lists,
     py_distance,
@@ -28,9 +28,7 @@ def reference_fastap(embeddings, labels, num_bins=10, positive_pairs=None, negat
     """mean over anchors with positives of 1 - 1/N+ sum_l h+_l H+_l / H_l, on squared distances in [0, 4]."""
     x = [py_unit(row) for row in rows(embeddings)]
     y = labels.tolist()
-    default_positive, default_negative = all_pair_lists(y)
-    positive_pairs = set(default_positive if positive_pairs is None else positive_pairs)
-    negative_pairs = set(default_negative if negative_pairs is None else negative_pairs)
+    positive_pairs, negative_pairs = given_or_all_pairs(y, positive_pairs, negative_pairs)
     width = 4 / num_bins
     centres = [l * width for l in range(num_bins + 1)]
     losses_per_anchor = []

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 from losses_testkit import (
-    all_pair_lists,
     assert_same_value_and_gradient,
     check_bad_hyper_parameters,
     check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
+    given_or_all_pairs,
     loss_gradcheck,
     pair_lists,
     py_distance,
@@ -32,9 +32,7 @@ def reference_generalized_lifted(embeddings, labels, margin=1.0, nu=0.005, posit
     """Eq. 3: sum_a [log sum_p e^{d_ap} + log sum_n e^{margin - d_an}]_+ + nu/b sum_a ||phi*_a||^2, d on phi*."""
     x = rows(embeddings)
     y = labels.tolist()
-    default_positive, default_negative = all_pair_lists(y)
-    positive_pairs = set(default_positive if positive_pairs is None else positive_pairs)
-    negative_pairs = set(default_negative if negative_pairs is None else negative_pairs)
+    positive_pairs, negative_pairs = given_or_all_pairs(y, positive_pairs, negative_pairs)
     total = 0.0
     any_term = False
     for a in range(len(y)):

@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from losses_testkit import (
-    all_pair_lists,
     assert_same_value_and_gradient,
     check_bad_hyper_parameters,
     check_empty_tuples_keep_graph,
     check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
+    given_or_all_pairs,
     loss_gradcheck,
     pair_lists,
     py_distance,
@@ -28,8 +28,8 @@ from pytorch_metric_learning import losses as pml_losses
 
 from dmlbench import losses
 from dmlbench.errors import UserInputError
-from dmlbench.losses.pair_masks import masked_logsumexp, pair_masks
 from dmlbench.losses.lifted_structure import LiftedStructureLoss
+from dmlbench.losses.pair_masks import masked_logsumexp, pair_masks
 from dmlbench.mining.tuples import Pairs, Triplets, all_pairs, all_triplets
 
 
@@ -37,9 +37,7 @@ def reference_lifted_structure(embeddings, labels, margin=1.0, positive_pairs=No
     """Oh Song et al. 2016: J = 1/(2|P|) sum_P [log(sum_{(i,k) in N} e^{margin-D_ik} + sum_{(j,l) in N} e^{margin-D_jl}) + D_ij]_+^2."""
     x = [py_unit(row) for row in rows(embeddings)]
     y = labels.tolist()
-    default_positive, default_negative = all_pair_lists(y)
-    positive_pairs = default_positive if positive_pairs is None else positive_pairs
-    negative_pairs = default_negative if negative_pairs is None else negative_pairs
+    positive_pairs, negative_pairs = given_or_all_pairs(y, positive_pairs, negative_pairs)
     positive_set = {(i, j) for i, j in positive_pairs if i != j}
     neighbours = {i: set() for i in range(len(y))}
     for i, k in negative_pairs:

@@ -20,8 +20,7 @@ from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import reducers as pml_reducers
 from pytorch_metric_learning.distances import LpDistance
 
-import dmlbench.losses as losses
-import dmlbench.mining as mining
+from dmlbench import losses, mining
 from dmlbench.errors import UserInputError
 from dmlbench.losses.margin import MarginLoss
 

@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from losses_testkit import (
-    all_pair_lists,
     assert_same_value_and_gradient,
     check_bad_hyper_parameters,
     check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
+    given_or_all_pairs,
     loss_gradcheck,
     pair_lists,
     py_dot,
@@ -27,8 +27,11 @@ from pytorch_metric_learning import miners as pml_miners
 
 from dmlbench import losses
 from dmlbench.distances import cosine_similarity
+from dmlbench.losses.multi_similarity import (
+    MultiSimilarityLoss,
+    multi_similarity_pair_selection,
+)
 from dmlbench.losses.pair_masks import pair_masks
-from dmlbench.losses.multi_similarity import MultiSimilarityLoss, multi_similarity_pair_selection
 
 
 def reference_multi_similarity(
@@ -39,9 +42,7 @@ def reference_multi_similarity(
     y = labels.tolist()
     size = len(y)
     mine = positive_pairs is None
-    default_positive, default_negative = all_pair_lists(y)
-    positive_pairs = set(default_positive if positive_pairs is None else positive_pairs)
-    negative_pairs = set(default_negative if negative_pairs is None else negative_pairs)
+    positive_pairs, negative_pairs = given_or_all_pairs(y, positive_pairs, negative_pairs)
     total = 0.0
     for i in range(size):
         positives = [j for j in range(size) if (i, j) in positive_pairs and j != i]

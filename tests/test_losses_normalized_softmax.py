@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from torch import Tensor
 from losses_testkit import (
     assert_same_value_and_gradient,
     check_bad_hyper_parameters,
@@ -14,7 +13,10 @@ from losses_testkit import (
     random_batch,
     rows,
 )
-from pytorch_metric_learning.losses import NormalizedSoftmaxLoss as PMLNormalizedSoftmaxLoss
+from pytorch_metric_learning.losses import (
+    NormalizedSoftmaxLoss as PMLNormalizedSoftmaxLoss,
+)
+from torch import Tensor
 
 from dmlbench import losses
 

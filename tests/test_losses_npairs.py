@@ -12,6 +12,7 @@ from losses_testkit import (
     check_bad_hyper_parameters,
     check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
+    given_or_all_pairs,
     loss_gradcheck,
     pair_lists,
     py_dot,
@@ -37,10 +38,8 @@ def reference_npairs(
     raw = rows(embeddings)
     x = [py_unit(row) for row in raw] if normalize else raw
     y = labels.tolist()
-    default_positive, default_negative = all_pair_lists(y)
-    positive_pairs = default_positive if positive_pairs is None else positive_pairs
-    positive_pairs = sorted({(a, p) for a, p in positive_pairs if a != p})
-    negative_pairs = set(default_negative if negative_pairs is None else negative_pairs)
+    positive_pairs, negative_pairs = given_or_all_pairs(y, positive_pairs, negative_pairs)
+    positive_pairs = sorted((a, p) for a, p in positive_pairs if a != p)
     if not positive_pairs:
         return 0.0
     total = 0.0

@@ -21,8 +21,7 @@ from losses_testkit import (
     tensor_distance,
 )
 
-import dmlbench.losses as losses
-import dmlbench.mining as mining
+from dmlbench import losses, mining
 from dmlbench.errors import UserInputError
 
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 from losses_testkit import (
-    all_pair_lists,
     check_bad_hyper_parameters,
     check_pair_loss_degenerate_bf16_and_empty_pairs,
     check_permutation_invariance,
+    given_or_all_pairs,
     loss_gradcheck,
     numerical_gradient,
     pair_lists,
@@ -43,9 +43,7 @@ def reference_ranked_list(
     x = [py_unit(row) for row in rows(embeddings)]
     frozen = x if weights_from is None else [py_unit(row) for row in rows(weights_from)]
     y = labels.tolist()
-    default_positive, default_negative = all_pair_lists(y)
-    positive_pairs = set(default_positive if positive_pairs is None else positive_pairs)
-    negative_pairs = set(default_negative if negative_pairs is None else negative_pairs)
+    positive_pairs, negative_pairs = given_or_all_pairs(y, positive_pairs, negative_pairs)
     total = 0.0
     for i in range(len(y)):
         d = {j: py_distance(x[i], x[j]) for j in range(len(y))}

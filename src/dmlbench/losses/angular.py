@@ -9,8 +9,8 @@ from torch import Tensor
 
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
 from dmlbench.losses.npairs import npair_sum
+from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
 from dmlbench.mining.base import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative
