@@ -164,3 +164,15 @@ def test_embedded_samplers_train_with_a_memory_bank(tmp_path: Path, sampler: str
 def test_rho_regularisation_runs_through_the_loop(tmp_path: Path) -> None:
     config = tiny_config("training.epochs=1", "miner.name=distance_weighted", "miner.p_switch=0.5")
     assert train(config, tmp_path / "rho", progress=False).best_epoch == 1
+
+
+def test_early_stopping_on_validation_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scores = iter([0.1, 0.5, 0.4, 0.3, 0.9])  # epoch 0 (untrained), then epochs 1..4
+
+    def scripted_validation(*args, **kwargs):
+        return {"precision_at_1": 0.0, "map_at_r": next(scores)}
+
+    monkeypatch.setattr(loop, "_validate", scripted_validation)
+    result = train(tiny_config("training.epochs=4", "training.early_stopping_patience=2"), tmp_path / "run", progress=False)
+    assert result.epochs_run == 3 and result.best_epoch == 1
+    assert [entry["epoch"] for entry in records.read_metrics(result.run_dir)] == [0, 1, 2, 3]

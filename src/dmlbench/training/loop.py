@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Sampler
 from tqdm import tqdm
 
 from dmlbench import evaluation
 from dmlbench.config import Config, to_yaml
+from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
@@ -60,7 +62,7 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
     run_record = _start_record(run_dir, config, dataset.content_hash, splits, resume)
 
-    model, loss_fn, miner, optimizer = components.model, components.loss, components.miner, components.optimizer
+    model = components.model
     epoch = start_epoch
     try:
         if start_epoch == 0:
@@ -69,39 +71,7 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool
         if getattr(sampler, "needs_embeddings", False):
             sampler.initialize_memory(embed(model, train_set, config.evaluation.batch_size, device)[0])
         for epoch in range(start_epoch + 1, config.training.epochs + 1):
-            sampler.set_epoch(epoch)
-            model.train()
-            epoch_loss, steps, images_seen, started = 0.0, 0, 0, time.perf_counter()
-            total = len(sampler) if config.training.max_steps_per_epoch is None else min(
-                len(sampler), config.training.max_steps_per_epoch
-            )
-            bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=not progress, leave=False)
-            for batch_indices in sampler:
-                images, batch_labels, indices = train_set.batch(batch_indices)
-                targets = to_class_index[batch_labels].to(device)
-                embeddings = model(images.to(device))
-                tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
-                loss = loss_fn(embeddings, targets, tuples)
-                if not torch.isfinite(loss):
-                    raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {steps + 1}")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                if getattr(sampler, "needs_embeddings", False):
-                    sampler.update_memory(indices, embeddings.detach().cpu())
-                epoch_loss += loss.item()
-                steps += 1
-                images_seen += len(images)
-                rate = images_seen / (time.perf_counter() - started)
-                bar.set_postfix(loss=f"{epoch_loss / steps:.4f}", img_s=f"{rate:.0f}")
-                bar.update()
-                if steps >= total:
-                    break
-            bar.close()
-            record: dict[str, Any] = {
-                "epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps,
-                "seconds": round(time.perf_counter() - started, 3),
-            }
+            record = _train_epoch(epoch, config, components, sampler, train_set, to_class_index, device, progress)
             if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
                 validation = _validate(model, validation_set, config, device)
                 record["validation"] = validation
@@ -128,6 +98,52 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
 
 
+def _train_epoch(
+    epoch: int,
+    config: Config,
+    components: Components,
+    sampler: Sampler[list[int]],
+    train_set: ImageDataset,
+    to_class_index: torch.Tensor,
+    device: torch.device,
+    progress: bool,
+) -> dict[str, Any]:
+    """One pass over the sampler's batches; raises ``TrainingDiverged`` on a non-finite loss."""
+    model, loss_fn, miner, optimizer = components.model, components.loss, components.miner, components.optimizer
+    sampler.set_epoch(epoch)
+    model.train()
+    epoch_loss, steps, images_seen, started = 0.0, 0, 0, time.perf_counter()
+    total = len(sampler)
+    if config.training.max_steps_per_epoch is not None:
+        total = min(total, config.training.max_steps_per_epoch)
+    bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=not progress, leave=False)
+    for batch_indices in sampler:
+        images, batch_labels, indices = train_set.batch(batch_indices)
+        targets = to_class_index[batch_labels].to(device)
+        embeddings = model(images.to(device))
+        tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
+        loss = loss_fn(embeddings, targets, tuples)
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {steps + 1}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if getattr(sampler, "needs_embeddings", False):
+            sampler.update_memory(indices, embeddings.detach().cpu())
+        epoch_loss += loss.item()
+        steps += 1
+        images_seen += len(images)
+        bar.set_postfix(loss=f"{epoch_loss / steps:.4f}", img_s=f"{images_seen / (time.perf_counter() - started):.0f}")
+        bar.update()
+        if steps >= total:
+            break
+    bar.close()
+    return {
+        "epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
 class _SelectionState:
     """Best epoch by the validation selection metric (the test split is never looked at)."""
 
@@ -151,7 +167,7 @@ class _SelectionState:
         vars(self).update(state)
 
 
-def _validate(model: torch.nn.Module, validation_set: Any, config: Config, device: torch.device) -> dict[str, float]:
+def _validate(model: torch.nn.Module, validation_set: ImageDataset, config: Config, device: torch.device) -> dict[str, float]:
     embeddings, labels = embed(model, validation_set, config.evaluation.batch_size, device)
     results = evaluation.evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed)
     return {key: float(value) for key, value in results.items()}
