@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from dmlbench.cli.common import config_and_overrides
 from dmlbench.protocol.benchmark import load_spec, run_benchmark
 
 
@@ -22,10 +23,7 @@ def benchmark_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
     """Train and evaluate a fixed set of methods under one shared configuration."""
-    overrides = list(overrides or [])
-    if config_path is not None and "=" in config_path.name and not config_path.exists():
-        overrides.insert(0, str(config_path))
-        config_path = None
+    config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_spec(config_path)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
     results = run_benchmark(spec, output_dir, overrides, progress=not quiet)

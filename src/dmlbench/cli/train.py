@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from dmlbench import config as config_module
+from dmlbench.cli.common import config_and_overrides
 from dmlbench.errors import UserInputError
 from dmlbench.training import TrainingDiverged, records, train
 
@@ -26,10 +27,7 @@ def train_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Train one model on one split; select the checkpoint on validation MAP@R only."""
-    overrides = list(overrides or [])
-    if config_path is not None and "=" in config_path.name and not config_path.exists():
-        overrides.insert(0, str(config_path))
-        config_path = None
+    config_path, overrides = config_and_overrides(config_path, overrides)
     if resume:
         if output is None:
             raise UserInputError("--resume needs --output RUN_DIR")

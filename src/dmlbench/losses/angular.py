@@ -51,8 +51,11 @@ class AngularLoss(MetricLoss):
         cosine = unit @ unit.T
         anchors, positives = positive.nonzero(as_tuple=True)
         tan_squared = math.tan(self.alpha) ** 2
-        # Row k holds f_{a_k p_k n} for every n of the batch: (x_a + x_p)^T x_n is a sum of two cosine rows.
-        anchor_positive = cosine[anchors, positives].unsqueeze(1)
-        f_apn = 4 * tan_squared * (cosine[anchors] + cosine[positives]) - 2 * (1 + tan_squared) * anchor_positive
-        angular = log1p_exp(masked_logsumexp(f_apn, negative[anchors], dim=1)).sum() / batch_size
+        # f_apn = 4 tan^2 (x_a + x_p)^T x_n - 2 (1 + tan^2) x_a^T x_p: the first part is a sum of two
+        # (pre-scaled) cosine rows, the second is constant over n and leaves the log-sum-exp, so only
+        # one [pairs, b] sum is built.
+        scaled = (4 * tan_squared) * cosine
+        anchor_positive = (2 * (1 + tan_squared)) * cosine[anchors, positives]
+        over_negatives = masked_logsumexp(scaled[anchors] + scaled[positives], negative[anchors], dim=1)
+        angular = log1p_exp(over_negatives - anchor_positive).sum() / batch_size
         return npair + regularizer + self.angular_weight * angular

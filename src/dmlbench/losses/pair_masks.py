@@ -48,14 +48,14 @@ def pair_masks(labels: Tensor, tuples: Tuples | None = None) -> tuple[Tensor, Te
 def masked_logsumexp(values: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
     """``log sum_{mask} exp(values)`` along ``dim``: ``-inf`` where the mask selects nothing, gradients always finite."""
     any_selected = mask.any(dim=dim, keepdim=True)
-    selected = values.masked_fill(~mask, float("-inf"))
-    # A row of only -inf has a NaN logsumexp gradient; give empty rows harmless zeros instead and
-    # overwrite their result below, where no gradient flows back.
-    selected = torch.where(any_selected, selected, torch.zeros_like(selected))
-    result = torch.logsumexp(selected, dim=dim, keepdim=True).masked_fill(~any_selected, float("-inf"))
-    return result.squeeze(dim)
+    # A row of only -inf has a NaN logsumexp gradient, so empty rows get harmless zeros instead and
+    # their result is overwritten below, where no gradient flows back. One broadcast ``where``
+    # builds the masked copy (a single [b, b] temporary instead of three).
+    fill = torch.where(any_selected, float("-inf"), 0.0).to(values.dtype)
+    result = torch.logsumexp(torch.where(mask, values, fill), dim=dim, keepdim=True)
+    return torch.where(any_selected, result, float("-inf")).squeeze(dim)
 
 
 def log1p_exp(values: Tensor) -> Tensor:
     """``log(1 + exp(values))`` without overflow; ``-inf`` gives 0 with gradient 0."""
-    return torch.logaddexp(values, torch.zeros_like(values))
+    return torch.logaddexp(values, values.new_zeros(()))

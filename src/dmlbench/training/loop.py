@@ -20,7 +20,12 @@ from dmlbench.errors import UserInputError
 from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.setup import (
-    Components, build_components, build_sampler, class_index, load_dataset, make_splits,
+    Components,
+    build_components,
+    build_sampler,
+    class_index,
+    load_dataset,
+    make_splits,
 )
 
 
