@@ -45,8 +45,11 @@ PML_LOSSES: dict[str, Callable[[int, int], torch.nn.Module]] = {
     "generalized_lifted_structure": lambda c, d: pml_losses.GeneralizedLiftedStructureLoss(
         neg_margin=1.0, pos_margin=0.0
     ),
+    # PML keeps one (anchor, positive) pair per class and a [classes, classes] softmax; ours sums over
+    # every ordered positive pair against all b negatives ([b, b] products) plus the embedding regulariser
     "npairs": lambda c, d: pml_losses.NPairsLoss(),
     "nt_xent": lambda c, d: pml_losses.NTXentLoss(temperature=0.07),
+    # PML: one positive pair per class; ours: every ordered positive pair, plus the N-pair term and regulariser
     "angular": lambda c, d: pml_losses.AngularLoss(alpha=45),
     # ours scales unit vectors by 3 before squared distances, i.e. PML's softmax_scale = 3^2
     "proxy_nca": lambda c, d: pml_losses.ProxyNCALoss(c, d, softmax_scale=9),
@@ -54,6 +57,7 @@ PML_LOSSES: dict[str, Callable[[int, int], torch.nn.Module]] = {
     "normalized_softmax": lambda c, d: pml_losses.NormalizedSoftmaxLoss(c, d, temperature=0.05),
     "cosface": lambda c, d: pml_losses.CosFaceLoss(c, d, margin=0.35, scale=64),
     "arcface": lambda c, d: pml_losses.ArcFaceLoss(c, d, margin=math.degrees(0.5), scale=16),
+    # ours adds eq. 18's centre regulariser (tau = 0.2), which PML's SoftTripleLoss does not have
     "softtriple": lambda c, d: pml_losses.SoftTripleLoss(c, d, centers_per_class=2, la=8, gamma=0.1, margin=0.01),
     "fastap": lambda c, d: pml_losses.FastAPLoss(num_bins=10),
     "circle": lambda c, d: pml_losses.CircleLoss(m=0.4, gamma=80),

@@ -10,7 +10,7 @@ from torch import Tensor
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.losses.npairs import npair_sum
-from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
+from dmlbench.losses.pair_masks import gram, log1p_exp, masked_logsumexp, pair_masks
 from dmlbench.mining.base import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative
@@ -41,15 +41,18 @@ class AngularLoss(MetricLoss):
     def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
         check_batch(embeddings, labels)
         positive, negative = pair_masks(labels, tuples)
-        if not positive.any():
+        anchors, positives = positive.nonzero(as_tuple=True)
+        if len(anchors) == 0:
             return zero_loss(embeddings)
         batch_size = len(labels)
-        npair = npair_sum(embeddings @ embeddings.T, positive, negative) / batch_size
+        dot_products = gram(embeddings)
+        npair = npair_sum(dot_products, anchors, positives, negative) / batch_size
         regularizer = self.regularization * embeddings.pow(2).sum(dim=1).mean()
 
-        unit = torch.nn.functional.normalize(embeddings, dim=1)
-        cosine = unit @ unit.T
-        anchors, positives = positive.nonzero(as_tuple=True)
+        # The cosines of the L2-normalised embeddings come from the same Gram matrix (one product
+        # fewer); norms are clamped at F.normalize's eps, and vector_norm's gradient stays 0 at 0.
+        inverse_norms = 1.0 / torch.linalg.vector_norm(embeddings, dim=1).clamp_min(1e-12)
+        cosine = dot_products * inverse_norms.unsqueeze(1) * inverse_norms.unsqueeze(0)
         tan_squared = math.tan(self.alpha) ** 2
         # f_apn = 4 tan^2 (x_a + x_p)^T x_n - 2 (1 + tan^2) x_a^T x_p: the first part is a sum of two
         # (pre-scaled) cosine rows, the second is constant over n and leaves the log-sum-exp, so only

@@ -6,15 +6,15 @@ import torch
 from torch import Tensor
 
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
+from dmlbench.losses.pair_masks import gram, log1p_exp, masked_logsumexp, pair_masks
 from dmlbench.mining.base import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive
 
 
-def npair_sum(similarity: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
-    """Roth et al. 2020 supp. eq. 4, the sum over positive pairs: ``sum_(a,p) log(1 + sum_n exp(s_an - s_ap))``."""
-    anchors, positives = positive.nonzero(as_tuple=True)
+def npair_sum(similarity: Tensor, anchors: Tensor, positives: Tensor, negative: Tensor) -> Tensor:
+    """Roth et al. 2020 supp. eq. 4, the sum over the positive pairs ``(anchors[k], positives[k])``:
+    ``sum_(a,p) log(1 + sum_n exp(s_an - s_ap))``."""
     negative_term = masked_logsumexp(similarity, negative, dim=1)
     return log1p_exp(negative_term[anchors] - similarity[anchors, positives]).sum()
 
@@ -42,11 +42,13 @@ class NPairsLoss(MetricLoss):
     def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
         check_batch(embeddings, labels)
         positive, negative = pair_masks(labels, tuples)
-        if not positive.any():
+        anchors, positives = positive.nonzero(as_tuple=True)
+        if len(anchors) == 0:
             return zero_loss(embeddings)
         vectors = torch.nn.functional.normalize(embeddings, dim=1) if self.normalize else embeddings
-        similarity = vectors @ vectors.T / self.temperature
-        ranking = npair_sum(similarity, positive, negative) / len(labels)
+        # The temperature scales the [b, dim] factors rather than the [b, b] product.
+        similarity = gram(vectors / self.temperature**0.5)
+        ranking = npair_sum(similarity, anchors, positives, negative) / len(labels)
         return ranking + self.regularization * embeddings.pow(2).sum(dim=1).mean()
 
 

@@ -45,15 +45,38 @@ def pair_masks(labels: Tensor, tuples: Tuples | None = None) -> tuple[Tensor, Te
     return masks[0], masks[1]
 
 
+class _Gram(torch.autograd.Function):
+    """``x @ x.T`` whose backward is the one product ``(G + G^T) x``; autograd would do two."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, vectors: Tensor) -> Tensor:
+        ctx.save_for_backward(vectors)
+        return vectors @ vectors.T
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:
+        (vectors,) = ctx.saved_tensors
+        # The engine may hand a low-precision output a float32 gradient; the product needs one dtype.
+        return (grad + grad.T).to(vectors.dtype) @ vectors
+
+
+def gram(vectors: Tensor) -> Tensor:
+    """Dot products ``vectors @ vectors.T`` of all pairs of rows, with a single-product backward."""
+    return _Gram.apply(vectors)
+
+
 def masked_logsumexp(values: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
     """``log sum_{mask} exp(values)`` along ``dim``: ``-inf`` where the mask selects nothing, gradients always finite."""
-    any_selected = mask.any(dim=dim, keepdim=True)
-    # A row of only -inf has a NaN logsumexp gradient, so empty rows get harmless zeros instead and
-    # their result is overwritten below, where no gradient flows back. One broadcast ``where``
-    # builds the masked copy (a single [b, b] temporary instead of three).
-    fill = torch.where(any_selected, float("-inf"), 0.0).to(values.dtype)
-    result = torch.logsumexp(torch.where(mask, values, fill), dim=dim, keepdim=True)
-    return torch.where(any_selected, result, float("-inf")).squeeze(dim)
+    selected = torch.where(mask, values, float("-inf"))
+    # Written out rather than torch.logsumexp: fewer [b, b] passes (no separate mask.any, the backward
+    # reuses exp(selected - maximum) instead of recomputing it). The shift is detached: log-sum-exp's
+    # gradient does not depend on it. A non-empty row's sum is at least exp(0) = 1; an empty row
+    # (maximum -inf) is shifted by a finite number, sums to 0 and is lifted to 0.5 before the log,
+    # so its result is log(0.5) + (-inf) = -inf with no 0/0 in the backward.
+    maximum = selected.amax(dim=dim, keepdim=True).detach()
+    total = torch.exp(selected - maximum.clamp_min(torch.finfo(values.dtype).min)).sum(dim=dim, keepdim=True)
+    result = torch.log(total.clamp_min(0.5)) + maximum
+    return result.squeeze(dim)
 
 
 def log1p_exp(values: Tensor) -> Tensor:

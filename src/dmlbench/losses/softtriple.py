@@ -45,25 +45,30 @@ class SoftTripleLoss(ClassLoss):
         self.centers = self.class_weights(seed, per_class=centers_per_class)
 
     def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
-        # Eq. 18's regulariser does not depend on the batch: an empty batch gives it alone.
-        base = super().forward(embeddings, labels, tuples)
-        return base + self.tau * self.center_spread(unit_weights(self.centers, embeddings.dtype))
+        loss = super().forward(embeddings, labels, tuples)
+        if len(labels) == 0:
+            # Eq. 18's regulariser does not depend on the batch: an empty batch gives it alone.
+            loss = loss + self.tau * self.center_spread(unit_weights(self.centers, embeddings.dtype))
+        return loss
 
     def class_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
-        """``L_base`` of eq. 17."""
+        """``L_base`` of eq. 17 plus eq. 18's regulariser, sharing the normalised centres."""
         centers = unit_weights(self.centers, embeddings.dtype)
-        cosine = torch.einsum("bd,ckd->bck", F.normalize(embeddings, dim=1), centers)
-        assignment = torch.softmax(cosine / self.gamma, dim=2)
+        # One [b, C*K] product viewed as [b, C, K] (what einsum would dispatch to, minus its overhead).
+        cosine = (F.normalize(embeddings, dim=1) @ centers.flatten(0, 1).T).view(len(labels), *centers.shape[:2])
+        assignment = torch.softmax(cosine * (1.0 / self.gamma), dim=2)
         similarity = (assignment * cosine).sum(dim=2)
-        own = F.one_hot(labels, self.num_classes).to(similarity.dtype)
-        return F.cross_entropy(self.scale * (similarity - self.margin * own), labels)
+        own = labels.unsqueeze(1)
+        logits = similarity.scatter(1, own, similarity.gather(1, own) - self.margin)
+        return F.cross_entropy(self.scale * logits, labels) + self.tau * self.center_spread(centers)
 
     def center_spread(self, centers: Tensor) -> Tensor:
         """``sum_c sum_{k<l} ||psi_c^k - psi_c^l|| / (C K (K-1))`` for unit centres ``[C, K, D]``."""
         per_class = self.centers_per_class
         if per_class == 1:
             return centers.sum() * 0.0
-        first, second = torch.triu_indices(per_class, per_class, offset=1, device=centers.device)
-        # vector_norm's gradient at a zero difference (coinciding centres) is 0, not sqrt's infinity.
-        distances = torch.linalg.vector_norm(centers[:, first] - centers[:, second], dim=2)
-        return distances.sum() / (self.num_classes * per_class * (per_class - 1))
+        # All ordered pairs at once (each unordered pair twice, k = l adds 0) instead of gathering the
+        # k < l pairs: fewer ops on these small tensors. vector_norm's gradient at a zero difference
+        # (k = l, or coinciding centres) is 0, not sqrt's infinity.
+        distances = torch.linalg.vector_norm(centers.unsqueeze(2) - centers.unsqueeze(1), dim=3)
+        return distances.sum() / (2 * self.num_classes * per_class * (per_class - 1))
