@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.data.base import ImageDataset, as_index_tensor
-from dmlbench.data.splits import carve_validation, train_test_split
+from dmlbench.data.splits import standard_splits
 from dmlbench.distances import squared_euclidean
 from dmlbench.errors import UserInputError
 
@@ -30,15 +30,13 @@ def summarize(
 ) -> dict[str, Any]:
     """A JSON-ready report on ``dataset`` and its class-disjoint ``splits`` (name -> index array).
 
-    Without ``splits`` the standard ones are used: ``train_test_split`` and then ``carve_validation``
+    Without ``splits`` the standard ones are used (``splits.standard_splits``)
     with ``validation_fraction`` and ``seed``. ``baseline_queries`` test images (0: none) are matched
     by raw-pixel nearest neighbour against the whole test split, as a difficulty reference.
     """
     labels = dataset.labels.numpy()
     if splits is None:
-        pool, test = train_test_split(labels)
-        train, validation = carve_validation(labels, pool, validation_fraction, seed)
-        split_indices = {"train": train, "validation": validation, "test": test}
+        split_indices = standard_splits(labels, validation_fraction, seed).as_dict()
         how = {"validation_fraction": validation_fraction, "seed": seed}
     else:
         split_indices = {name: as_index_tensor(indices, len(dataset), f"split {name!r}").numpy() for name, indices in splits.items()}

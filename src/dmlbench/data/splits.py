@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -38,6 +39,25 @@ def train_test_split(labels: LabelsLike) -> tuple[np.ndarray, np.ndarray]:
     pool_classes = classes[: math.ceil(len(classes) / 2)]
     in_pool = np.isin(label_array, pool_classes)
     return np.flatnonzero(in_pool).astype(np.int64), np.flatnonzero(~in_pool).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Index arrays of the standard class-disjoint splits; ``test`` is read only by a final evaluation."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    test: np.ndarray
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {"train": self.train, "validation": self.validation, "test": self.test}
+
+
+def standard_splits(labels: LabelsLike, validation_fraction: float, seed: int) -> Splits:
+    """``train_test_split``, then ``carve_validation`` of the pool: the splits every run and ``data check`` use."""
+    pool, test = train_test_split(labels)
+    train, validation = carve_validation(labels, pool, validation_fraction, seed)
+    return Splits(train=train, validation=validation, test=test)
 
 
 def carve_validation(

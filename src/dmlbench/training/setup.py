@@ -12,19 +12,10 @@ from torch.utils.data import Sampler
 from dmlbench import data, losses, mining, models, sampling
 from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
-from dmlbench.data.splits import carve_validation, train_test_split
+from dmlbench.data.splits import Splits, standard_splits
 from dmlbench.losses.base import MetricLoss, loss_parameters
 from dmlbench.mining.base import Miner
 from dmlbench.registry import accepted_parameters
-
-
-@dataclass
-class Splits:
-    """Index arrays into the dataset; ``test`` is only read by the final evaluation of a run."""
-
-    train: np.ndarray
-    validation: np.ndarray
-    test: np.ndarray
 
 
 @dataclass
@@ -36,10 +27,7 @@ class Components:
 
 
 def make_splits(config: Config, dataset: ImageDataset) -> Splits:
-    labels = np.asarray(dataset.labels)
-    pool, test = train_test_split(labels)
-    train, validation = carve_validation(labels, pool, config.data.validation_fraction, config.seed)
-    return Splits(train=np.asarray(train), validation=np.asarray(validation), test=np.asarray(test))
+    return standard_splits(dataset.labels, config.data.validation_fraction, config.seed)
 
 
 def class_index(labels: np.ndarray) -> torch.Tensor:
