@@ -10,6 +10,7 @@ import numpy as np
 import typer
 
 from dmlbench.errors import UserInputError
+from dmlbench.files import atomic_write
 
 
 def register(app: typer.Typer) -> None:
@@ -125,6 +126,5 @@ def _write_json(path: Path | None, results: dict[str, Any]) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(results, indent=2) + "\n")
-    temporary.replace(path)
+    text = json.dumps(results, indent=2) + "\n"
+    atomic_write(path, lambda stream: stream.write(text.encode()))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dmlbench.errors import UserInputError
+from dmlbench.files import atomic_write
 
 CACHE_ENVIRONMENT_VARIABLE = "DMLBENCH_CACHE"
 
@@ -60,18 +60,9 @@ def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npz.tmp", dir=path.parent)
     except OSError as error:
         raise UserInputError(f"cannot write to cache directory {path.parent}: {error.strerror or error}") from None
     try:
-        with os.fdopen(handle, "wb") as stream:
-            np.savez(stream, **arrays)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
+        atomic_write(path, lambda stream: np.savez(stream, **arrays))
     except OSError as error:
-        Path(temporary).unlink(missing_ok=True)
         raise UserInputError(f"cannot write cache file {path}: {error.strerror or error}") from None
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -1,12 +1,10 @@
-"""What a run directory records, written atomically so that a crash never leaves a file half-written."""
+"""What a run directory records; every file is written atomically (``dmlbench.files``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
-import tempfile
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 import torch
 
 from dmlbench.errors import UserInputError
+from dmlbench.files import atomic_write
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "run.json"
@@ -30,19 +29,9 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+    data = text.encode()
+    atomic_write(path, lambda stream: stream.write(data))
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -54,14 +43,7 @@ def read_json(path: Path) -> Any:
 
 
 def atomic_torch_save(path: Path, payload: Any) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
-    try:
-        torch.save(payload, temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda stream: torch.save(payload, stream))
 
 
 def git_commit() -> str | None:
