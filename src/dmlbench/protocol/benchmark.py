@@ -80,9 +80,8 @@ def run_benchmark(
     for name, config in configs.items():
         run_dir = output_dir / name
         resume = (run_dir / records.RUN_FILE).exists()
-        if resume and records.read_json(run_dir / records.RUN_FILE).get("status") == "completed":
-            pass
-        else:
+        finished = resume and records.read_json(run_dir / records.RUN_FILE).get("status") == "completed"
+        if not finished:
             if progress:
                 print(f"== {name}: training ({config.loss.name}"
                       f"{' + ' + config.miner.name if config.miner.name else ''})", flush=True)
