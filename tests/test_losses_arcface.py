@@ -20,18 +20,19 @@ from dmlbench import losses
 
 
 def reference_arcface(
-    embeddings: Tensor, labels: Tensor, weights: Tensor, scale: float, margin: float, fallback: bool = False,
+    embeddings: Tensor, labels: Tensor, weights: Tensor, scale: float, margin: float, fallback: bool = True,
 ) -> float:
     """004 eq. 6 as plain loops, with the angle from acos: s cos(theta_y + m) against s cos theta_c.
 
-    ``fallback``: PML's (and insightface's) cos(theta) - m sin(m) for theta > pi - m, not in eq. 6."""
+    ``fallback``: the ArcFace authors' (insightface's, PML's) cos(theta) - m sin(m) for theta >= pi - m,
+    not in eq. 6; without it, eq. 6 as printed."""
     points = [py_unit(x) for x in rows(embeddings)]
     centres = [py_unit(w) for w in rows(weights)]
     total = 0.0
     for x, y in zip(points, labels.tolist()):
         cosines = [max(-1.0, min(1.0, py_dot(x, w))) for w in centres]
         target = math.cos(math.acos(cosines[y]) + margin)
-        if fallback and math.acos(cosines[y]) > math.pi - margin:
+        if fallback and math.acos(cosines[y]) >= math.pi - margin:
             target = cosines[y] - margin * math.sin(margin)
         logits = [scale * (target if k == y else c) for k, c in enumerate(cosines)]
         top = max(logits)
@@ -53,9 +54,8 @@ def test_matches_brute_force(scale: float, margin: float) -> None:
 
 
 def test_matches_pytorch_metric_learning() -> None:
-    # Same softmax over all classes and mean reduction. PML takes the margin in degrees and, for
-    # theta > pi - m, replaces cos(theta + m) by cos(theta) - m sin(m) (no such branch in 004 eq. 6):
-    # the batch is checked to stay below pi - m, where both agree. PML's W is [D, C], ours [C, D].
+    # Same softmax over all classes, mean reduction and fallback for theta > pi - m; this batch stays
+    # below pi - m. PML takes the margin in degrees. PML's W is [D, C], ours [C, D].
     embeddings, labels = random_batch(9, 5, 4, seed=3, normalize=False)
     ours = losses.build("arcface", num_classes=4, embedding_dim=5).double()
     assert torch.all(target_angles(ours, embeddings, labels) < math.pi - 0.5)
@@ -67,17 +67,92 @@ def test_matches_pytorch_metric_learning() -> None:
     torch.testing.assert_close(ours.weights.grad, pml.W.grad.T, rtol=1e-7, atol=1e-9)
 
 
-def test_pytorch_metric_learning_differs_only_by_its_fallback_beyond_pi_minus_m() -> None:
+def test_matches_pytorch_metric_learning_beyond_pi_minus_m() -> None:
+    # Some target angles beyond pi - m: both use the authors' fallback there, unlike eq. 6 as printed.
     embeddings, labels = random_batch(9, 5, 4, seed=7, normalize=False)
     ours = losses.build("arcface", num_classes=4, embedding_dim=5).double()
-    assert torch.any(target_angles(ours, embeddings, labels) > math.pi - 0.5)
+    angles = target_angles(ours, embeddings, labels)
+    assert torch.any(angles > math.pi - 0.5) and torch.all((angles - (math.pi - 0.5)).abs() > 1e-3)
     pml = PMLArcFaceLoss(num_classes=4, embedding_size=5, margin=math.degrees(0.5), scale=16)
     pml.W.data = ours.weights.detach().T.clone()
-    with_fallback = reference_arcface(embeddings, labels, ours.weights, 16.0, 0.5, fallback=True)
-    as_printed = reference_arcface(embeddings, labels, ours.weights, 16.0, 0.5)
+    assert_same_value_and_gradient(
+        ours, pml, embeddings, labels, value_tol=(1e-10, 1e-10), gradient_tol=(1e-7, 1e-9)
+    )
+    torch.testing.assert_close(ours.weights.grad, pml.W.grad.T, rtol=1e-7, atol=1e-9)
+    with_fallback = reference_arcface(embeddings, labels, ours.weights, 16.0, 0.5)
+    as_printed = reference_arcface(embeddings, labels, ours.weights, 16.0, 0.5, fallback=False)
     assert abs(with_fallback - as_printed) > 1e-3
-    torch.testing.assert_close(pml(embeddings, labels).item(), with_fallback, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(ours(embeddings, labels).item(), as_printed, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ours(embeddings, labels).item(), with_fallback, rtol=1e-10, atol=1e-10)
+    assert loss_gradcheck(ours, embeddings, labels)
+
+
+def target_logit(margin: float, theta: Tensor) -> Tensor:
+    """The unscaled target logit f(theta) of ArcFace with margin ``margin``, as a function of the angle."""
+    loss = losses.build("arcface", num_classes=2, embedding_dim=2, margin=margin).double()
+    return loss.target_cosine(torch.cos(theta))
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.2, 0.5, 1.0, math.pi / 2, 2.3])
+def test_target_logit_is_non_increasing_with_one_downward_step_at_pi_minus_m(margin: float) -> None:
+    theta = torch.linspace(0, math.pi, 20001, dtype=torch.float64)
+    logit = target_logit(margin, theta)
+    steps = logit.diff()
+    assert torch.all(steps <= 1e-15)
+    # Continuous away from pi - m: cos(theta + m) and cos(theta) - m sin(m) are 1-Lipschitz in theta.
+    step = math.pi / 20000
+    kink = int((math.pi - margin) / step)  # the grid interval containing pi - m
+    away = torch.cat([steps[: max(kink - 1, 0)], steps[kink + 2 :]])
+    assert torch.all(away.abs() <= step * (1 + 1e-9))
+    # At pi - m itself the authors' fallback is not continuous: one-sided limits -1 and -cos m - m sin m.
+    near = torch.tensor([math.pi - margin - 1e-9, math.pi - margin + 1e-9], dtype=torch.float64)
+    below, beyond = target_logit(margin, near).tolist()
+    assert below == pytest.approx(-1.0, abs=1e-8)
+    assert beyond == pytest.approx(-math.cos(margin) - margin * math.sin(margin), abs=1e-8)
+    assert below - beyond == pytest.approx(math.cos(margin) + margin * math.sin(margin) - 1, abs=1e-8)
+    assert below - beyond >= -1e-8
+
+
+def test_the_fallback_step_goes_up_for_margins_beyond_2_331() -> None:
+    # cos m + m sin m < 1: the documented limit of the authors' fallback (such margins are not used).
+    near = torch.tensor([math.pi - 2.5 - 1e-9, math.pi - 2.5 + 1e-9], dtype=torch.float64)
+    below, beyond = target_logit(2.5, near)
+    assert beyond > below
+
+
+def test_target_logit_gradient_is_finite_and_decreasing_around_pi_minus_m() -> None:
+    margin = 0.5
+    kink = math.pi - margin
+    theta = torch.tensor(
+        [0.3, 1.5, kink - 0.1, kink - 1e-3, kink + 1e-3, kink + 0.1, math.pi - 0.05, math.pi - 1e-3],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    assert torch.autograd.gradcheck(lambda t: target_logit(margin, t), (theta,), eps=1e-7, atol=1e-6, rtol=1e-5)
+    (gradient,) = torch.autograd.grad(target_logit(margin, theta).sum(), theta)
+    expected = torch.where(theta < kink, -torch.sin(theta + margin), -torch.sin(theta))
+    assert torch.isfinite(gradient).all() and torch.all(gradient < 0)
+    torch.testing.assert_close(gradient, expected.detach(), rtol=1e-6, atol=1e-9)
+    # In the cosine: d f / d cos theta > 0 on both sides, 1 on the fallback side.
+    cosine = torch.cos(theta.detach()).requires_grad_(True)
+    loss = losses.build("arcface", num_classes=2, embedding_dim=2, margin=margin).double()
+    (by_cosine,) = torch.autograd.grad(loss.target_cosine(cosine).sum(), cosine)
+    assert torch.all(by_cosine > 0) and torch.all(by_cosine[theta.detach() > kink] == 1.0)
+
+
+def test_unchanged_below_pi_minus_m() -> None:
+    # The margin branch is the former value cos t cos m - sin t sin m, bit for bit, and cos(t + m).
+    for margin in (0.2, 0.5, 1.0):
+        theta = torch.linspace(0, math.pi - margin - 1e-6, 2001, dtype=torch.float64)
+        cosine = torch.cos(theta)
+        sine = (1.0 - cosine * cosine).clamp_min(torch.finfo(torch.float64).eps).sqrt()
+        former = cosine * math.cos(margin) - sine * math.sin(margin)
+        assert torch.equal(target_logit(margin, theta), former)
+        torch.testing.assert_close(target_logit(margin, theta), torch.cos(theta + margin), rtol=0, atol=1e-7)
+    embeddings, labels = random_batch(9, 5, 4, seed=3, normalize=False)
+    loss = losses.build("arcface", num_classes=4, embedding_dim=5).double()
+    assert torch.all(target_angles(loss, embeddings, labels) < math.pi - 0.5)
+    as_printed = reference_arcface(embeddings, labels, loss.weights, 16.0, 0.5, fallback=False)
+    torch.testing.assert_close(loss(embeddings, labels).item(), as_printed, rtol=1e-10, atol=1e-10)
 
 
 def test_gradcheck() -> None:

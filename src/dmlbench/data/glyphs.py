@@ -26,15 +26,14 @@ such as ``E``/``É`` at ~0.02. The decision is taken at the generated ``image_si
 more characters coincide (626 classes at 16 px). Characters that render empty in some font are
 dropped as well (none with the defaults).
 
-Measured with the defaults (image_size 32, 2 augmentations per font, seed 0) on the shared 2-core
-development machine: 644 classes (83 characters absorbed as homoglyphs), 48 images per class,
-30 912 images; first generation 4.4 s wall (2.7 s CPU) with other jobs loading the machine, cache
-hit 0.1 s. Raw-pixel nearest neighbour (euclidean on the flattened pixels, self excluded, ties to the
-lower index) Precision@1 over all 15 456 images of the test half of the classes
-(``splits.train_test_split``): 0.506, where chance is 1/322; on the train/validation pool, with its
-many accent variants, about 0.30. The training split (258 classes, 12 384 images) takes the project's
-``small_cnn`` (about 200 training images per CPU-second) about a minute of CPU per epoch. Re-measure with
-``python -m dmlbench.data.measure``.
+Measured with the defaults (image_size 32, 1 augmentation per font, seed 0) on the shared 2-core
+development machine: 644 classes (83 characters absorbed as homoglyphs), 32 images per class,
+20 608 images; first generation 2.5 s wall (2.4 s CPU) with other jobs loading the machine, cache
+hit 0.04 s. Raw-pixel nearest neighbour (euclidean on the flattened pixels, self excluded, ties to the
+lower index) Precision@1 over all 10 304 images of the test half of the classes
+(``splits.train_test_split``): 0.501, where chance is 1/322. The training split (258 classes, 8 256
+images) takes the project's ``small_cnn`` (about 200 training images per CPU-second) under a minute
+of CPU per epoch. Re-measure with ``python -m dmlbench.data.measure``.
 """
 
 from __future__ import annotations

@@ -15,16 +15,20 @@ from dmlbench.validation import check_non_negative, check_positive
 
 @LOSSES.register("arcface")
 class ArcFaceLoss(CosineSoftmaxLoss):
-    """ArcFace, Roth et al. 2020 supp. eq. 6 (Deng et al. 2019).
+    """ArcFace, Roth et al. 2020 supp. eq. 6 (Deng et al. 2019), with the authors' fallback beyond pi - m.
 
-    ``L = -1/b sum_i log(e^{s cos(t_{y_i} + m)} / (e^{s cos(t_{y_i} + m)} + sum_{c != y_i} e^{s cos t_c}))``
+    ``L = -1/b sum_i log(e^{s f(t_{y_i})} / (e^{s f(t_{y_i})} + sum_{c != y_i} e^{s cos t_c}))``
     with ``t_c`` the angle between the normalised embedding and class centre ``W_c``; s = 16,
     m = 0.5 (004's values). 004 prints the negative sum over the batch's other samples' classes;
-    the original sum over all other classes is used. ``cos(t + m)`` is computed as
-    ``cos t cos m - sin t sin m`` with ``sin t = sqrt(max(1 - cos^2 t, eps))`` so value and gradient
-    stay finite at cos = +-1 (no acos). As in eq. 6 there is no fallback for ``t > pi - m``, where
-    ``cos(t + m)`` stops decreasing. ``class_subsample_ratio``: see
-    ``CosineSoftmaxLoss``.
+    the original sum over all other classes is used. The target logit is ``f(t) = cos(t + m)`` for
+    ``t < pi - m``, computed as ``cos t cos m - sin t sin m`` with ``sin t = sqrt(max(1 - cos^2 t,
+    eps))`` so value and gradient stay finite at cos = +-1 (no acos). Beyond, where ``cos(t + m)``
+    would increase again, ``f(t) = cos t - m sin m``: the fallback of the ArcFace authors' code
+    (insightface, ``easy_margin=False``: ``cos t > cos(pi - m) ? cos(t + m) : cos t - sin(pi - m) m``;
+    also PML's), not in eq. 6. ``f`` is then strictly decreasing on each side of ``pi - m``, but not
+    continuous there: it drops from -1 to ``-cos m - m sin m`` (by 0.117 at m = 0.5). The drop is
+    downward, so ``f`` is non-increasing on all of [0, pi], for m up to 2.331 rad (``cos m + m sin
+    m = 1``); for larger margins it jumps up. ``class_subsample_ratio``: see ``CosineSoftmaxLoss``.
     """
 
     def __init__(
@@ -46,4 +50,7 @@ class ArcFaceLoss(CosineSoftmaxLoss):
     def target_cosine(self, cosine: Tensor) -> Tensor:
         eps = torch.finfo(cosine.dtype).eps
         sine = (1.0 - cosine * cosine).clamp_min(eps).sqrt()
-        return cosine * math.cos(self.margin) - sine * math.sin(self.margin)
+        with_margin = cosine * math.cos(self.margin) - sine * math.sin(self.margin)
+        # The authors' fallback where t >= pi - m, i.e. cos t <= cos(pi - m) (insightface's strict test).
+        fallback = cosine - self.margin * math.sin(self.margin)
+        return torch.where(cosine > math.cos(math.pi - self.margin), with_margin, fallback)
