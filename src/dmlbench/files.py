@@ -16,6 +16,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates the file for its owner only; results are files like any other (umask applies).
+        os.fchmod(handle, 0o666 & ~_umask())
         with os.fdopen(handle, "wb") as stream:
             write(stream)
             stream.flush()
@@ -24,3 +26,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    current = os.umask(0o022)
+    os.umask(current)
+    return current

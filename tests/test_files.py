@@ -1,0 +1,31 @@
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from dmlbench.files import atomic_write
+
+
+def test_atomic_write_gives_an_ordinary_file_mode(tmp_path: Path) -> None:
+    previous = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "result.json", lambda stream: stream.write(b"{}"))
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == 0o640
+    assert (tmp_path / "result.json").read_bytes() == b"{}"
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "result.json"
+    target.write_bytes(b"old")
+
+    def fail(stream) -> None:
+        stream.write(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(target, fail)
+    assert target.read_bytes() == b"old"
+    assert [path.name for path in tmp_path.iterdir()] == ["result.json"]
