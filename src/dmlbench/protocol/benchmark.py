@@ -22,6 +22,8 @@ class MethodSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # The method's hyper-parameter search space (``dmlbench.protocol.search_space``); empty: nothing searched.
+    search: dict[str, Any] = Field(default_factory=dict)
 
 
 class BenchmarkSpec(BaseModel):
