@@ -14,7 +14,14 @@ from dmlbench.data.splits import train_test_split
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol import search as search_module
-from dmlbench.protocol.search import SearchSettings, method_raw_config, run_search, search_methods, storage_url
+from dmlbench.protocol.search import (
+    SearchSettings,
+    make_sampler,
+    method_raw_config,
+    run_search,
+    search_methods,
+    storage_url,
+)
 from dmlbench.protocol.search_space import parse_search_space
 from dmlbench.training.setup import load_dataset
 from training_fixtures import TINY
@@ -66,6 +73,10 @@ def test_tiny_study_stores_its_trials_and_its_runs_never_see_a_test_class(tmp_pa
         assert not set(record["val_classes"]) & test_classes
         assert not set(record["train_classes"]) & set(record["val_classes"])
         assert record["fold_layout_hash"] == result.fold_layout_hash
+
+    summary = json.loads((tmp_path / "search.json").read_text())
+    assert summary["methods"]["triplet"]["best_params"] == result.best_params
+    assert summary["settings"]["trials"] == 2 and summary["settings"]["epochs"] == 1
 
     # Re-running a finished search adds nothing.
     again = search_methods(benchmark, tmp_path, SETTINGS)["triplet"]
@@ -139,3 +150,20 @@ def test_method_raw_config_layers_base_method_and_overrides() -> None:
     assert (config.loss.name, config.optimizer.lr, config.training.epochs) == ("margin", 1e-5, 3)
     with pytest.raises(UserInputError, match="method 'a'"):
         method_raw_config(benchmark, "a", ["loss.name=nope"])
+
+
+@pytest.mark.parametrize("sampler", ["gp", "tpe"])
+def test_samplers_are_seeded(sampler: str) -> None:
+    def params_of(seed: int) -> list[dict]:
+        study = optuna.create_study(direction="maximize", sampler=make_sampler(SearchSettings(sampler=sampler, seed=seed)))
+        study.optimize(lambda trial: -(trial.suggest_float("x", -1.0, 1.0) - 0.3) ** 2, n_trials=12)
+        return [trial.params for trial in study.trials]
+
+    assert params_of(1) == params_of(1)
+    assert params_of(1) != params_of(2)
+    assert isinstance(make_sampler(SearchSettings()), optuna.samplers.GPSampler)
+
+
+def test_storage_is_any_sqlalchemy_url(tmp_path: Path) -> None:
+    assert storage_url(tmp_path, "postgresql://user@host/db") == "postgresql://user@host/db"
+    assert storage_url(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"

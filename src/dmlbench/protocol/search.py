@@ -19,6 +19,8 @@ Hyperparameters are optimized to maximize the average validation accuracy." Here
 * resume: calling again continues the study. Finished trials (complete or failed) are kept and count
   towards the budget; a trial left RUNNING by a killed process is marked FAILED (``interrupted``) and
   its parameters are enqueued once (``study.enqueue_trial``) to be run again; it does not count.
+  A study therefore has one writer at a time: two processes searching the same study at once would
+  take each other's running trials for interrupted ones.
 
 Every run directory is ``OUTPUT_DIR/METHOD/trial_NNNN/fold_I`` and its ``run.json`` records ``method``,
 ``stage`` (``search``), ``trial``, ``fold``, ``fold_layout_hash``, ``train_classes`` and ``val_classes``.
@@ -41,10 +43,11 @@ from dmlbench.errors import UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, FoldLayout, fold_layout
 from dmlbench.protocol.search_space import SearchSpace, apply_assignment, parse_search_space
-from dmlbench.training import train
+from dmlbench.training import records, train
 from dmlbench.training.setup import load_dataset
 
 STUDY_FILE = "study.db"
+SUMMARY_FILE = "search.json"
 SAMPLERS = ("gp", "tpe")
 STAGE = "search"
 # Keys the protocol sets for every method alike; a search space may not search them.
@@ -144,7 +147,10 @@ def search_methods(
     progress: bool = False,
 ) -> dict[str, SearchResult]:
     """``run_search`` for every method of ``spec``, after checking every method's config and search
-    space (and that all methods train for the same number of epochs) before anything trains."""
+    space (and that all methods train for the same number of epochs) before anything trains.
+
+    Writes ``OUTPUT_DIR/search.json``: the settings and, per method, the best value and parameters
+    (the input of ``protocol.reproductions``), trial counts and the fold layout hash."""
     settings.check()
     prepared = {}
     for method in spec.methods:
@@ -155,10 +161,19 @@ def search_methods(
         epochs = {name: config_module.from_dict(copy.deepcopy(raw)).training.epochs for name, (raw, _) in prepared.items()}
         if len(set(epochs.values())) > 1:
             raise UserInputError(f"methods train for different numbers of epochs {epochs}: set the search epochs")
-    return {
+    results = {
         name: run_search(name, raw, space, output_dir, settings, progress=progress)
         for name, (raw, space) in prepared.items()
     }
+    records.write_json(Path(output_dir) / SUMMARY_FILE, {
+        "settings": asdict(settings),
+        "methods": {
+            name: {"best_value": result.best_value, "best_params": result.best_params, "completed": result.completed,
+                   "failed": result.failed, "fold_layout_hash": result.fold_layout_hash, "storage": result.storage}
+            for name, result in results.items()
+        },
+    })
+    return results
 
 
 def run_search(
