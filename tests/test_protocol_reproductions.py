@@ -12,6 +12,7 @@ import torch
 
 from dmlbench import config as config_module
 from dmlbench.data.splits import train_test_split
+from dmlbench.errors import UserInputError
 from dmlbench.evaluation import evaluate_many
 from dmlbench.protocol import reproductions as reproductions_module
 from dmlbench.protocol.benchmark import BenchmarkSpec
@@ -100,3 +101,27 @@ def test_a_failing_reproduction_is_left_out_of_n(tmp_path: Path) -> None:
     assert outcome.scores is None and "NaN" in (outcome.reason or "")
     assert read_csv(tmp_path / "results.csv") == (list(RESULTS_COLUMNS), [])
     assert not (tmp_path / "sgd" / "reproduction_00" / "test_metrics.json").exists()
+
+
+def test_compare_reproductions_pairs_by_seed_on_seeds_every_method_scored() -> None:
+    from dmlbench.protocol.reproductions import MethodReproductions, ReproductionOutcome, compare_reproductions
+    from dmlbench.protocol.statistics import paired_comparison
+
+    def method(name: str, values: dict[int, float | None]) -> MethodReproductions:
+        outcomes = [
+            ReproductionOutcome(r, seed, [], None if value is None else
+                                {"concatenated": {"map_at_r": value}, "separated": {"map_at_r": value / 2}})
+            for r, (seed, value) in enumerate(values.items())
+        ]
+        return MethodReproductions(name, {}, "h", outcomes)
+
+    results = {
+        "a": method("a", {0: 0.50, 1: 0.52, 2: 0.49, 3: 0.51}),
+        "b": method("b", {0: 0.47, 1: 0.50, 2: None, 3: 0.46}),  # seed 2 failed: left out for everyone
+    }
+    (comparison,) = compare_reproductions(results, "concatenated", "map_at_r")
+    expected = paired_comparison({0: 0.50, 1: 0.52, 3: 0.51}, {0: 0.47, 1: 0.50, 3: 0.46})
+    assert comparison.n == 3 and comparison.t_pvalue == pytest.approx(expected.t_pvalue)
+    assert comparison.t_pvalue_holm == pytest.approx(expected.t_pvalue)  # a single pair: nothing to correct
+    with pytest.raises(UserInputError, match="not computed"):
+        compare_reproductions(results, "separated", "nmi")

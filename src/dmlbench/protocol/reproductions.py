@@ -35,7 +35,7 @@ from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, fold_layout
 from dmlbench.protocol.search import method_raw_config
 from dmlbench.protocol.search_space import apply_assignment
-from dmlbench.protocol.statistics import mean_interval
+from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
 from dmlbench.training import records, train
 from dmlbench.training.runs import embed_test_split
 from dmlbench.training.setup import load_dataset
@@ -226,6 +226,27 @@ def result_rows(results: Mapping[str, MethodReproductions]) -> list[dict[str, An
         rows.append({"method": method, "mode": mode, "metric": metric, "mean": interval.mean,
                      "ci_low": interval.low, "ci_high": interval.high, "n": interval.n})
     return rows
+
+
+def compare_reproductions(
+    results: Mapping[str, MethodReproductions], mode: str = "concatenated", metric: str = "map_at_r"
+) -> list[PairedComparison]:
+    """Every pair of methods on one mode and metric, reproductions paired by seed (``statistics.compare_methods``:
+    paired t-test, Wilcoxon signed-rank, Holm across the pairs, Cohen's d_z). Only seeds that every
+    method scored are compared, so a failed reproduction removes its seed from all methods."""
+    if mode not in MODES:
+        raise UserInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    scores: dict[str, dict[int, float]] = {}
+    for method, reproductions in results.items():
+        scores[method] = {}
+        for outcome in reproductions.outcomes:
+            if outcome.scores is None:
+                continue
+            if metric not in outcome.scores[mode]:
+                raise UserInputError(f"metric {metric!r} was not computed; computed: {', '.join(outcome.scores[mode])}")
+            scores[method][outcome.seed] = outcome.scores[mode][metric]
+    common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
+    return compare_methods({method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()})
 
 
 def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) -> tuple[Path, Path]:
