@@ -84,6 +84,10 @@ def test_reproductions_write_results_and_runs_csv(tmp_path: Path, monkeypatch: p
     concatenated = [outcome.scores["concatenated"]["map_at_r"] for outcome in outcomes]
     assert not np.allclose(concatenated[0], concatenated[1])  # different seeds, different models
 
+    summary = json.loads((tmp_path / "reproductions.json").read_text())
+    assert summary["methods"]["triplet"]["params"] == {"loss.params.margin": 0.3}
+    assert [o["seed"] for o in summary["methods"]["triplet"]["outcomes"]] == [5, 6]
+
     # Resuming trains nothing and does not embed the test split again.
     monkeypatch.setattr(reproductions_module, "train", lambda *a, **k: pytest.fail("trained again"))
     monkeypatch.setattr(reproductions_module, "embed_test_split", lambda *a, **k: pytest.fail("test embedded again"))

@@ -167,3 +167,13 @@ def test_samplers_are_seeded(sampler: str) -> None:
 def test_storage_is_any_sqlalchemy_url(tmp_path: Path) -> None:
     assert storage_url(tmp_path, "postgresql://user@host/db") == "postgresql://user@host/db"
     assert storage_url(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
+
+
+def test_best_params_refuses_a_method_without_a_completed_trial() -> None:
+    from dmlbench.protocol.search import SearchResult, best_params
+
+    good = SearchResult("a", "sqlite://", 2, 0, 0.4, {"loss.params.margin": 0.2}, "h")
+    unsearched = SearchResult("b", "sqlite://", 1, 0, 0.3, {}, "h")
+    assert best_params({"a": good, "b": unsearched}) == {"a": {"loss.params.margin": 0.2}, "b": {}}
+    with pytest.raises(UserInputError, match="method 'c': no search trial completed"):
+        best_params({"a": good, "c": SearchResult("c", "sqlite://", 0, 2, None, None, "h")})

@@ -24,7 +24,7 @@ import csv
 import io
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from dmlbench.training.runs import embed_test_split
 from dmlbench.training.setup import load_dataset
 
 STAGE = "reproduction"
+SUMMARY_FILE = "reproductions.json"
 MODES = ("concatenated", "separated")
 RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
 RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
@@ -187,7 +188,9 @@ def reproduce_methods(
     progress: bool = False,
 ) -> dict[str, MethodReproductions]:
     """``reproduce_method`` for every method of ``spec`` (``best_params[method]``, ``{}`` when nothing was
-    searched), then ``write_results``. Every method's config is checked before anything trains."""
+    searched; ``search.best_params`` gives them), then ``write_results`` and ``reproductions.json``
+    (settings; per method its parameters, fold layout hash, seeds, run directories and failures).
+    Every method's config is checked before anything trains."""
     settings.check()
     raws = {method.name: method_raw_config(spec, method.name, overrides) for method in spec.methods}
     for name, raw in raws.items():
@@ -200,6 +203,14 @@ def reproduce_methods(
         for name, raw in raws.items()
     }
     write_results(results, output_dir)
+    records.write_json(Path(output_dir) / SUMMARY_FILE, {
+        "settings": asdict(settings),
+        "methods": {
+            name: {"params": result.params, "fold_layout_hash": result.fold_layout_hash,
+                   "outcomes": [asdict(outcome) for outcome in result.outcomes]}
+            for name, result in results.items()
+        },
+    })
     return results
 
 

@@ -176,6 +176,19 @@ def search_methods(
     return results
 
 
+def best_params(results: Mapping[str, SearchResult]) -> dict[str, dict[str, Any]]:
+    """Every method's best parameters, the input of ``reproductions.reproduce_methods``.
+
+    A method without a completed trial is a ``UserInputError``: it is never reproduced with defaults.
+    """
+    chosen = {}
+    for method, result in results.items():
+        if result.best_params is None:
+            raise UserInputError(f"method {method!r}: no search trial completed ({result.failed} failed); nothing to reproduce")
+        chosen[method] = dict(result.best_params)
+    return chosen
+
+
 def run_search(
     method: str,
     raw_config: Mapping[str, Any],
