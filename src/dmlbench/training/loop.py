@@ -82,11 +82,9 @@ def train(
         records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
     run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume)
-    run_record.update(
-        train_classes=sorted(int(c) for c in labels[splits.train].unique()),
-        val_classes=sorted(int(c) for c in labels[splits.validation].unique()),
-        **dict(record or {}),
-    )
+    run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
+    run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
+    run_record.update(record or {})
     records.write_json(run_dir / records.RUN_FILE, run_record)
 
     model = components.model
