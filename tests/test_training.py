@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dmlbench import config as config_module
-from dmlbench.errors import UserInputError
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.training import TrainingDiverged, evaluate_run, loop, records, runs, train
 from training_fixtures import TINY
 
@@ -60,9 +60,9 @@ def test_resume_after_a_crash_continues_exactly(tmp_path: Path, monkeypatch: pyt
         return real_validate(*args, **kwargs)
 
     monkeypatch.setattr(loop, "_validate", crash_in_second_epoch)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(RunInterrupted, match="--resume"):
         train(config, tmp_path / "crashed", progress=False)
-    assert json.loads((tmp_path / "crashed" / "run.json").read_text())["status"] == "failed"
+    assert json.loads((tmp_path / "crashed" / "run.json").read_text())["status"] == "interrupted"
     monkeypatch.setattr(loop, "_validate", real_validate)
 
     resumed = train(config, tmp_path / "crashed", resume=True, progress=False)
@@ -176,3 +176,67 @@ def test_early_stopping_on_validation_only(tmp_path: Path, monkeypatch: pytest.M
     result = train(tiny_config("training.epochs=4", "training.early_stopping_patience=2"), tmp_path / "run", progress=False)
     assert result.epochs_run == 3 and result.best_epoch == 1
     assert [entry["epoch"] for entry in records.read_metrics(result.run_dir)] == [0, 1, 2, 3]
+
+
+def test_resume_restores_the_embedded_samplers_memory_bank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tiny_config(
+        "training.epochs=2", "sampler.name=ddm", "sampler.params={samples_per_class: 2, big_batch_size: 128}"
+    )
+    uninterrupted = train(config, tmp_path / "full", progress=False)
+
+    real_train_epoch = loop._train_epoch
+
+    def interrupt_second_epoch(epoch, *args, **kwargs):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return real_train_epoch(epoch, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "_train_epoch", interrupt_second_epoch)
+    with pytest.raises(RunInterrupted):
+        train(config, tmp_path / "resumed", progress=False)
+    monkeypatch.setattr(loop, "_train_epoch", real_train_epoch)
+    resumed = train(config, tmp_path / "resumed", resume=True, progress=False)
+
+    assert strip(records.read_metrics(resumed.run_dir)) == strip(records.read_metrics(uninterrupted.run_dir))
+    weights = [torch.load(run / "checkpoint_last.pt", weights_only=False) for run in (uninterrupted.run_dir, resumed.run_dir)]
+    assert torch.equal(weights[0]["sampler_memory"], weights[1]["sampler_memory"])
+    for name, tensor in weights[0]["model"].items():
+        assert torch.equal(tensor, weights[1]["model"][name]), name
+
+
+def test_resume_of_a_completed_run_changes_nothing(tmp_path: Path) -> None:
+    result = train(tiny_config("training.epochs=1"), tmp_path / "run", progress=False)
+    before = {path.name: path.read_bytes() for path in result.run_dir.iterdir()}
+    again = train(tiny_config("training.epochs=1"), result.run_dir, resume=True, progress=False)
+    assert again.already_complete and again.best_epoch == result.best_epoch
+    assert {path.name: path.read_bytes() for path in result.run_dir.iterdir()} == before
+
+
+def test_num_threads_is_applied_and_recorded(tmp_path: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        result = train(tiny_config("training.epochs=1", "training.num_threads=2"), tmp_path / "run", progress=False)
+        assert json.loads((result.run_dir / "run.json").read_text())["num_threads"] == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("cuda", "no CUDA device"), ("cuda:7", "CUDA device"), ("tpu", "not a device"), ("meta", "not supported")],
+)
+def test_unavailable_devices_are_user_errors(tmp_path: Path, device: str, message: str) -> None:
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if (device == "cuda" and available) or (device == "cuda:7" and available > 7):
+        pytest.skip("this machine has the CUDA device asked for")
+    with pytest.raises(UserInputError, match=message):
+        train(tiny_config(f"training.device={device}"), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("keep me")
+    with pytest.raises(UserInputError, match="is a file"):
+        train(tiny_config(), target, progress=False)
+    assert target.read_text() == "keep me"

@@ -1,5 +1,12 @@
-"""Errors a user can cause. The CLI turns each into one line on stderr and exit code 2."""
+"""Errors a user can cause, and the interruption of a run; the CLI turns each into one line on stderr."""
 
 
 class UserInputError(ValueError):
-    """Bad configuration, data, path or hyper-parameter; the message is shown to the user as is."""
+    """Bad configuration, data, path or hyper-parameter; the message is shown to the user as is (exit 2)."""
+
+
+class RunInterrupted(Exception):
+    """A run was stopped (Ctrl-C) after its last checkpoint; the message says how to resume it (exit 130).
+
+    Deliberately not a ``KeyboardInterrupt``: the CLI library would turn that into a silent exit.
+    """

@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
+from dmlbench.cli.common import Command
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 def register(app: typer.Typer) -> None:
-    app.command("evaluate")(evaluate_command)
+    app.command("evaluate", cls=Command)(evaluate_command)
 
 
 def _load_array(path: Path, what: str) -> np.ndarray:
+    import numpy as np
+
+    if not path.is_file():
+        raise UserInputError(f"{what} file {path} does not exist")
+    with open(path, "rb") as stream:
+        if stream.read(6) != b"\x93NUMPY":
+            raise UserInputError(f"{what} file {path} is not a .npy array (no NumPy header)")
     try:
         return np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UserInputError(f"{what} file {path} does not exist") from None
     except (OSError, ValueError) as error:
-        raise UserInputError(f"{what} file {path} is not a readable .npy array: {error}") from None
+        raise UserInputError(f"{what} file {path} is not a valid .npy array: {error}") from None
 
 
 def _parse_ks(text: str) -> tuple[int, ...]:
@@ -60,6 +68,7 @@ def evaluate_command(
 
     if (run is None) == (not embeddings):
         raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
+    _check_writable(json_path)
     options: dict[str, Any] = {"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize}
     for name, value in (("metrics", metrics), ("k", k), ("seed", seed), ("block_size", block_size), ("nprobe", nprobe)):
         if value is not None:
@@ -92,6 +101,8 @@ def evaluate_command(
         results = evaluation.evaluate_many(matrices, label_array, mode=mode, **options)
     typer.echo(format_table(results))
     if analysis:
+        import numpy as np
+
         arrays = list(matrices.values())
         # Several models are analysed as evaluated: each L2-normalised, then concatenated.
         combined = arrays[0] if len(arrays) == 1 else np.concatenate([_unit_rows(array) for array in arrays], axis=1)
@@ -116,15 +127,30 @@ def _analyze(
 
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim != 2:
         raise UserInputError(f"embeddings must have shape [N, D]; got {list(matrix.shape)}")
     return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
 
 
+def _check_writable(path: Path | None) -> None:
+    """Fail before any work when the --json target cannot be written."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UserInputError(f"--json {path} is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path.parent / f".{path.name}.probe", lambda stream: None)
+        (path.parent / f".{path.name}.probe").unlink()
+    except OSError as error:
+        raise UserInputError(f"cannot write --json {path}: {error.strerror or error}") from None
+
+
 def _write_json(path: Path | None, results: dict[str, Any]) -> None:
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(results, indent=2) + "\n"
     atomic_write(path, lambda stream: stream.write(text.encode()))

@@ -9,24 +9,29 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench import config as config_module
-from dmlbench.cli.common import config_and_overrides
+from dmlbench.cli.common import Command, CONFIG_HELP, OVERRIDES_HELP, config_and_overrides
 from dmlbench.errors import UserInputError
-from dmlbench.training import TrainingDiverged, records, train
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train_command)
+    app.command("train", cls=Command)(train_command)
 
 
 def train_command(
-    config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help="YAML config (omit with --resume).")] = None,
-    overrides: Annotated[Optional[list[str]], typer.Argument(metavar="[OVERRIDES]...", help="Dotted overrides, e.g. training.epochs=3 loss.name=contrastive.")] = None,
+    config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help=CONFIG_HELP + " Omit with --resume.", show_default=False)] = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP, show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: runs/<loss>-<time>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output from its last checkpoint.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Train one model on one split; select the checkpoint on validation MAP@R only."""
+    """Train one model on one split; select the checkpoint on validation MAP@R only.
+
+    Exit codes: 0 trained (or already complete), 1 the run failed (e.g. the loss became NaN),
+    2 bad input, 130 interrupted (resumable with --resume).
+    """
+    from dmlbench import config as config_module
+    from dmlbench.training import TrainingDiverged, records, train
+
     config_path, overrides = config_and_overrides(config_path, overrides)
     if resume:
         if output is None:
@@ -43,8 +48,11 @@ def train_command(
     try:
         result = train(config, run_dir, resume=resume, progress=not quiet)
     except TrainingDiverged as error:
-        print(f"dmlbench: training diverged ({error}); run {run_dir} marked failed", file=sys.stderr)
+        print(f"dmlbench: error: training diverged ({error}); run {run_dir} marked failed", file=sys.stderr)
         raise typer.Exit(1) from None
     best = result.best_validation or {}
     summary = ", ".join(f"{key} {value:.4f}" for key, value in best.items() if key in ("precision_at_1", "map_at_r"))
+    if result.already_complete:
+        typer.echo(f"run {result.run_dir} is already complete: best epoch {result.best_epoch} ({summary}); nothing was trained")
+        return
     typer.echo(f"run {result.run_dir}: best epoch {result.best_epoch} ({summary})")

@@ -114,7 +114,7 @@ def glyphs(
     *,
     seed: int = 0,
     image_size: int = 32,
-    augmentations_per_font: int = 2,
+    augmentations_per_font: int = 1,
     augmentation_strength: float = 1.0,
     homoglyph_threshold: float = 0.005,
     max_classes: int | None = None,

@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dmlbench import config as config_module
-from dmlbench.errors import UserInputError
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.training import evaluate_run, records, train
 
 DEFAULT_BENCHMARK = Path(__file__).resolve().parent.parent / "configs" / "benchmark.yaml"
@@ -89,6 +89,10 @@ def run_benchmark(
                       f"{' + ' + config.miner.name if config.miner.name else ''})", flush=True)
             try:
                 train(config, run_dir, resume=resume, progress=progress)
+            except RunInterrupted:
+                raise RunInterrupted(
+                    f"benchmark {output_dir} stopped while training {name}; re-run the same command to continue"
+                ) from None
             except Exception as error:  # one failed method must not lose the others' results
                 results.append(MethodResult(name, run_dir, "failed", reason=f"{type(error).__name__}: {error}"))
                 continue

@@ -6,12 +6,28 @@ import torch
 from torch import Tensor, nn
 
 from dmlbench.data.base import ImageDataset
+from dmlbench.errors import UserInputError
 
 
 def resolve_device(device: str) -> torch.device:
+    """``auto`` is CUDA when present, else the CPU; a device this machine lacks is a user error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise UserInputError(f"training.device={device!r} is not a device (auto, cpu, cuda, cuda:N or mps)") from None
+    if resolved.type == "cuda":
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available == 0:
+            raise UserInputError(f"training.device={device!r}, but this machine has no CUDA device (use cpu or auto)")
+        if resolved.index is not None and resolved.index >= available:
+            raise UserInputError(f"training.device={device!r}, but this machine has {available} CUDA device(s)")
+    elif resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise UserInputError(f"training.device={device!r}, but this machine has no MPS device (use cpu or auto)")
+    elif resolved.type not in ("cpu", "mps"):
+        raise UserInputError(f"training.device={device!r} is not supported (auto, cpu, cuda, cuda:N or mps)")
+    return resolved
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from dmlbench import evaluation
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
-from dmlbench.errors import UserInputError
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.setup import (
@@ -41,6 +41,7 @@ class TrainResult:
     best_epoch: int | None
     best_validation: dict[str, float] | None
     epochs_run: int
+    already_complete: bool = False
 
 
 def train(
@@ -58,7 +59,16 @@ def train(
     """
     run_dir = Path(run_dir)
     _check_run_dir(run_dir, resume)
+    if resume:
+        stored = records.read_json(run_dir / records.RUN_FILE)
+        if stored.get("status") == "completed":
+            # Nothing to train: the run directory stays exactly as it is.
+            return TrainResult(
+                run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
+                already_complete=True,
+            )
     device = resolve_device(config.training.device)
+    torch.set_num_threads(config.training.num_threads)
     full_dataset = load_dataset(config)
     dataset_hash = full_dataset.content_hash
     full_splits = make_splits(config, full_dataset)
@@ -75,10 +85,10 @@ def train(
 
     start_epoch, state = 0, _SelectionState()
     if resume and (run_dir / records.LAST_CHECKPOINT).exists():
-        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, components)
+        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, components, sampler)
         records.truncate_metrics(run_dir, start_epoch)
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        records.create_run_dir(run_dir)
         records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
     run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume)
@@ -93,7 +103,7 @@ def train(
         if start_epoch == 0:
             # The untrained model's validation scores: the baseline every epoch is compared with.
             records.append_metrics(run_dir, {"epoch": 0, "validation": _validate(model, validation_set, config, device)})
-        if getattr(sampler, "needs_embeddings", False):
+        if getattr(sampler, "needs_embeddings", False) and sampler.memory is None:
             sampler.initialize_memory(embed(model, train_set, config.evaluation.batch_size, device)[0])
         for epoch in range(start_epoch + 1, config.training.epochs + 1):
             record = _train_epoch(epoch, config, components, sampler, train_set, to_class_index, device, progress)
@@ -102,9 +112,9 @@ def train(
                 record["validation"] = validation
                 state.observe(epoch, validation, config.evaluation.selection_metric)
                 if state.best_epoch == epoch:
-                    _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, components, state)
+                    _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, components, state, sampler)
             records.append_metrics(run_dir, record)
-            _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, components, state)
+            _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, components, state, sampler)
             if progress:
                 _print_epoch(record, config.evaluation.selection_metric)
             patience = config.training.early_stopping_patience
@@ -113,6 +123,9 @@ def train(
     except TrainingDiverged as error:
         _finish_record(run_dir, run_record, "failed", reason=f"training diverged: {error}")
         raise
+    except KeyboardInterrupt:
+        _finish_record(run_dir, run_record, "interrupted")
+        raise RunInterrupted(f"run {run_dir} stopped; continue it with: dmlbench train --resume -o {run_dir}") from None
     except BaseException as error:
         _finish_record(run_dir, run_record, "failed", reason=f"{type(error).__name__}: {error}".strip())
         raise
@@ -198,7 +211,9 @@ def _validate(model: torch.nn.Module, validation_set: ImageDataset, config: Conf
     return {key: float(value) for key, value in results.items()}
 
 
-def _save_checkpoint(path: Path, epoch: int, components: Components, state: _SelectionState) -> None:
+def _save_checkpoint(
+    path: Path, epoch: int, components: Components, state: _SelectionState, sampler: Sampler[list[int]]
+) -> None:
     payload = {
         "epoch": epoch,
         "model": components.model.state_dict(),
@@ -206,17 +221,24 @@ def _save_checkpoint(path: Path, epoch: int, components: Components, state: _Sel
         "optimizer": components.optimizer.state_dict(),
         "miner_generator": components.miner.generator.get_state() if components.miner is not None else None,
         "selection": state.state_dict(),
+        # An embedded sampler's batches depend on its memory bank: a resumed run must continue with
+        # the bank as it was, not one rebuilt from the current model.
+        "sampler_memory": getattr(sampler, "memory", None),
     }
     records.atomic_torch_save(path, payload)
 
 
-def _load_checkpoint(path: Path, components: Components) -> tuple[int, _SelectionState]:
+def _load_checkpoint(
+    path: Path, components: Components, sampler: Sampler[list[int]]
+) -> tuple[int, _SelectionState]:
     payload = torch.load(path, map_location="cpu", weights_only=False)
     components.model.load_state_dict(payload["model"])
     components.loss.load_state_dict(payload["loss"])
     components.optimizer.load_state_dict(payload["optimizer"])
     if components.miner is not None and payload["miner_generator"] is not None:
         components.miner.generator.set_state(payload["miner_generator"])
+    if payload.get("sampler_memory") is not None:
+        sampler.initialize_memory(payload["sampler_memory"])
     state = _SelectionState()
     state.load_state_dict(payload["selection"])
     return int(payload["epoch"]), state
@@ -226,6 +248,8 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
     if resume:
         records.require_run_dir(run_dir)
         return
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserInputError(f"run directory {run_dir} is a file, not a directory")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserInputError(f"run directory {run_dir} already exists and is not empty (use --resume to continue it)")
 
@@ -239,6 +263,7 @@ def _start_record(run_dir: Path, config: Config, dataset_hash: str, splits: Any,
         "packages": records.package_versions(),
         "dataset": {"name": config.data.name, "content_hash": dataset_hash},
         "split_sizes": {name: int(len(getattr(splits, name))) for name in ("train", "validation", "test")},
+        "num_threads": torch.get_num_threads(),
         "started": record.get("started", records.now()),
     })
     record.setdefault("resumed", [])

@@ -72,6 +72,14 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def create_run_dir(run_dir: Path) -> None:
+    """Create a new run directory, or fail with one line naming it (read-only parent, a file in the way)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserInputError(f"cannot create run directory {run_dir}: {error.strerror or error}") from None
+
+
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
     with open(run_dir / METRICS_FILE, "a") as stream:
         stream.write(json.dumps(record) + "\n")

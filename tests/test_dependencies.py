@@ -1,0 +1,72 @@
+"""Every import is a declared dependency: an undeclared one works only where it happens to be installed."""
+
+import ast
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def distribution_names(requirements: list[str]) -> set[str]:
+    return {Requirement(requirement).name.lower().replace("_", "-") for requirement in requirements}
+
+
+def imported_top_level_names(path: Path) -> set[str]:
+    """Absolute imports anywhere in a module (inside functions too: a lazy import is still an import)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def undeclared_imports(paths: list[Path], declared: set[str]) -> dict[str, list[str]]:
+    """Module name -> files importing it, for every import that is neither the standard library,
+    dmlbench itself, nor provided by a declared distribution."""
+    providers = metadata.packages_distributions()
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        for name in imported_top_level_names(path):
+            if name in sys.stdlib_module_names or name == "dmlbench" or name == "__future__":
+                continue
+            distributions = {distribution.lower().replace("_", "-") for distribution in providers.get(name, [])}
+            if not distributions & declared:
+                found.setdefault(name, []).append(path.name)
+    return found
+
+
+RUNTIME = distribution_names(PYPROJECT["project"]["dependencies"])
+EXTRAS = set().union(*(distribution_names(group) for group in PYPROJECT["project"]["optional-dependencies"].values()))
+
+
+def test_the_package_imports_only_runtime_dependencies() -> None:
+    assert undeclared_imports(sorted((REPO / "src" / "dmlbench").rglob("*.py")), RUNTIME) == {}
+
+
+def test_tests_and_benchmarks_import_only_declared_packages() -> None:
+    local = {path.stem for path in (REPO / "tests").glob("*.py")}  # helper modules beside the tests
+    paths = sorted((REPO / "tests").rglob("*.py")) + sorted((REPO / "benchmarks").rglob("*.py"))
+    undeclared = undeclared_imports(paths, RUNTIME | EXTRAS)
+    assert {name: files for name, files in undeclared.items() if name not in local} == {}
+
+
+def test_the_check_catches_an_undeclared_import(tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text("import os\nimport numpy\n\ndef lazy():\n    import click\n    from yaml import safe_load\n")
+    assert set(undeclared_imports([module], {"numpy", "pyyaml"}).keys()) == {"click"}
+
+
+@pytest.mark.parametrize("requirement", PYPROJECT["project"]["dependencies"])
+def test_runtime_dependencies_have_tested_bounds(requirement: str) -> None:
+    """A lower bound (tested, see README) and, unless pinned, an upper bound below the next major version."""
+    specifier = Requirement(requirement).specifier
+    operators = {spec.operator for spec in specifier}
+    assert operators == {"=="} or {">=", "<"} <= operators, requirement
