@@ -43,9 +43,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from dmlbench.cli import benchmark, data, evaluate, train
+    from dmlbench.cli import benchmark, data, evaluate, report, train
 
-    for module in (data, train, evaluate, benchmark):
+    for module in (data, train, evaluate, benchmark, report):
         module.register(app)
 
 

@@ -22,14 +22,16 @@ from __future__ import annotations
 import copy
 import csv
 import io
+import json
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dmlbench import config as config_module
-from dmlbench.errors import UserInputError
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.evaluation import COUNT_KEYS, evaluate_many
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, fold_layout
@@ -43,6 +45,8 @@ from dmlbench.training.setup import load_dataset
 STAGE = "reproduction"
 SUMMARY_FILE = "reproductions.json"
 MODES = ("concatenated", "separated")
+TEST_ACCESS_FILE = "test_access.jsonl"
+UNTRAINED = "untrained"
 RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
 RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
 
@@ -100,6 +104,7 @@ def reproduce_method(
     settings: ReproductionSettings,
     *,
     progress: bool = False,
+    reporter: Callable[[dict[str, Any]], None] | None = None,
 ) -> MethodReproductions:
     """Train (or finish) every reproduction of one method with ``params`` and score it on the test classes.
 
@@ -129,6 +134,9 @@ def reproduce_method(
         result.outcomes.append(outcome)
         try:
             for fold, run_dir in zip(layout.folds, run_dirs):
+                if reporter is not None:
+                    reporter({"method": method, "stage": STAGE, "reproduction": reproduction, "fold": fold.index,
+                              "run_dir": str(run_dir)})
                 config = config_module.from_dict(apply_assignment(base, {
                     "seed": seed,
                     "data.train_classes": list(fold.train_classes),
@@ -137,7 +145,10 @@ def reproduce_method(
                 _train_once(config, run_dir, progress, {
                     "method": method, "stage": STAGE, "reproduction": reproduction, "fold": fold.index,
                     "fold_layout_hash": layout.hash, "params": dict(params),
+                    "test_classes": list(layout.test_classes),
                 })
+        except RunInterrupted:
+            raise
         except Exception as error:  # one failed reproduction must not lose the others
             outcome.reason = f"{type(error).__name__}: {error}".strip()
             if progress:
@@ -145,6 +156,35 @@ def reproduce_method(
             continue
         outcome.scores = _test_scores(directory, run_dirs, seed, base_config.evaluation.metrics)
     return result
+
+
+def score_untrained(
+    reference: MethodReproductions, output_dir: Path, metrics: list[str]
+) -> MethodReproductions:
+    """The baseline row: the fold models of ``reference``'s reproductions as initialised (same seeds,
+    no training step), scored on the test classes like every method (concatenated and separated).
+    Stored in ``OUTPUT_DIR/untrained/reproduction_RR/test_metrics.json``."""
+    result = MethodReproductions(UNTRAINED, {}, reference.fold_layout_hash)
+    for outcome in reference.outcomes:
+        baseline = ReproductionOutcome(outcome.reproduction, outcome.seed, list(outcome.run_dirs))
+        result.outcomes.append(baseline)
+        if outcome.scores is None:
+            baseline.reason = f"reproduction {outcome.reproduction} of {reference.method} failed"
+            continue
+        directory = Path(output_dir) / UNTRAINED / f"reproduction_{outcome.reproduction:02d}"
+        baseline.scores = _test_scores(
+            directory, [Path(run_dir) for run_dir in outcome.run_dirs], outcome.seed, metrics, untrained=True
+        )
+    return result
+
+
+def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
+    """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.audit``)."""
+    line = json.dumps({"time": records.now(), **entry}) + "\n"
+    with open(Path(output_dir) / TEST_ACCESS_FILE, "a") as stream:
+        stream.write(line)
+        stream.flush()
+        os.fsync(stream.fileno())
 
 
 def _train_once(config: config_module.Config, run_dir: Path, progress: bool, record: dict[str, Any]) -> None:
@@ -155,17 +195,29 @@ def _train_once(config: config_module.Config, run_dir: Path, progress: bool, rec
     train(config, run_dir, resume=run_file.exists(), progress=progress, record=record)
 
 
-def _test_scores(directory: Path, run_dirs: list[Path], seed: int, metrics: list[str]) -> dict[str, dict[str, float]]:
-    """Concatenated and separated test metrics of the fold models, computed once and stored."""
+def _test_scores(
+    directory: Path, run_dirs: list[Path], seed: int, metrics: list[str], *, untrained: bool = False
+) -> dict[str, dict[str, float]]:
+    """Concatenated and separated test metrics of the fold models, computed once and stored; every
+    opening of the test data is appended to ``test_access.jsonl`` first."""
     stored_path = directory / records.TEST_METRICS_FILE
     key = {"seed": seed, "run_dirs": [run_dir.name for run_dir in run_dirs], "metrics": list(metrics)}
+    if untrained:
+        key["untrained"] = True
     if stored_path.exists():
         stored = records.read_json(stored_path)
         if stored.get("key") == key:
             return stored["scores"]
+    output_dir = directory.parent.parent
+    record_test_access(output_dir, {
+        "stage": STAGE, "method": directory.parent.name, "reproduction": directory.name,
+        "model": "untrained" if untrained else "best_checkpoint",
+        "runs": [str(Path(run_dir).resolve().relative_to(output_dir.resolve())) for run_dir in run_dirs],
+    })
     embeddings, labels = {}, None
+    directory.mkdir(parents=True, exist_ok=True)
     for run_dir in run_dirs:
-        fold_embeddings, fold_labels = embed_test_split(run_dir)
+        fold_embeddings, fold_labels = embed_test_split(run_dir, untrained=untrained)
         if labels is not None and not bool((fold_labels == labels).all()):
             raise RuntimeError(f"{run_dir}: test labels differ between the folds of one reproduction")
         embeddings[run_dir.name], labels = fold_embeddings, fold_labels
@@ -186,20 +238,24 @@ def reproduce_methods(
     overrides: list[str] | None = None,
     *,
     progress: bool = False,
+    reporter: Callable[[dict[str, Any]], None] | None = None,
+    methods: list[str] | None = None,
 ) -> dict[str, MethodReproductions]:
     """``reproduce_method`` for every method of ``spec`` (``best_params[method]``, ``{}`` when nothing was
     searched; ``search.best_params`` gives them), then ``write_results`` and ``reproductions.json``
     (settings; per method its parameters, fold layout hash, seeds, run directories and failures).
     Every method's config is checked before anything trains."""
     settings.check()
-    raws = {method.name: method_raw_config(spec, method.name, overrides) for method in spec.methods}
+    raws = {method.name: method_raw_config(spec, method.name, overrides) for method in spec.methods
+            if methods is None or method.name in methods}
     for name, raw in raws.items():
         try:
             config_module.from_dict(apply_assignment(raw, dict(best_params.get(name, {}))))
         except UserInputError as error:
             raise UserInputError(f"method {name!r}: best parameters: {error}") from None
     results = {
-        name: reproduce_method(name, raw, dict(best_params.get(name, {})), output_dir, settings, progress=progress)
+        name: reproduce_method(name, raw, dict(best_params.get(name, {})), output_dir, settings, progress=progress,
+                               reporter=reporter)
         for name, raw in raws.items()
     }
     write_results(results, output_dir)

@@ -29,8 +29,9 @@ Every run directory is ``OUTPUT_DIR/METHOD/trial_NNNN/fold_I`` and its ``run.jso
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ import optuna
 from optuna.trial import TrialState
 
 from dmlbench import config as config_module
-from dmlbench.errors import UserInputError
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, FoldLayout, fold_layout
 from dmlbench.protocol.search_space import SearchSpace, apply_assignment, parse_search_space
@@ -116,11 +117,23 @@ def storage_url(output_dir: Path, storage: str | None = None) -> str:
     return storage if storage else f"sqlite:///{Path(output_dir).resolve() / STUDY_FILE}"
 
 
-def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
-    """The seeded sampler: ``GPSampler`` (Bayesian optimisation, seed 001 §3.3) or ``TPESampler``."""
+def make_sampler(settings: SearchSettings, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """The seeded sampler: ``GPSampler`` (Bayesian optimisation, seed 001 §3.3) or ``TPESampler``;
+    ``seed`` replaces ``settings.seed`` (``run_search`` seeds one sampler per trial, ``trial_seed``)."""
+    seed = settings.seed if seed is None else seed
     if settings.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=settings.seed, warn_independent_sampling=False)
-    return optuna.samplers.TPESampler(seed=settings.seed)
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def trial_seed(seed: int, index: int) -> int:
+    """The sampler seed of the ``index``-th budgeted trial of a study searched with ``seed``.
+
+    A fresh sampler seeded from (seed, index) suggests each trial, so a suggestion depends only on
+    the study's stored trials, never on the process history: a search resumed after a kill makes
+    the same suggestions as one that ran through."""
+    digest = hashlib.sha256(f"dmlbench-search:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (2**31 - 1)
 
 
 def method_raw_config(spec: BenchmarkSpec, method_name: str, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -145,6 +158,7 @@ def search_methods(
     overrides: list[str] | None = None,
     *,
     progress: bool = False,
+    reporter: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, SearchResult]:
     """``run_search`` for every method of ``spec``, after checking every method's config and search
     space (and that all methods train for the same number of epochs) before anything trains.
@@ -162,7 +176,7 @@ def search_methods(
         if len(set(epochs.values())) > 1:
             raise UserInputError(f"methods train for different numbers of epochs {epochs}: set the search epochs")
     results = {
-        name: run_search(name, raw, space, output_dir, settings, progress=progress)
+        name: run_search(name, raw, space, output_dir, settings, progress=progress, reporter=reporter)
         for name, (raw, space) in prepared.items()
     }
     records.write_json(Path(output_dir) / SUMMARY_FILE, {
@@ -197,6 +211,7 @@ def run_search(
     settings: SearchSettings,
     *,
     progress: bool = False,
+    reporter: Callable[[dict[str, Any]], None] | None = None,
 ) -> SearchResult:
     """Run (or continue) the study of one method until ``settings.trials`` trials have finished.
 
@@ -221,10 +236,13 @@ def run_search(
     )
     _check_or_record_settings(study, method, settings, layout, base_config)
     _requeue_interrupted(study)
-    while _finished_count(study) < settings.trials:
+    while (index := _finished_count(study)) < settings.trials:
+        study.sampler = make_sampler(settings, trial_seed(settings.seed, index))
         trial = study.ask()
         try:
-            value, attributes = _cross_validate(trial, method, base, space, layout, output_dir, progress)
+            value, attributes = _cross_validate(trial, method, base, space, layout, output_dir, progress, reporter, index)
+        except RunInterrupted:
+            raise  # Ctrl-C: the trial stays RUNNING and is re-run on resume
         except Exception as error:  # any failure of a trial is a FAILED trial; Ctrl-C / exit propagate
             trial.set_user_attr("fail_reason", f"{type(error).__name__}: {error}".strip())
             study.tell(trial, state=TrialState.FAIL)
@@ -257,6 +275,8 @@ def _cross_validate(
     layout: FoldLayout,
     output_dir: Path,
     progress: bool,
+    reporter: Callable[[dict[str, Any]], None] | None = None,
+    index: int = 0,
 ) -> tuple[float, dict[str, Any]]:
     """Train one run per fold with the trial's assignment; the fold-mean best validation score."""
     assignment = space.suggest(trial)
@@ -270,6 +290,8 @@ def _cross_validate(
         run_dir = output_dir / method / f"trial_{trial.number:04d}" / f"fold_{fold.index}"
         record = {"method": method, "stage": STAGE, "trial": trial.number, "fold": fold.index,
                   "fold_layout_hash": layout.hash}
+        if reporter is not None:
+            reporter({"method": method, "stage": STAGE, "trial": index, "fold": fold.index, "run_dir": str(run_dir)})
         result = train(config, run_dir, progress=progress, record=record)
         key = config.evaluation.selection_metric
         score = None if result.best_validation is None else result.best_validation.get(key)
