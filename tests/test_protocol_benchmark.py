@@ -172,3 +172,28 @@ def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_
     assert len(list((output / "triplet").glob("reproduction_*"))) == PROTOCOL["reproductions"]
     audit = subprocess.run([console_script(), "audit", str(output)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert audit.returncode == 0, audit.stderr
+
+
+@pytest.mark.parametrize(
+    ("path", "minimum"),
+    [
+        (None, {"methods": 5, "folds": 2, "trials": 4, "reproductions": 3}),
+        (REPO / "configs" / "smoke.yaml", {"methods": 2, "folds": 2, "trials": 2, "reproductions": 2}),
+        (REPO / "configs" / "reality_check.yaml", {"methods": 12, "folds": 4, "trials": 50, "reproductions": 10}),
+    ],
+)
+def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None, minimum: dict) -> None:
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.search import method_raw_config
+    from dmlbench.protocol.search_space import parse_search_space
+
+    spec = load_spec(path)
+    assert len(spec.methods) >= minimum["methods"]
+    for key in ("folds", "trials", "reproductions"):
+        assert getattr(spec.protocol, key) >= minimum[key]
+    losses = set()
+    for method in spec.methods:
+        raw = method_raw_config(spec, method.name)
+        assert len(parse_search_space(method.search, raw, method=method.name)) >= 1
+        losses.add((raw["loss"]["name"], (raw.get("miner") or {}).get("name")))
+    assert len(losses) == len(spec.methods)
