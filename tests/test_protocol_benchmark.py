@@ -197,3 +197,23 @@ def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None
         assert len(parse_search_space(method.search, raw, method=method.name)) >= 1
         losses.add((raw["loss"]["name"], (raw.get("miner") or {}).get("name")))
     assert len(losses) == len(spec.methods)
+
+
+def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path) -> None:
+    """A sampler seeded per trial from (seed, trial index): searching 1 trial and then continuing to 2
+    suggests what one search of 2 trials suggests (the guarantee behind byte-identical resumes)."""
+    import logging
+
+    import optuna
+
+    from dmlbench.protocol.benchmark import BenchmarkSpec
+    from dmlbench.protocol.search import SearchSettings, search_methods
+
+    optuna.logging.set_verbosity(logging.WARNING)
+    spec = BenchmarkSpec.model_validate({"base": BASE, "methods": [METHODS[0]]})
+    settings = SearchSettings(trials=2, folds=2, epochs=1, sampler="gp", seed=3)
+    once = search_methods(spec, tmp_path / "once", settings)["triplet"]
+    search_methods(spec, tmp_path / "twice", SearchSettings(**{**vars(settings), "trials": 1}))
+    twice = search_methods(spec, tmp_path / "twice", settings)["triplet"]
+    assert [t["params"] for t in once.trials] == [t["params"] for t in twice.trials]
+    assert [t["value"] for t in once.trials] == [t["value"] for t in twice.trials]
