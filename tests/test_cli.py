@@ -25,11 +25,11 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def test_python_dash_m_works() -> None:
     result = subprocess.run([sys.executable, "-m", "dmlbench", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
-    for command in ("train", "evaluate", "benchmark", "data"):
+    for command in ("train", "evaluate", "benchmark", "search", "report", "audit", "data"):
         assert command in result.stdout
 
 
-@pytest.mark.parametrize("command", [["train"], ["evaluate"], ["benchmark"], ["data"], ["data", "check"]])
+@pytest.mark.parametrize("command", [["train"], ["evaluate"], ["benchmark"], ["search"], ["report"], ["audit"], ["data"], ["data", "check"]])
 def test_every_subcommand_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli([*command, "--help"], capsys)
     assert code == 0 and "Usage" in out
@@ -91,28 +91,6 @@ def test_data_check_prints_classes_and_hash(capsys: pytest.CaptureFixture[str]) 
     assert summary["classes"] == 20
     assert len(summary["content_hash"]) == 64
     assert set(summary["splits"]) == {"train", "validation", "test"}
-
-
-def test_benchmark_runs_every_method_and_writes_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = {
-        "base": {"training": {"epochs": 1}},
-        "methods": [
-            {"name": "triplet", "overrides": {"loss.name": "triplet", "miner.name": "semihard"}},
-            {"name": "softmax", "overrides": {"loss.name": "normalized_softmax"}},
-        ],
-    }
-    spec_path = tmp_path / "bench.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-    output = tmp_path / "out"
-    tiny = [override for override in TINY if not override.startswith("training.epochs")]
-    code, out, err = run_cli(["benchmark", str(spec_path), *tiny, "--output", str(output), "-q"], capsys)
-    assert code == 0, err
-    results = json.loads((output / "results.json").read_text())
-    assert [entry["name"] for entry in results] == ["triplet", "softmax"]
-    assert all(entry["status"] == "completed" for entry in results)
-    report = (output / "report.md").read_text()
-    assert "| untrained |" in report and "| triplet |" in report and "| softmax |" in report
-    assert "| untrained |" in out
 
 
 def test_builtin_benchmark_spec_is_valid() -> None:

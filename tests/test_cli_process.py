@@ -113,7 +113,8 @@ def test_diverged_training_exits_1_with_its_reason(tmp_path: Path) -> None:
 
 def test_a_benchmark_whose_methods_fail_exits_1_naming_them(tmp_path: Path) -> None:
     spec = {
-        "base": {"training": {"epochs": 1}, "optimizer": {"name": "sgd", "lr": 1e30}},
+        "base": {"training": {"epochs": 1, "max_steps_per_epoch": 2}, "optimizer": {"name": "sgd", "lr": 1e30}},
+        "protocol": {"folds": 2, "trials": 1, "reproductions": 1, "sampler": "tpe"},
         "methods": [
             {"name": "triplet", "overrides": {"loss.name": "triplet", "miner.name": "semihard"}},
             {"name": "contrastive", "overrides": {"loss.name": "contrastive"}},

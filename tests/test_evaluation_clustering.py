@@ -9,7 +9,7 @@ from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_s
 from test_evaluation_reference import pairwise_f1 as reference_pairwise_f1
 
 from dmlbench.evaluation import clustering, evaluate
-from dmlbench.evaluation.search_space import prepare
+from dmlbench.evaluation.knn_index import prepare
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -13,7 +13,7 @@ from test_evaluation_reference import distance, hamming, ranked_references
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation import evaluate, nearest_neighbors
 from dmlbench.evaluation.knn_blocked import candidate_search
-from dmlbench.evaluation.search_space import pack_signs, prepare, unpack_signs
+from dmlbench.evaluation.knn_index import pack_signs, prepare, unpack_signs
 
 
 def _brute_force(embeddings: torch.Tensor, queries, references, exclude_self, k, binarize=False):

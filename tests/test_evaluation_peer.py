@@ -19,7 +19,7 @@ import torch
 from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
 from dmlbench.evaluation import clustering, evaluate
-from dmlbench.evaluation.search_space import prepare
+from dmlbench.evaluation.knn_index import prepare
 
 MAPPING = {"precision_at_1": "precision_at_1", "r_precision": "r_precision",
            "mean_average_precision_at_r": "map_at_r", "mean_reciprocal_rank": "mrr"}

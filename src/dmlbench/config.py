@@ -24,6 +24,25 @@ class DataConfig(Section):
     name: str = "glyphs"
     options: dict[str, Any] = Field(default_factory=dict)
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    # Explicit class-disjoint split of the development classes (a cross-validation fold, seed 001
+    # §3.3): both or neither; when given, validation_fraction is not used. Test classes are refused.
+    train_classes: list[int] | None = None
+    val_classes: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _explicit_classes(self) -> DataConfig:
+        if (self.train_classes is None) != (self.val_classes is None):
+            raise ValueError("data.train_classes and data.val_classes must be given together")
+        if self.train_classes is not None and self.val_classes is not None:
+            for key, classes in (("train_classes", self.train_classes), ("val_classes", self.val_classes)):
+                if not classes:
+                    raise ValueError(f"data.{key} must not be empty")
+                if len(set(classes)) != len(classes):
+                    raise ValueError(f"data.{key} must not repeat a class")
+            shared = sorted(set(self.train_classes) & set(self.val_classes))
+            if shared:
+                raise ValueError(f"data.train_classes and data.val_classes share class {shared[0]}")
+        return self
 
 
 class ModelConfig(Section):

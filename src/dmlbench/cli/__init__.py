@@ -43,9 +43,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from dmlbench.cli import benchmark, data, evaluate, toy, train
+    from dmlbench.cli import benchmark, data, evaluate, report, toy, train
 
-    for module in (data, train, evaluate, benchmark, toy):
+    for module in (data, train, evaluate, benchmark, report, toy):
         module.register(app)
 
 

@@ -1,7 +1,8 @@
-"""``dmlbench benchmark``."""
+"""``dmlbench benchmark`` and ``dmlbench search``: the fair protocol (seed 001 §3) over many methods."""
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,32 +11,80 @@ import typer
 
 from dmlbench.cli.common import Command, OVERRIDES_HELP, config_and_overrides
 
+STORAGE_HELP = "Optuna storage URL (any SQLAlchemy URL; default: sqlite:///OUTPUT/study.db)."
+
 
 def register(app: typer.Typer) -> None:
     app.command("benchmark", cls=Command)(benchmark_command)
+    app.command("search", cls=Command)(search_command)
 
 
 def benchmark_command(
     config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help="Benchmark YAML (default: the built-in glyphs benchmark).", show_default=False)] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP + " Applied to every method.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/benchmark-<time>); an existing one is resumed.")] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
-    """Train and evaluate a fixed set of methods under one shared configuration.
+    """Run the whole protocol: search, reproductions on new seeds, untrained baseline, paired tests, report.
 
-    Exit codes: 0 every method completed, 1 some method failed (named on stderr), 2 bad input,
-    130 interrupted (re-run the same command to resume).
+    Every method gets the same trials, epochs and folds. Exit codes: 0 every method completed,
+    1 some method failed (named on stderr), 2 bad input, 130 interrupted (re-run the same command
+    to continue; finished trials and runs are kept).
     """
-    from dmlbench.protocol.benchmark import load_spec, run_benchmark
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.pipeline import prepare, run_benchmark
 
+    _quiet_optuna()
     config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_spec(config_path)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
-    results = run_benchmark(spec, output_dir, overrides, progress=not quiet)
-    typer.echo((output_dir / "report.md").read_text())
-    typer.echo(f"results: {output_dir / 'results.json'}")
-    failed = [result for result in results if result.status != "completed"]
-    for result in failed:
-        typer.echo(f"dmlbench: error: method {result.name} failed: {result.reason}", err=True)
+    prepared = prepare(spec, output_dir, overrides, storage)
+    outcome = run_benchmark(prepared, progress=not quiet)
+    if not quiet:
+        typer.echo((output_dir / "report.md").read_text())
+    typer.echo(f"report: {output_dir / 'report.md'} {output_dir / 'report.html'}; results: {output_dir / 'results.csv'}")
+    for name, reason in outcome.failed.items():
+        print(f"dmlbench: error: method {name} failed: {reason}", file=sys.stderr)
+    if outcome.failed:
+        raise typer.Exit(1)
+
+
+def search_command(
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="A benchmark YAML, or a run config with a `search:` space (and optional `protocol:`).", show_default=False)],
+    overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP, show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/search-<time>); an existing one is resumed.")] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+) -> None:
+    """Run the search stage alone: Bayesian optimisation with class-disjoint k-fold cross-validation.
+
+    Exit codes: 0 done, 1 a method has no completed trial, 2 bad input, 130 interrupted (resumable).
+    """
+    from dmlbench.protocol.benchmark import load_search_spec
+    from dmlbench.protocol.pipeline import prepare, run_search_stage
+
+    _quiet_optuna()
+    config_path, overrides = config_and_overrides(config_path, overrides)
+    spec = load_search_spec(config_path)
+    output_dir = output or Path("runs") / f"search-{datetime.now():%Y%m%d-%H%M%S}"
+    prepared = prepare(spec, output_dir, overrides, storage)
+    results = run_search_stage(prepared, progress=not quiet)
+    failed = False
+    for name, result in results.items():
+        if result.best_params is None:
+            print(f"dmlbench: error: method {name} failed: no search trial completed", file=sys.stderr)
+            failed = True
+        else:
+            typer.echo(f"{name}: best fold-mean validation MAP@R {result.best_value:.4f} with {result.best_params}")
+    typer.echo(f"search: {output_dir / 'search.json'}")
     if failed:
         raise typer.Exit(1)
+
+
+def _quiet_optuna() -> None:
+    import logging
+
+    import optuna
+
+    optuna.logging.set_verbosity(logging.WARNING)

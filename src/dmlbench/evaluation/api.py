@@ -13,7 +13,7 @@ from torch import Tensor
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation import clustering, retrieval
 from dmlbench.evaluation.neighbors import nearest_neighbors
-from dmlbench.evaluation.search_space import SearchSpace, prepare
+from dmlbench.evaluation.knn_index import KnnIndex, prepare
 from dmlbench.validation import check_positive_int
 
 RETRIEVAL_METRICS = ("precision_at_1", "r_precision", "map_at_r", "map_at_c", "map_at_1000", "mrr")
@@ -113,7 +113,7 @@ def evaluate_many(
 
 
 def _retrieval(
-    space: SearchSpace,
+    space: KnnIndex,
     labels: Tensor,
     query_mask: Tensor | None,
     names: list[str],
@@ -198,7 +198,7 @@ def _retrieval_metric(name: str, hits: Tensor, relevant: Tensor, class_sizes: Te
     return retrieval.mean_reciprocal_rank(hits[:, :largest_class], relevant)
 
 
-def _clustering(space: SearchSpace, labels: Tensor, names: list[str], seed: int, iterations: int) -> dict[str, float]:
+def _clustering(space: KnnIndex, labels: Tensor, names: list[str], seed: int, iterations: int) -> dict[str, float]:
     check_positive_int("kmeans_iterations", iterations)
     label_array = labels.numpy()
     clusters = clustering.kmeans_assignment(

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from dmlbench.evaluation.search_space import SearchSpace
+from dmlbench.evaluation.knn_index import KnnIndex
 
 DEFAULT_BLOCK_SIZE = 4096
 _CELL = 32
@@ -148,7 +148,7 @@ def _padded(rows: Tensor, multiple: int) -> Tensor:
 
 
 def candidate_search(
-    space: SearchSpace,
+    space: KnnIndex,
     query_ids: Tensor,
     reference_ids: Tensor,
     width: int,
@@ -205,7 +205,7 @@ def _symmetric_search(rows: Tensor, ids: Tensor, width: int, block: int) -> _Run
 
 
 def _rectangular_search(
-    space: SearchSpace, query_ids: Tensor, reference_ids: Tensor, width: int, block: int, exclude_self: bool
+    space: KnnIndex, query_ids: Tensor, reference_ids: Tensor, width: int, block: int, exclude_self: bool
 ) -> _RunningTopK:
     queries = space.search_rows[query_ids]
     references = _padded(space.reference_rows[reference_ids], _CELL)

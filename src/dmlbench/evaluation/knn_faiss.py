@@ -1,6 +1,6 @@
 """faiss candidate search: exact flat indexes, or inverted-file indexes for very large galleries.
 
-Scores follow ``SearchSpace``'s convention (larger is nearer), so the exact re-ranking in
+Scores follow ``KnnIndex``'s convention (larger is nearer), so the exact re-ranking in
 ``dmlbench.evaluation.neighbors`` treats faiss and the torch engine alike.
 """
 
@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dmlbench.evaluation.search_space import SearchSpace
+from dmlbench.evaluation.knn_index import KnnIndex
 
 
 def candidate_search(
-    space: SearchSpace,
+    space: KnnIndex,
     query_ids: Tensor,
     reference_ids: Tensor,
     width: int,
@@ -48,7 +48,7 @@ def candidate_search(
 
 
 def _build_index(
-    space: SearchSpace, reference_ids: Tensor, *, approximate: bool, nprobe: int | None, seed: int
+    space: KnnIndex, reference_ids: Tensor, *, approximate: bool, nprobe: int | None, seed: int
 ) -> faiss.Index | faiss.IndexBinary:
     num_references = len(reference_ids)
     lists = max(1, round(math.sqrt(num_references)))

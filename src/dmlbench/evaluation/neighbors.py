@@ -1,6 +1,6 @@
 """Exact k nearest neighbours, ordered by (exact distance, reference index), from any backend.
 
-A backend proposes float32 candidates; they are re-ranked by the exact key of ``SearchSpace``. A
+A backend proposes float32 candidates; they are re-ranked by the exact key of ``KnnIndex``. A
 query's list is *certified* when its k-th exact distance is strictly below the smallest distance
 any non-candidate can have (the worst kept candidate's approximate distance minus the error
 bound); queries that cannot be certified (ties or near-ties at the boundary) are searched again
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation import knn_blocked, knn_faiss
-from dmlbench.evaluation.search_space import SearchSpace
+from dmlbench.evaluation.knn_index import KnnIndex
 
 BACKENDS = ("torch", "faiss", "faiss_approx")
 # Exact keys are computed for at most this many (query, candidate, dimension) entries at a time:
@@ -34,7 +34,7 @@ class Neighbors:
 
 
 def nearest_neighbors(
-    space: SearchSpace,
+    space: KnnIndex,
     query_ids: Tensor,
     reference_ids: Tensor,
     k: int,
@@ -86,7 +86,7 @@ def nearest_neighbors(
 
 
 def _rank_candidates(
-    space: SearchSpace, query_ids: Tensor, scores: Tensor, candidates: Tensor, k: int, *, exhaustive: bool
+    space: KnnIndex, query_ids: Tensor, scores: Tensor, candidates: Tensor, k: int, *, exhaustive: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     keys = _exact_keys(space, query_ids, candidates)
     # Lexicographic (key, id): sort by id, then stably by key.
@@ -102,7 +102,7 @@ def _rank_candidates(
     return ranked_ids, ranked_keys, ranked_keys[:, -1] < closest_outside
 
 
-def _exact_keys(space: SearchSpace, query_ids: Tensor, candidates: Tensor) -> Tensor:
+def _exact_keys(space: KnnIndex, query_ids: Tensor, candidates: Tensor) -> Tensor:
     row_entries = max(1, candidates.shape[1] * space.exact_rows.shape[1])
     chunk = max(1, _EXACT_CHUNK_ENTRIES // row_entries)
     keys = torch.empty(candidates.shape, dtype=torch.float64)

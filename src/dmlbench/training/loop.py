@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from dmlbench.training.setup import (
     class_index,
     load_dataset,
     make_splits,
+    training_view,
 )
 
 
@@ -42,22 +44,36 @@ class TrainResult:
     already_complete: bool = False
 
 
-def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train one model on the training classes of ``config.data``; select on validation only."""
+def train(
+    config: Config,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    record: Mapping[str, Any] | None = None,
+) -> TrainResult:
+    """Train one model on the training classes of ``config.data``; select on validation only.
+
+    The loop holds only ``training_view`` of the dataset (train and validation items, no test
+    item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
+    """
     run_dir = Path(run_dir)
     _check_run_dir(run_dir, resume)
     if resume:
-        record = records.read_json(run_dir / records.RUN_FILE)
-        if record.get("status") == "completed":
+        stored = records.read_json(run_dir / records.RUN_FILE)
+        if stored.get("status") == "completed":
             # Nothing to train: the run directory stays exactly as it is.
             return TrainResult(
-                run_dir, record.get("best_epoch"), record.get("best_validation"), record.get("epochs_run", 0),
+                run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
                 already_complete=True,
             )
     device = resolve_device(config.training.device)
     torch.set_num_threads(config.training.num_threads)
-    dataset = load_dataset(config)
-    splits = make_splits(config, dataset)
+    full_dataset = load_dataset(config)
+    dataset_hash = full_dataset.content_hash
+    full_splits = make_splits(config, full_dataset)
+    dataset, splits = training_view(full_dataset, full_splits)
+    del full_dataset
     labels = torch.as_tensor(dataset.labels)
     to_class_index = class_index(labels[splits.train].numpy())
     num_classes = int((to_class_index >= 0).sum())
@@ -75,7 +91,11 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, progress: bool
         records.create_run_dir(run_dir)
         records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
-    run_record = _start_record(run_dir, config, dataset.content_hash, splits, resume)
+    run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume)
+    run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
+    run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
+    run_record.update(record or {})
+    records.write_json(run_dir / records.RUN_FILE, run_record)
 
     model = components.model
     epoch = start_epoch

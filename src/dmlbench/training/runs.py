@@ -45,6 +45,16 @@ def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
     return results
 
 
+def embed_test_split(run_dir: str | Path, *, untrained: bool = False) -> tuple[Tensor, Tensor]:
+    """Embeddings and labels of the standard test split under the run's best (validation-selected)
+    checkpoint, or with ``untrained`` the run's model as initialised (the baseline). For the
+    protocol's final stage only (``protocol.reproductions``, which combines the fold models of a
+    reproduction with ``evaluation.evaluate_many``, Musgrave et al. 2020 §3.3)."""
+    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
+    model = run.untrained_model() if untrained else run.trained_model()
+    return embed(model, run.split("test"), run.batch_size, run.device)
+
+
 def embed_run(run_dir: str | Path, split: Literal["train", "validation"] = "train") -> tuple[Tensor, Tensor]:
     """Embeddings and labels of a non-test split under the run's best checkpoint (for the embedding-space
     analysis, which Roth et al. 2020 compute on the training data). The test split goes only through

@@ -12,7 +12,8 @@ from torch.utils.data import Sampler
 from dmlbench import data, losses, mining, models, sampling
 from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
-from dmlbench.data.splits import Splits, standard_splits
+from dmlbench.data.splits import Splits, standard_splits, train_test_split
+from dmlbench.errors import UserInputError
 from dmlbench.losses.base import MetricLoss, loss_parameters
 from dmlbench.mining.base import Miner
 from dmlbench.registry import accepted_parameters
@@ -27,7 +28,44 @@ class Components:
 
 
 def make_splits(config: Config, dataset: ImageDataset) -> Splits:
-    return standard_splits(dataset.labels, config.data.validation_fraction, config.seed)
+    """The run's splits of the full dataset: the standard ones, or the explicit classes of a fold.
+
+    With ``data.train_classes`` / ``data.val_classes`` (a cross-validation fold of the development
+    classes, Musgrave et al. 2020 §3.3) train and validation hold exactly those classes; a class that
+    is not in the dataset or that belongs to the standard test split is a ``UserInputError``. ``test``
+    is the standard test split in both cases (only ``evaluate_run`` reads it).
+    """
+    if config.data.train_classes is None or config.data.val_classes is None:
+        return standard_splits(dataset.labels, config.data.validation_fraction, config.seed)
+    labels = np.asarray(dataset.labels)
+    pool, test = train_test_split(labels)
+    development = set(np.unique(labels[pool]).tolist())
+    test_classes = set(np.unique(labels[test]).tolist())
+    for key, classes in (("train_classes", config.data.train_classes), ("val_classes", config.data.val_classes)):
+        for class_id in classes:
+            if class_id in test_classes:
+                raise UserInputError(f"data.{key}: class {class_id} is a test class (never trained or validated on)")
+            if class_id not in development:
+                raise UserInputError(f"data.{key}: class {class_id} is not a class of dataset {config.data.name!r}")
+    train = np.flatnonzero(np.isin(labels, config.data.train_classes)).astype(np.int64)
+    validation = np.flatnonzero(np.isin(labels, config.data.val_classes)).astype(np.int64)
+    return Splits(train=train, validation=validation, test=test)
+
+
+def training_view(dataset: ImageDataset, splits: Splits) -> tuple[ImageDataset, Splits]:
+    """The dataset without its test split, and the train/validation splits re-indexed into it.
+
+    The training loop only ever holds this view, so no test image can reach training or model
+    selection (the test split is read by ``evaluate_run`` alone); the view's ``test`` is empty.
+    """
+    keep = np.concatenate([splits.train, splits.validation])
+    view = dataset.subset(keep)
+    positions = np.arange(len(keep), dtype=np.int64)
+    return view, Splits(
+        train=positions[: len(splits.train)],
+        validation=positions[len(splits.train):],
+        test=np.empty(0, dtype=np.int64),
+    )
 
 
 def class_index(labels: np.ndarray) -> torch.Tensor:

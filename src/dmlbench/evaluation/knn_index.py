@@ -1,4 +1,4 @@
-"""Embeddings prepared for exact nearest-neighbour search.
+"""Embeddings prepared for exact nearest-neighbour search: the index every backend searches.
 
 Every backend ranks neighbours by one *exact key* per (query, reference) pair: the float64 squared
 Euclidean distance ``sum((q - r) ** 2)`` (float embeddings) or the Hamming distance of the packed
@@ -23,7 +23,7 @@ _POPCOUNT = torch.tensor([byte.bit_count() for byte in range(256)], dtype=torch.
 
 
 @dataclass(frozen=True)
-class SearchSpace:
+class KnnIndex:
     """All rows of one evaluation, in the two forms the search needs.
 
     ``search_rows`` (queries) and ``reference_rows`` (float32) feed the candidate products: unit
@@ -104,17 +104,17 @@ def unpack_signs(packed: Tensor, dim: int) -> Tensor:
     return bits.reshape(packed.shape[0], -1)[:, :dim].bool()
 
 
-def prepare(embeddings: Tensor, *, normalize: bool, binarize: bool) -> SearchSpace:
-    """Build the ``SearchSpace`` of float64 ``embeddings`` ``[N, D]`` (already validated finite)."""
+def prepare(embeddings: Tensor, *, normalize: bool, binarize: bool) -> KnnIndex:
+    """Build the ``KnnIndex`` of float64 ``embeddings`` ``[N, D]`` (already validated finite)."""
     num_rows, dim = embeddings.shape
     if binarize:
         packed = pack_signs(embeddings)
         signs = unpack_signs(packed, dim).to(torch.float32) * 2.0 - 1.0
-        return SearchSpace(signs, signs, packed, True, dim, True, None)
+        return KnnIndex(signs, signs, packed, True, dim, True, None)
     if normalize:
         unit = torch.nn.functional.normalize(embeddings, dim=1)
         rows = unit.to(torch.float32)
-        return SearchSpace(rows, rows, unit, False, dim, True, None)
+        return KnnIndex(rows, rows, unit, False, dim, True, None)
     # A power-of-two scale is exact, keeps float32 away from overflow and leaves every ranking unchanged.
     max_norm = float(embeddings.norm(dim=1).max())
     scale = 2.0 ** -math.ceil(math.log2(max_norm)) if max_norm > 0 else 1.0
@@ -123,4 +123,4 @@ def prepare(embeddings: Tensor, *, normalize: bool, binarize: bool) -> SearchSpa
     ones = torch.ones(num_rows, 1, dtype=torch.float64)
     queries = torch.cat([scaled, ones], dim=1).to(torch.float32)
     references = torch.cat([scaled, -0.5 * squared_norms.unsqueeze(1)], dim=1).to(torch.float32)
-    return SearchSpace(queries, references, scaled, False, dim, False, squared_norms)
+    return KnnIndex(queries, references, scaled, False, dim, False, squared_norms)

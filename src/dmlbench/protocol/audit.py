@@ -1,0 +1,126 @@
+"""Audit a benchmark directory: prove from its records that the test classes were untouched until the end.
+
+``audit`` reads ``benchmark.json`` (the fold layout and its test classes), every run's ``run.json``,
+``config.yaml`` and ``metrics.jsonl``, the Optuna studies and ``test_access.jsonl``, and returns one
+line per problem (empty: the audit passed):
+
+* a search-stage run that saw a test class (in its train or validation classes) or records test classes;
+* a checkpoint selected with test data: a per-epoch record with test metrics, a selection metric
+  other than validation, or a test opening of a run that was not a finished reproduction run
+  (or that happened before the run finished);
+* train, validation and test classes not disjoint within a run;
+* methods with different budgets (trials, epochs, folds, reproductions, search settings).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dmlbench.errors import UserInputError
+from dmlbench.training import records
+
+BENCHMARK_FILE = "benchmark.json"
+TEST_ACCESS_FILE = "test_access.jsonl"
+
+
+def audit(output_dir: Path) -> list[str]:
+    """Every problem found in ``output_dir`` (one line each, naming the run); ``[]`` if none."""
+    import optuna
+    from optuna.trial import TrialState
+
+    output_dir = Path(output_dir)
+    path = output_dir / BENCHMARK_FILE
+    if not path.is_file():
+        raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
+    benchmark = records.read_json(path)
+    protocol = benchmark["protocol"]
+    test_classes = set(benchmark["fold_layout"]["test_classes"])
+    problems: list[str] = []
+    runs: dict[str, dict[str, Any]] = {}
+    epochs: dict[str, set[int]] = {}
+    for method in benchmark["methods"]:
+        epochs[method] = set()
+        for run_file in sorted((output_dir / method).glob("*/fold_*/" + records.RUN_FILE)):
+            run_dir = run_file.parent
+            name = str(run_dir.relative_to(output_dir))
+            try:
+                record = records.read_json(run_file)
+            except (OSError, ValueError) as error:
+                problems.append(f"{name}: run.json cannot be read ({error})")
+                continue
+            runs[name] = record
+            stage = record.get("stage")
+            train = set(record.get("train_classes") or [])
+            val = set(record.get("val_classes") or [])
+            recorded_test = set(record.get("test_classes") or [])
+            if record.get("method") != method:
+                problems.append(f"{name}: run.json names method {record.get('method')!r}")
+            if stage == "search":
+                seen = sorted((train | val) & test_classes)
+                if seen:
+                    problems.append(f"{name}: search-stage run saw test classes {seen[:10]}")
+                if "test_classes" in record:
+                    problems.append(f"{name}: search-stage run records test classes")
+            elif stage == "reproduction":
+                if recorded_test and recorded_test != test_classes:
+                    problems.append(f"{name}: recorded test classes differ from the fold layout's")
+            else:
+                problems.append(f"{name}: unknown stage {stage!r}")
+            run_test = recorded_test or test_classes
+            for a, b, words in ((train, val, "train and validation"), (train, run_test, "train and test"),
+                                (val, run_test, "validation and test")):
+                common = sorted(a & b)
+                if common:
+                    problems.append(f"{name}: {words} classes overlap {common[:10]}")
+            for entry in records.read_metrics(run_dir):
+                if any(key.startswith("test") for key in entry):
+                    problems.append(f"{name}: epoch {entry.get('epoch')} records test metrics")
+                    break
+            config_path = run_dir / records.CONFIG_FILE
+            if config_path.is_file():
+                config = yaml.safe_load(config_path.read_text()) or {}
+                selection = (config.get("evaluation") or {}).get("selection_metric", "map_at_r")
+                if str(selection).startswith("test"):
+                    problems.append(f"{name}: checkpoint selected on {selection!r}")
+                if record.get("status") == "completed":
+                    epochs[method].add(int((config.get("training") or {}).get("epochs", 0)))
+    accesses = output_dir / TEST_ACCESS_FILE
+    if accesses.is_file():
+        for number, line in enumerate(accesses.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            if entry.get("stage") != "reproduction":
+                problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened in stage {entry.get('stage')!r}")
+            for name in entry.get("runs", []):
+                record = runs.get(name)
+                if record is None or record.get("stage") != "reproduction":
+                    problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened for {name}, not a reproduction run")
+                elif str(record.get("finished", "~")) > str(entry.get("time", "")):
+                    problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened for {name} before it finished")
+    budgets: dict[str, tuple[Any, ...]] = {}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for method in benchmark["methods"]:
+        try:
+            study = optuna.load_study(study_name=method, storage=benchmark["storage"])
+        except KeyError:
+            problems.append(f"method {method}: no study in {benchmark['storage']}")
+            continue
+        trials = study.get_trials(deepcopy=False)
+        budgeted = sum(1 for t in trials if t.state == TrialState.COMPLETE
+                       or (t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")))
+        settings = study.user_attrs.get("settings", {})
+        reproductions = len({p.parent.name for p in (output_dir / method).glob("reproduction_*/fold_*/" + records.RUN_FILE)})
+        budgets[method] = (budgeted, study.user_attrs.get("epochs"), settings.get("folds"), tuple(sorted(epochs[method])),
+                           reproductions, tuple(sorted((k, str(v)) for k, v in settings.items())))
+        if budgeted != protocol["trials"]:
+            problems.append(f"method {method}: {budgeted} search trials, the protocol says {protocol['trials']}")
+    if len(set(budgets.values())) > 1:
+        detail = "; ".join(f"{m}: trials {b[0]}, epochs {b[1]}, folds {b[2]}, run epochs {list(b[3])}, reproductions {b[4]}"
+                           for m, b in budgets.items())
+        problems.append(f"methods used different budgets ({detail})")
+    return problems

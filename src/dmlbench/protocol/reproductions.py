@@ -1,0 +1,337 @@
+"""Reproductions with the best hyper-parameters, scored once on the test classes (Musgrave et al. 2020 §3.3).
+
+Seed 001 §3.3: "For the best hyperparameters, the highest-accuracy checkpoint for each training set
+partition is loaded, and its embeddings for the test set are computed and L2 normalized. Then we
+compute accuracy using two methods: Concatenated [...] Separated [...]. We do 10 training runs using
+the best hyperparameters, and report the average across these runs, as well as confidence intervals."
+
+Here reproduction ``r`` of every method uses seed ``first_seed + r`` (so reproductions pair across
+methods by seed, ``protocol.statistics.compare_methods``) and trains one run per fold of the same
+class-disjoint layout as the search. Once all its folds are trained, the fold models' best checkpoints
+embed the standard test split and ``evaluation.evaluate_many`` scores them ``concatenated`` and
+``separated``; the scores are stored in ``METHOD/reproduction_RR/test_metrics.json`` and read from there
+afterwards, so the test classes are embedded once per reproduction. ``results.csv`` holds, per method,
+mode and metric, the mean and 95% Student-t interval over the reproductions
+(``method,mode,metric,mean,ci_low,ci_high,n``); ``runs.csv`` each reproduction's value
+(``method,reproduction,mode,metric,value``). A reproduction whose training fails has no score; it is
+reported in ``ReproductionOutcome.reason`` and left out of ``n``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dmlbench import config as config_module
+from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.evaluation import COUNT_KEYS, evaluate_many
+from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, fold_layout
+from dmlbench.protocol.search import method_raw_config
+from dmlbench.protocol.search_space import apply_assignment
+from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
+from dmlbench.training import records, train
+from dmlbench.training.runs import embed_test_split
+from dmlbench.training.setup import load_dataset
+
+STAGE = "reproduction"
+SUMMARY_FILE = "reproductions.json"
+MODES = ("concatenated", "separated")
+TEST_ACCESS_FILE = "test_access.jsonl"
+UNTRAINED = "untrained"
+RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
+RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
+
+
+@dataclass(frozen=True)
+class ReproductionSettings:
+    """How many reproductions, their seeds and the shared training budget (as in the search)."""
+
+    reproductions: int = 10
+    first_seed: int = 0
+    folds: int = DEFAULT_K
+    fold_mode: str = "contiguous"
+    epochs: int | None = None
+    patience: int | None = None
+
+    def check(self) -> None:
+        for name in ("reproductions", "folds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserInputError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("epochs", "patience"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UserInputError(f"{name} must be a positive integer or unset, got {value!r}")
+        if isinstance(self.first_seed, bool) or not isinstance(self.first_seed, int) or self.first_seed < 0:
+            raise UserInputError(f"first_seed must be a non-negative integer, got {self.first_seed!r}")
+        if self.fold_mode not in FOLD_MODES:
+            raise UserInputError(f"fold mode must be one of {', '.join(FOLD_MODES)}, got {self.fold_mode!r}")
+
+
+@dataclass
+class ReproductionOutcome:
+    """One reproduction of one method: its seed, fold runs and test scores (``None`` if it failed)."""
+
+    reproduction: int
+    seed: int
+    run_dirs: list[str]
+    scores: dict[str, dict[str, float]] | None = None  # mode -> metric -> value
+    reason: str | None = None
+
+
+@dataclass
+class MethodReproductions:
+    method: str
+    params: dict[str, Any]
+    fold_layout_hash: str
+    outcomes: list[ReproductionOutcome] = field(default_factory=list)
+
+
+def reproduce_method(
+    method: str,
+    raw_config: Mapping[str, Any],
+    params: Mapping[str, Any],
+    output_dir: Path,
+    settings: ReproductionSettings,
+    *,
+    progress: bool = False,
+    reporter: Callable[[dict[str, Any]], None] | None = None,
+) -> MethodReproductions:
+    """Train (or finish) every reproduction of one method with ``params`` and score it on the test classes.
+
+    ``raw_config``: the method's raw config mapping (``search.method_raw_config``); ``params``: the
+    best trial's ``{dotted key: value}`` assignment. Finished runs are kept; an interrupted run resumes
+    from its last checkpoint.
+    """
+    settings.check()
+    output_dir = Path(output_dir)
+    budget: dict[str, Any] = {}
+    if settings.epochs is not None:
+        budget["training.epochs"] = settings.epochs
+    if settings.patience is not None:
+        budget["training.early_stopping_patience"] = settings.patience
+    base = apply_assignment(apply_assignment(dict(raw_config), params), budget)
+    try:
+        base_config = config_module.from_dict(copy.deepcopy(base))
+    except UserInputError as error:
+        raise UserInputError(f"method {method!r}: {error}") from None
+    layout = fold_layout(load_dataset(base_config).labels, k=settings.folds, mode=settings.fold_mode)
+    result = MethodReproductions(method, dict(params), layout.hash)
+    for reproduction in range(settings.reproductions):
+        seed = settings.first_seed + reproduction
+        directory = output_dir / method / f"reproduction_{reproduction:02d}"
+        run_dirs = [directory / f"fold_{fold.index}" for fold in layout.folds]
+        outcome = ReproductionOutcome(reproduction, seed, [str(run_dir) for run_dir in run_dirs])
+        result.outcomes.append(outcome)
+        try:
+            for fold, run_dir in zip(layout.folds, run_dirs):
+                if reporter is not None:
+                    reporter({"method": method, "stage": STAGE, "reproduction": reproduction, "fold": fold.index,
+                              "run_dir": str(run_dir)})
+                config = config_module.from_dict(apply_assignment(base, {
+                    "seed": seed,
+                    "data.train_classes": list(fold.train_classes),
+                    "data.val_classes": list(fold.val_classes),
+                }))
+                _train_once(config, run_dir, progress, {
+                    "method": method, "stage": STAGE, "reproduction": reproduction, "fold": fold.index,
+                    "fold_layout_hash": layout.hash, "params": dict(params),
+                    "test_classes": list(layout.test_classes),
+                })
+        except RunInterrupted:
+            raise
+        except Exception as error:  # one failed reproduction must not lose the others
+            outcome.reason = f"{type(error).__name__}: {error}".strip()
+            if progress:
+                print(f"== {method} reproduction {reproduction}: failed ({outcome.reason})", flush=True)
+            continue
+        outcome.scores = _test_scores(directory, run_dirs, seed, base_config.evaluation.metrics)
+    return result
+
+
+def score_untrained(
+    reference: MethodReproductions, output_dir: Path, metrics: list[str]
+) -> MethodReproductions:
+    """The baseline row: the fold models of ``reference``'s reproductions as initialised (same seeds,
+    no training step), scored on the test classes like every method (concatenated and separated).
+    Stored in ``OUTPUT_DIR/untrained/reproduction_RR/test_metrics.json``."""
+    result = MethodReproductions(UNTRAINED, {}, reference.fold_layout_hash)
+    for outcome in reference.outcomes:
+        baseline = ReproductionOutcome(outcome.reproduction, outcome.seed, list(outcome.run_dirs))
+        result.outcomes.append(baseline)
+        if outcome.scores is None:
+            baseline.reason = f"reproduction {outcome.reproduction} of {reference.method} failed"
+            continue
+        directory = Path(output_dir) / UNTRAINED / f"reproduction_{outcome.reproduction:02d}"
+        baseline.scores = _test_scores(
+            directory, [Path(run_dir) for run_dir in outcome.run_dirs], outcome.seed, metrics, untrained=True
+        )
+    return result
+
+
+def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
+    """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.audit``)."""
+    line = json.dumps({"time": records.now(), **entry}) + "\n"
+    with open(Path(output_dir) / TEST_ACCESS_FILE, "a") as stream:
+        stream.write(line)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def _train_once(config: config_module.Config, run_dir: Path, progress: bool, record: dict[str, Any]) -> None:
+    """Train ``run_dir`` unless it is already completed; continue it if it was interrupted."""
+    run_file = run_dir / records.RUN_FILE
+    if run_file.exists() and records.read_json(run_file).get("status") == "completed":
+        return
+    train(config, run_dir, resume=run_file.exists(), progress=progress, record=record)
+
+
+def _test_scores(
+    directory: Path, run_dirs: list[Path], seed: int, metrics: list[str], *, untrained: bool = False
+) -> dict[str, dict[str, float]]:
+    """Concatenated and separated test metrics of the fold models, computed once and stored; every
+    opening of the test data is appended to ``test_access.jsonl`` first."""
+    stored_path = directory / records.TEST_METRICS_FILE
+    key = {"seed": seed, "run_dirs": [run_dir.name for run_dir in run_dirs], "metrics": list(metrics)}
+    if untrained:
+        key["untrained"] = True
+    if stored_path.exists():
+        stored = records.read_json(stored_path)
+        if stored.get("key") == key:
+            return stored["scores"]
+    output_dir = directory.parent.parent
+    record_test_access(output_dir, {
+        "stage": STAGE, "method": directory.parent.name, "reproduction": directory.name,
+        "model": "untrained" if untrained else "best_checkpoint",
+        "runs": [str(Path(run_dir).resolve().relative_to(output_dir.resolve())) for run_dir in run_dirs],
+    })
+    embeddings, labels = {}, None
+    directory.mkdir(parents=True, exist_ok=True)
+    for run_dir in run_dirs:
+        fold_embeddings, fold_labels = embed_test_split(run_dir, untrained=untrained)
+        if labels is not None and not bool((fold_labels == labels).all()):
+            raise RuntimeError(f"{run_dir}: test labels differ between the folds of one reproduction")
+        embeddings[run_dir.name], labels = fold_embeddings, fold_labels
+    assert labels is not None
+    scores = {}
+    for mode in MODES:
+        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed)
+        scores[mode] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
+    records.write_json(stored_path, {"evaluated": records.now(), "key": key, "scores": scores})
+    return scores
+
+
+def reproduce_methods(
+    spec: BenchmarkSpec,
+    best_params: Mapping[str, Mapping[str, Any]],
+    output_dir: Path,
+    settings: ReproductionSettings,
+    overrides: list[str] | None = None,
+    *,
+    progress: bool = False,
+    reporter: Callable[[dict[str, Any]], None] | None = None,
+    methods: list[str] | None = None,
+) -> dict[str, MethodReproductions]:
+    """``reproduce_method`` for every method of ``spec`` (``best_params[method]``, ``{}`` when nothing was
+    searched; ``search.best_params`` gives them), then ``write_results`` and ``reproductions.json``
+    (settings; per method its parameters, fold layout hash, seeds, run directories and failures).
+    Every method's config is checked before anything trains."""
+    settings.check()
+    raws = {method.name: method_raw_config(spec, method.name, overrides) for method in spec.methods
+            if methods is None or method.name in methods}
+    for name, raw in raws.items():
+        try:
+            config_module.from_dict(apply_assignment(raw, dict(best_params.get(name, {}))))
+        except UserInputError as error:
+            raise UserInputError(f"method {name!r}: best parameters: {error}") from None
+    results = {
+        name: reproduce_method(name, raw, dict(best_params.get(name, {})), output_dir, settings, progress=progress,
+                               reporter=reporter)
+        for name, raw in raws.items()
+    }
+    write_results(results, output_dir)
+    records.write_json(Path(output_dir) / SUMMARY_FILE, {
+        "settings": asdict(settings),
+        "methods": {
+            name: {"params": result.params, "fold_layout_hash": result.fold_layout_hash,
+                   "outcomes": [asdict(outcome) for outcome in result.outcomes]}
+            for name, result in results.items()
+        },
+    })
+    return results
+
+
+def run_rows(results: Mapping[str, MethodReproductions]) -> list[dict[str, Any]]:
+    """One row per method, scored reproduction, mode and metric (the columns of ``runs.csv``)."""
+    rows = []
+    for method, reproductions in results.items():
+        for outcome in reproductions.outcomes:
+            for mode, metrics in (outcome.scores or {}).items():
+                for metric, value in metrics.items():
+                    rows.append({"method": method, "reproduction": outcome.reproduction, "mode": mode,
+                                 "metric": metric, "value": value})
+    return rows
+
+
+def result_rows(results: Mapping[str, MethodReproductions]) -> list[dict[str, Any]]:
+    """Mean and 95% Student-t interval over reproductions per method, mode and metric (``results.csv``)."""
+    grouped: dict[tuple[str, str, str], list[float]] = {}
+    for row in run_rows(results):
+        grouped.setdefault((row["method"], row["mode"], row["metric"]), []).append(row["value"])
+    rows = []
+    for (method, mode, metric), values in grouped.items():
+        interval = mean_interval(values)
+        rows.append({"method": method, "mode": mode, "metric": metric, "mean": interval.mean,
+                     "ci_low": interval.low, "ci_high": interval.high, "n": interval.n})
+    return rows
+
+
+def compare_reproductions(
+    results: Mapping[str, MethodReproductions], mode: str = "concatenated", metric: str = "map_at_r"
+) -> list[PairedComparison]:
+    """Every pair of methods on one mode and metric, reproductions paired by seed (``statistics.compare_methods``:
+    paired t-test, Wilcoxon signed-rank, Holm across the pairs, Cohen's d_z). Only seeds that every
+    method scored are compared, so a failed reproduction removes its seed from all methods."""
+    if mode not in MODES:
+        raise UserInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    scores: dict[str, dict[int, float]] = {}
+    for method, reproductions in results.items():
+        scores[method] = {}
+        for outcome in reproductions.outcomes:
+            if outcome.scores is None:
+                continue
+            if metric not in outcome.scores[mode]:
+                raise UserInputError(f"metric {metric!r} was not computed; computed: {', '.join(outcome.scores[mode])}")
+            scores[method][outcome.seed] = outcome.scores[mode][metric]
+    common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
+    return compare_methods({method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()})
+
+
+def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) -> tuple[Path, Path]:
+    """Write ``results.csv`` and ``runs.csv`` atomically (an undefined interval, n = 1, is written ``nan``)."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = output_dir / "results.csv", output_dir / "runs.csv"
+    for path, columns, rows in ((paths[0], RESULTS_COLUMNS, result_rows(results)), (paths[1], RUNS_COLUMNS, run_rows(results))):
+        stream = io.StringIO()
+        writer = csv.DictWriter(stream, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: _cell(value) for key, value in row.items()})
+        records.atomic_write_text(path, stream.getvalue())
+    return paths
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else repr(value)
+    return value

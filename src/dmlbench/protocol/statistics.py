@@ -1,0 +1,203 @@
+"""Statistics over reproductions: t-intervals, paired tests with Holm correction, effect sizes,
+lag-one autocorrelation.
+
+Musgrave et al. 2020 (seed 001) §3.3-§4 report the mean of 10 reproductions with a 95% confidence
+interval; this module computes that interval with the Student-t distribution
+(``mean ± t_{0.975, n-1} · s / sqrt(n)``, ``s`` with ``n - 1`` degrees of freedom). Two methods are
+compared on reproductions *paired by seed* (reproduction ``i`` of both methods used seed ``i``):
+the paired t-test and the Wilcoxon signed-rank test (``scipy.stats.ttest_rel`` / ``wilcoxon``), with
+Holm's step-down correction across all compared pairs (Holm 1979) and Cohen's ``d_z`` (mean of the
+differences over their standard deviation) as effect size. ``lag_one_autocorrelation`` is the
+statistic of seed 001 §3.2 that justifies validation accuracy as a smooth, selectable signal
+(P@1 0.73, MAP@R 0.81 there).
+
+All functions take plain floats and return plain floats; the heavy lifting is ``scipy.stats``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from dmlbench.errors import UserInputError
+
+DEFAULT_CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of ``n`` values and its two-sided Student-t confidence interval ``[low, high]``."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    confidence: float = DEFAULT_CONFIDENCE
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Method ``a`` against method ``b`` on reproductions paired by seed (``difference = a - b``).
+
+    ``t_pvalue_holm`` / ``wilcoxon_pvalue_holm`` are Holm-adjusted across every pair compared in the
+    same call of ``compare_methods`` (equal to the raw p-values from ``paired_comparison`` alone).
+    """
+
+    a: str
+    b: str
+    n: int
+    mean_difference: float
+    t_statistic: float
+    t_pvalue: float
+    wilcoxon_statistic: float
+    wilcoxon_pvalue: float
+    cohen_dz: float
+    t_pvalue_holm: float
+    wilcoxon_pvalue_holm: float
+
+
+def _values(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1:
+        raise UserInputError(f"{what} must be a 1-D sequence of numbers, got shape {array.shape}")
+    if array.size and not np.isfinite(array).all():
+        raise UserInputError(f"{what} must be finite numbers (a failed run has no score)")
+    return array
+
+
+def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
+    """Mean and Student-t ``confidence`` interval of ``values`` (seed 001 §4: 95% intervals over reproductions).
+
+    ``half-width = t_{(1 + confidence) / 2, n - 1} · s / sqrt(n)`` with the sample standard deviation
+    ``s`` (``ddof = 1``), as ``scipy.stats.t.interval``. With a single value the interval is undefined:
+    ``low`` and ``high`` are NaN. No values at all is a ``UserInputError``.
+    """
+    array = _values(values, "values")
+    if not 0.0 < confidence < 1.0:
+        raise UserInputError(f"confidence must lie strictly between 0 and 1, got {confidence!r}")
+    n = int(array.size)
+    if n == 0:
+        raise UserInputError("a confidence interval needs at least one value")
+    mean = float(array.mean())
+    if n == 1:
+        return Interval(mean, math.nan, math.nan, 1, confidence)
+    half_width = float(stats.t.ppf((1.0 + confidence) / 2.0, n - 1) * array.std(ddof=1) / math.sqrt(n))
+    return Interval(mean, mean - half_width, mean + half_width, n, confidence)
+
+
+def cohen_dz(differences: Sequence[float] | np.ndarray) -> float:
+    """Cohen's ``d_z`` for paired data: mean of the differences / their sample standard deviation (ddof 1).
+
+    All differences zero gives 0; equal non-zero differences give ``±inf``.
+    """
+    array = _values(differences, "differences")
+    if array.size < 2:
+        raise UserInputError("Cohen's d_z needs at least two paired differences")
+    mean, sd = float(array.mean()), float(array.std(ddof=1))
+    if sd == 0.0:
+        return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
+    return mean / sd
+
+
+def holm(pvalues: Sequence[float] | np.ndarray) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the input order.
+
+    Sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m - j + 1) · p_(j))``; a hypothesis is
+    rejected at family-wise level ``alpha`` exactly when its adjusted p-value is ``<= alpha``.
+    """
+    array = _values(pvalues, "p-values")
+    if array.size and (array.min() < 0.0 or array.max() > 1.0):
+        raise UserInputError("p-values must lie in [0, 1]")
+    m = int(array.size)
+    order = np.argsort(array, kind="stable")
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(array[index])))
+        adjusted[index] = running
+    return [float(value) for value in adjusted]
+
+
+def _paired_arrays(a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    if set(a) != set(b):
+        missing = sorted(set(a) ^ set(b))
+        raise UserInputError(
+            f"methods {names[0]!r} and {names[1]!r} must have reproductions with the same seeds; "
+            f"unpaired seeds: {missing}"
+        )
+    seeds = sorted(a)
+    return _values([a[s] for s in seeds], names[0]), _values([b[s] for s in seeds], names[1])
+
+
+def paired_comparison(
+    a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str] = ("a", "b")
+) -> PairedComparison:
+    """Paired t-test, Wilcoxon signed-rank test and Cohen's ``d_z`` of ``a - b``, paired by seed (the keys).
+
+    Both tests are two-sided, as ``scipy.stats.ttest_rel(a, b)`` and ``scipy.stats.wilcoxon(a - b)``
+    (zero differences dropped, ``zero_method='wilcox'``). If every difference is zero there is no
+    evidence of a difference: both p-values are 1 and both statistics 0 (``ttest_rel`` would give NaN).
+    The seeds of ``a`` and ``b`` must be the same; at least two pairs are needed.
+    """
+    x, y = _paired_arrays(a, b, names)
+    if x.size < 2:
+        raise UserInputError(f"comparing {names[0]!r} with {names[1]!r} needs at least two paired reproductions")
+    differences = x - y
+    if not differences.any():
+        t_statistic, t_pvalue, w_statistic, w_pvalue = 0.0, 1.0, 0.0, 1.0
+    else:
+        t_result = stats.ttest_rel(x, y)
+        w_result = stats.wilcoxon(differences)
+        t_statistic, t_pvalue = float(t_result.statistic), float(t_result.pvalue)
+        w_statistic, w_pvalue = float(w_result.statistic), float(w_result.pvalue)
+        if math.isnan(t_pvalue):  # constant non-zero differences: infinitely strong evidence for the t-test
+            t_statistic, t_pvalue = math.copysign(math.inf, float(differences.mean())), 0.0
+    return PairedComparison(
+        a=names[0], b=names[1], n=int(x.size), mean_difference=float(differences.mean()),
+        t_statistic=t_statistic, t_pvalue=t_pvalue, wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
+        cohen_dz=cohen_dz(differences), t_pvalue_holm=t_pvalue, wilcoxon_pvalue_holm=w_pvalue,
+    )
+
+
+def compare_methods(scores: Mapping[str, Mapping[int, float]]) -> list[PairedComparison]:
+    """Every pair of methods (in the mapping's order), each paired by seed, Holm-corrected per test.
+
+    ``scores[method][seed]`` is one reproduction's score. The family for Holm's correction is the
+    set of all ``len(scores) choose 2`` pairs, corrected separately for the t-test and for Wilcoxon.
+    """
+    names = list(scores)
+    if len(names) < 2:
+        raise UserInputError("comparing methods needs at least two methods")
+    raw = [paired_comparison(scores[a], scores[b], (a, b)) for a, b in itertools.combinations(names, 2)]
+    t_holm = holm([comparison.t_pvalue for comparison in raw])
+    w_holm = holm([comparison.wilcoxon_pvalue for comparison in raw])
+    return [
+        PairedComparison(**{**vars(comparison), "t_pvalue_holm": t_adj, "wilcoxon_pvalue_holm": w_adj})
+        for comparison, t_adj, w_adj in zip(raw, t_holm, w_holm)
+    ]
+
+
+def lag_one_autocorrelation(series: Sequence[float] | np.ndarray) -> float:
+    """Pearson correlation of ``series[:-1]`` with ``series[1:]`` (seed 001 §3.2, validation curves).
+
+    A constant series has no defined correlation: NaN. At least three values are needed.
+    """
+    array = _values(series, "series")
+    if array.size < 3:
+        raise UserInputError(f"lag-one autocorrelation needs at least 3 values, got {array.size}")
+    head, tail = array[:-1], array[1:]
+    if np.ptp(head) == 0.0 or np.ptp(tail) == 0.0:
+        return math.nan
+    return float(stats.pearsonr(head, tail).statistic)
+
+
+def mean_lag_one_autocorrelation(series: Sequence[Sequence[float] | np.ndarray]) -> float:
+    """The average of ``lag_one_autocorrelation`` over several runs' curves (NaN ones skipped), as in seed 001 §3.2."""
+    values = [lag_one_autocorrelation(one) for one in series]
+    finite = [value for value in values if not math.isnan(value)]
+    return float(np.mean(finite)) if finite else math.nan

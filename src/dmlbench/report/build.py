@@ -1,0 +1,374 @@
+"""Build every report file of a benchmark directory from what is stored there; no training, no test data.
+
+Inputs (written by ``protocol.pipeline``): ``benchmark.json`` (spec, protocol, fold layout, dataset
+hash, git commit), the Optuna studies (trial objectives), ``results.json`` (every reproduction's test
+scores, the untrained baseline, failures) and each run's ``metrics.jsonl`` (validation curves).
+Outputs: ``results.csv`` and ``runs.csv`` (``protocol.reproductions.write_results``: the same bytes
+whoever writes them), ``comparisons.csv``, ``report.md``, ``report.html`` (inline CSS, plots as base64
+PNG), ``results.tex`` (booktabs).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dmlbench.errors import UserInputError
+from dmlbench.protocol.reproductions import (
+    MODES,
+    UNTRAINED,
+    MethodReproductions,
+    ReproductionOutcome,
+    compare_reproductions,
+    result_rows,
+    write_results,
+)
+from dmlbench.protocol.statistics import PairedComparison, mean_lag_one_autocorrelation
+from dmlbench.training import records
+
+BENCHMARK_FILE = "benchmark.json"
+RESULTS_FILE = "results.json"
+LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
+METRIC_TITLES = {"precision_at_1": "P@1", "r_precision": "R-Precision", "map_at_r": "MAP@R"}
+CURVE_METRICS = ("precision_at_1", "map_at_r")
+COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
+                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz")
+
+
+@dataclass
+class ReportData:
+    output_dir: Path
+    benchmark: dict[str, Any]
+    methods: list[str]
+    trials: dict[str, list[dict[str, Any]]]
+    results: dict[str, MethodReproductions] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)  # method -> stage -> curves of MAP@R
+    autocorrelation: dict[str, dict[str, float]] = field(default_factory=dict)
+    comparisons: list[tuple[str, str, list[PairedComparison] | str]] = field(default_factory=list)
+
+
+def load_report_data(output_dir: Path) -> ReportData:
+    """Read a benchmark directory; a one-line ``UserInputError`` if it holds no study."""
+    import optuna
+
+    output_dir = Path(output_dir)
+    path = output_dir / BENCHMARK_FILE
+    if not path.is_file():
+        raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
+    benchmark = records.read_json(path)
+    methods = list(benchmark["methods"])
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trials: dict[str, list[dict[str, Any]]] = {}
+    for method in methods:
+        try:
+            study = optuna.load_study(study_name=method, storage=benchmark["storage"])
+        except KeyError:
+            trials[method] = []
+            continue
+        except Exception as error:  # an unreachable or foreign storage
+            raise UserInputError(f"storage {benchmark['storage']} cannot be read: {str(error).splitlines()[0]}") from None
+        trials[method] = [
+            {"number": trial.number, "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
+             "interrupted": bool(trial.user_attrs.get("interrupted")), "epochs_run": trial.user_attrs.get("epochs_run")}
+            for trial in study.get_trials(deepcopy=False)
+        ]
+    if not any(trials.values()):
+        raise UserInputError(f"{output_dir} holds no benchmark study (no trials in {benchmark['storage']})")
+    data = ReportData(output_dir, benchmark, methods, trials)
+    results_path = output_dir / RESULTS_FILE
+    if results_path.is_file():
+        stored = records.read_json(results_path)
+        for name, entry in stored["methods"].items():
+            data.results[name] = MethodReproductions(
+                name, entry["params"], entry["fold_layout_hash"],
+                [ReproductionOutcome(**outcome) for outcome in entry["outcomes"]],
+            )
+        data.failed = dict(stored.get("failed", {}))
+    for method in methods:
+        series: dict[str, list[list[float]]] = {metric: [] for metric in CURVE_METRICS}
+        data.curves[method] = {"search": [], "reproduction": []}
+        for stage, pattern in (("search", "trial_*/fold_*"), ("reproduction", "reproduction_*/fold_*")):
+            for run_dir in sorted((output_dir / method).glob(pattern)):
+                validation = [entry["validation"] for entry in records.read_metrics(run_dir) if "validation" in entry]
+                for metric in CURVE_METRICS:
+                    curve = [float(v[metric]) for v in validation if metric in v]
+                    if len(curve) >= 3:
+                        series[metric].append(curve)
+                data.curves[method][stage].append([float(v.get("map_at_r", math.nan)) for v in validation])
+        data.autocorrelation[method] = {
+            metric: mean_lag_one_autocorrelation(curves) if curves else math.nan for metric, curves in series.items()
+        }
+    scored = [name for name, result in data.results.items()
+              if name != UNTRAINED and any(outcome.scores for outcome in result.outcomes)]
+    if len(scored) >= 2:
+        for mode in MODES:
+            for metric in LEADERBOARD_METRICS:
+                if metric not in _computed(data):
+                    continue
+                try:
+                    with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        comparisons: list[PairedComparison] | str = compare_reproductions(
+                            {name: data.results[name] for name in scored}, mode=mode, metric=metric)
+                except UserInputError as error:
+                    comparisons = str(error)
+                data.comparisons.append((mode, metric, comparisons))
+    return data
+
+
+def _computed(data: ReportData) -> list[str]:
+    for result in data.results.values():
+        for outcome in result.outcomes:
+            if outcome.scores:
+                return list(next(iter(outcome.scores.values())))
+    return []
+
+
+def write_report(output_dir: Path) -> dict[str, Path]:
+    """Write every report file of ``output_dir`` (see the module docstring); returns their paths."""
+    data = load_report_data(output_dir)
+    output_dir = Path(output_dir)
+    paths: dict[str, Path] = {}
+    if data.results:
+        paths["results.csv"], paths["runs.csv"] = write_results(data.results, output_dir)
+        paths["comparisons.csv"] = output_dir / "comparisons.csv"
+        records.atomic_write_text(paths["comparisons.csv"], _comparisons_csv(data))
+        paths["results.tex"] = output_dir / "results.tex"
+        records.atomic_write_text(paths["results.tex"], _latex(data))
+    paths["report.md"] = output_dir / "report.md"
+    records.atomic_write_text(paths["report.md"], _markdown(data))
+    paths["report.html"] = output_dir / "report.html"
+    records.atomic_write_text(paths["report.html"], _html(data))
+    return paths
+
+
+# ---------------------------------------------------------------- tables
+
+def _leaderboard(data: ReportData) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: mean ± 95% CI half-width (in %) per method, mode and metric; the baseline last."""
+    rows_by_key = {(row["method"], row["mode"], row["metric"]): row for row in result_rows(data.results)}
+    metrics = [metric for metric in LEADERBOARD_METRICS if metric in _computed(data)]
+    header = ["method"] + [f"{METRIC_TITLES[metric]} ({mode[:3]}.)" for mode in MODES for metric in metrics] + ["n"]
+    rows = []
+    for method in data.results:
+        row = [method]
+        n = 0
+        for mode in MODES:
+            for metric in metrics:
+                entry = rows_by_key.get((method, mode, metric))
+                row.append(_mean_ci(entry))
+                n = max(n, entry["n"] if entry else 0)
+        rows.append(row + [str(n)])
+    return header, rows
+
+
+def _mean_ci(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "-"
+    mean, high = 100 * entry["mean"], 100 * entry["ci_high"]
+    return f"{mean:.2f}" if math.isnan(high) else f"{mean:.2f} ± {high - mean:.2f}"
+
+
+def _comparison_rows(data: ReportData) -> list[list[str]]:
+    rows = []
+    for mode, metric, comparisons in data.comparisons:
+        if isinstance(comparisons, str):
+            rows.append([mode, METRIC_TITLES[metric], comparisons, "", "", "", "", "", ""])
+            continue
+        for c in comparisons:
+            rows.append([mode, METRIC_TITLES[metric], f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
+                         _p(c.t_pvalue_holm), _p(c.wilcoxon_pvalue_holm), f"{c.cohen_dz:.2f}"])
+    return rows
+
+
+COMPARISON_HEADER = ["mode", "metric", "pair", "n", "mean difference (%)", "paired t p (Holm)",
+                     "Wilcoxon p (Holm)", "Cohen's d_z"]
+
+
+def _p(value: float) -> str:
+    return "nan" if math.isnan(value) else f"{value:.3g}"
+
+
+def _comparisons_csv(data: ReportData) -> str:
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(COMPARISON_COLUMNS)
+    for mode, metric, comparisons in data.comparisons:
+        if isinstance(comparisons, str):
+            continue
+        for c in comparisons:
+            writer.writerow([mode, metric, c.a, c.b, c.n, repr(c.mean_difference), repr(c.t_statistic),
+                             repr(c.t_pvalue_holm), repr(c.wilcoxon_statistic), repr(c.wilcoxon_pvalue_holm),
+                             repr(c.cohen_dz)])
+    return stream.getvalue()
+
+
+def _budget_rows(data: ReportData) -> list[list[str]]:
+    protocol = data.benchmark["protocol"]
+    rows = []
+    for method in data.methods:
+        trials = data.trials.get(method, [])
+        budgeted = [t for t in trials if not t["interrupted"] and t["state"] in ("COMPLETE", "FAIL")]
+        complete = [t for t in trials if t["state"] == "COMPLETE"]
+        result = data.results.get(method)
+        scored = sum(1 for o in result.outcomes if o.scores) if result else 0
+        best = max(complete, key=lambda t: (t["value"], -t["number"])) if complete else None
+        rows.append([
+            method, str(len(budgeted)), str(len(budgeted) - len(complete)),
+            "-" if best is None else f"{100 * best['value']:.2f}",
+            "-" if best is None else ", ".join(f"{k}={_short(v)}" for k, v in best["params"].items()),
+            f"{scored}/{protocol['reproductions']}",
+            "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["precision_at_1"]),
+            "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["map_at_r"]),
+        ])
+    return rows
+
+
+BUDGET_HEADER = ["method", "trials", "failed trials", "best val. MAP@R (%)", "best parameters",
+                 "reproductions scored", "lag-1 autocorr. val. P@1", "lag-1 autocorr. val. MAP@R"]
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _r(value: float) -> str:
+    return "n/a (< 3 evaluations)" if math.isnan(value) else f"{value:.2f}"
+
+
+def _parameters(data: ReportData) -> list[tuple[str, str]]:
+    b = data.benchmark
+    protocol = b["protocol"]
+    epochs = protocol["epochs"] if protocol["epochs"] is not None else "each method's training.epochs"
+    return [
+        ("budget per method", f"{protocol['trials']} trials x {protocol['folds']} folds, then "
+                              f"{protocol['reproductions']} reproductions x {protocol['folds']} folds; at most {epochs} epochs per run"),
+        ("folds", f"{protocol['folds']} class-disjoint ({protocol['fold_mode']}) on the development classes"),
+        ("search", f"Optuna {protocol['sampler']} sampler, seed {protocol['search_seed']}, objective fold-mean validation MAP@R"),
+        ("early stopping patience", str(protocol["patience"])),
+        ("reproduction seeds", f"{protocol['first_seed']}..{protocol['first_seed'] + protocol['reproductions'] - 1}"),
+        ("fold layout hash", b["fold_layout_hash"]),
+        ("dataset", f"{b['dataset']['name']} (content hash {b['dataset']['content_hash']})"),
+        ("git commit", str(b.get("git_commit"))),
+        ("overrides", " ".join(b.get("overrides", [])) or "none"),
+        ("storage", str(b.get("storage"))),
+    ]
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    escape = lambda cell: str(cell).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(map(escape, header)) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(map(escape, row)) + " |" for row in rows]
+    return lines
+
+
+def _markdown(data: ReportData) -> str:
+    lines = ["# dmlbench benchmark report", ""]
+    lines += ["Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); "
+              "con. = concatenated fold models, sep. = separated (seed 001 §3.3). "
+              "`untrained` is the baseline: the same models before any training step.", ""]
+    if data.results:
+        lines += _markdown_table(*_leaderboard(data)) + [""]
+    else:
+        lines += ["No reproduction has been scored yet (search stage only).", ""]
+    if data.failed:
+        lines += ["## Failed methods", ""] + [f"- {name}: {reason}" for name, reason in data.failed.items()] + [""]
+    if data.comparisons:
+        lines += ["## Paired comparisons", "", "Reproductions paired by seed; Holm correction across the pairs of "
+                  "each mode and metric; Cohen's d_z of the differences.", ""]
+        lines += _markdown_table(COMPARISON_HEADER, _comparison_rows(data)) + [""]
+    lines += ["## Budget and search", ""] + _markdown_table(BUDGET_HEADER, _budget_rows(data)) + [""]
+    lines += ["## Protocol", ""] + _markdown_table(["parameter", "value"], [list(p) for p in _parameters(data)])
+    return "\n".join(lines) + "\n"
+
+
+def _latex(data: ReportData) -> str:
+    header, rows = _leaderboard(data)
+    tex = lambda cell: str(cell).replace("_", "\\_").replace("±", "$\\pm$").replace("%", "\\%")  # noqa: E731
+    lines = ["% dmlbench benchmark: test metrics in %, mean $\\pm$ 95% CI half-width over reproductions",
+             "\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+             " & ".join(tex(cell) for cell in header) + " \\\\", "\\midrule"]
+    lines += [" & ".join(tex(cell) for cell in row) + " \\\\" for row in rows]
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- HTML and plots
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;color:#222}
+table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}th,td{border-bottom:1px solid #ccc;padding:.3rem .6rem;text-align:right}
+th:first-child,td:first-child{text-align:left}th{border-bottom:2px solid #444}img{max-width:100%}code{background:#f3f3f3}"""
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(str(cell))}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html(data: ReportData) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>dmlbench benchmark report</title>",
+             f"<style>{CSS}</style></head><body><h1>dmlbench benchmark report</h1>",
+             "<p>Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); con. = concatenated, "
+             "sep. = separated (seed 001 §3.3); <code>untrained</code> is the baseline.</p>"]
+    if data.results:
+        parts.append(_html_table(*_leaderboard(data)))
+    if data.failed:
+        parts.append("<h2>Failed methods</h2><ul>" + "".join(
+            f"<li>{html.escape(name)}: {html.escape(reason)}</li>" for name, reason in data.failed.items()) + "</ul>")
+    if data.comparisons:
+        parts.append("<h2>Paired comparisons</h2>" + _html_table(COMPARISON_HEADER, _comparison_rows(data)))
+    parts.append("<h2>Budget and search</h2>" + _html_table(BUDGET_HEADER, _budget_rows(data)))
+    parts.append("<h2>Protocol</h2>" + _html_table(["parameter", "value"], [list(p) for p in _parameters(data)]))
+    parts.append("<h2>Plots</h2>")
+    for title, image in _plots(data):
+        parts.append(f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{image}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _plots(data: ReportData) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    plots = []
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    for method in data.methods:
+        points = [(t["number"], t["value"]) for t in data.trials.get(method, []) if t["state"] == "COMPLETE"]
+        if points:
+            numbers, values = zip(*points)
+            axes.plot(numbers, values, marker="o", label=method)
+    axes.set_xlabel("trial")
+    axes.set_ylabel("fold-mean validation MAP@R")
+    axes.legend(fontsize="small")
+    plots.append(("Search objective over trials", _png(figure, pyplot)))
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    for method in data.methods:
+        curves = [curve for curve in data.curves.get(method, {}).get("reproduction", []) if curve]
+        if curves:
+            length = max(len(curve) for curve in curves)
+            mean = [sum(c[i] for c in curves if len(c) > i) / sum(1 for c in curves if len(c) > i) for i in range(length)]
+            axes.plot(range(length), mean, marker=".", label=method)
+    axes.set_xlabel("evaluation (0 = untrained)")
+    axes.set_ylabel("validation MAP@R (mean over reproduction runs)")
+    axes.legend(fontsize="small")
+    plots.append(("Validation curves of the reproductions", _png(figure, pyplot)))
+    return plots
+
+
+def _png(figure: Any, pyplot: Any) -> str:
+    stream = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(stream, format="png", dpi=80, metadata={"Software": None})
+    pyplot.close(figure)
+    return base64.b64encode(stream.getvalue()).decode()

@@ -1,0 +1,219 @@
+"""``dmlbench benchmark`` / ``search`` / ``report`` / ``audit``: the whole protocol (seed 001 §3) end to end."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dmlbench.cli import main
+from test_cli_process import console_script
+
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = {
+    "data": {"name": "glyphs", "options": {"max_classes": 40, "augmentations_per_font": 0, "image_size": 16}},
+    "model": {"trunk": "small_cnn", "embedding_dim": 16, "options": {"width": 8}},
+    "sampler": {"name": "spc", "params": {"samples_per_class": 4}},
+    "training": {"epochs": 1, "batch_size": 32, "max_steps_per_epoch": 2, "num_threads": 1},
+    "evaluation": {"metrics": ["precision_at_1", "r_precision", "map_at_r"]},
+}
+PROTOCOL = {"folds": 2, "trials": 2, "reproductions": 2, "sampler": "tpe", "first_seed": 100}
+METHODS = [
+    {"name": "triplet", "overrides": {"loss.name": "triplet", "miner.name": "semihard"},
+     "search": {"loss.params.margin": {"low": 0.05, "high": 0.5}}},
+    {"name": "contrastive", "overrides": {"loss.name": "contrastive"},
+     "search": {"loss.params.margin": {"low": 0.5, "high": 1.5}}},
+]
+
+
+def write_spec(path: Path, **changes: object) -> Path:
+    spec = {"base": BASE, "protocol": PROTOCOL, "methods": METHODS, **changes}
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny benchmark, run once for the tests of this module."""
+    directory = tmp_path_factory.mktemp("bench")
+    spec = write_spec(directory / "bench.yaml")
+    result = subprocess.run([console_script(), "benchmark", str(spec), "-o", str(directory / "out")],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "== triplet: search trial 0 fold 0" in result.stderr and "left ~" in result.stderr
+    return directory / "out"
+
+
+def test_benchmark_writes_the_report_and_records_every_run(finished: Path) -> None:
+    results = (finished / "results.csv").read_text().splitlines()
+    assert results[0] == "method,mode,metric,mean,ci_low,ci_high,n"
+    assert {line.split(",")[0] for line in results[1:]} == {"triplet", "contrastive", "untrained"}
+    assert (finished / "runs.csv").read_text().startswith("method,reproduction,mode,metric,value\n")
+    report = (finished / "report.md").read_text()
+    for text in ("| untrained |", "| triplet |", "Paired comparisons", "fold layout hash", "git commit", "content hash"):
+        assert text in report
+    page = (finished / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<style>" in page and "<link" not in page
+    assert "\\toprule" in (finished / "results.tex").read_text()
+    layout = json.loads((finished / "benchmark.json").read_text())["fold_layout"]
+    for run_file in finished.glob("*/*/fold_*/run.json"):
+        record = json.loads(run_file.read_text())
+        assert record["method"] in ("triplet", "contrastive") and record["stage"] in ("search", "reproduction")
+        assert ("trial" in record) == (record["stage"] == "search")
+        assert ("test_classes" in record) == (record["stage"] == "reproduction")
+        assert record["train_classes"] and record["val_classes"] and "fold" in record
+        assert not set(record["val_classes"]) & set(layout["test_classes"])
+    accesses = (finished / "test_access.jsonl").read_text().splitlines()
+    assert len(accesses) == 3 * PROTOCOL["reproductions"]  # two methods and the untrained baseline
+
+
+def test_report_rebuilds_the_same_csv_bytes_from_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = {name: (finished / name).read_bytes() for name in ("results.csv", "runs.csv", "comparisons.csv")}
+    for name in before:
+        (finished / name).unlink()
+    code, _, err = run_cli(["report", str(finished)], capsys)
+    assert code == 0, err
+    assert {name: (finished / name).read_bytes() for name in before} == before
+
+
+def test_audit_passes_then_names_a_planted_leak(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["audit", str(finished)], capsys)
+    assert code == 0, err
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
+    benchmark = json.loads((copy / "benchmark.json").read_text())
+    benchmark["storage"] = f"sqlite:///{copy.resolve() / 'study.db'}"
+    (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    run_file = copy / "triplet" / "trial_0001" / "fold_0" / "run.json"
+    record = json.loads(run_file.read_text())
+    record["val_classes"].append(benchmark["fold_layout"]["test_classes"][0])
+    run_file.write_text(json.dumps(record))
+    code, out, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 1
+    assert "triplet/trial_0001/fold_0: search-stage run saw test classes" in err
+
+
+def test_report_and_audit_of_a_directory_without_a_study_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("report", "audit"):
+        code, _, err = run_cli([command, str(tmp_path)], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "no benchmark study" in err
+
+
+@pytest.mark.parametrize(
+    ("changes", "extra", "message"),
+    [
+        ({"methods": [METHODS[0], METHODS[0]]}, [], "repeated: triplet"),
+        ({"methods": [{**METHODS[0], "search": {"loss.params.margin": {"low": 0.5, "high": 0.1}}}]}, [], "loss.params.margin"),
+        ({"methods": [{**METHODS[0], "search": {"loss.params.nope": {"low": 0.1, "high": 0.5}}}]}, [], "nope"),
+        ({"protocol": {**PROTOCOL, "folds": 30}}, [], "30 folds need at least 30 development classes"),
+        ({"protocol": {**PROTOCOL, "first_seed": 0}}, [], "first_seed"),
+        ({}, ["--storage", "sqlite:////nonexistent-dir/x.db"], "does not exist"),
+        ({}, ["--storage", "postgresql://127.0.0.1:1/none"], "cannot be reached"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_is_stored(
+    changes: dict, extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path / "bench.yaml", **changes)
+    code, _, err = run_cli(["benchmark", str(spec), "-o", str(tmp_path / "out"), "-q", *extra], capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_search_runs_a_run_config_with_a_search_space(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = {**BASE, "loss": {"name": "triplet"}, "search": METHODS[0]["search"],
+              "protocol": {"folds": 2, "trials": 1, "sampler": "tpe"}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code, out, err = run_cli(["search", str(path), "-o", str(tmp_path / "out"), "-q"], capsys)
+    assert code == 0, err
+    assert "triplet: best fold-mean validation MAP@R" in out
+    summary = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert summary["methods"]["triplet"]["completed"] == 1
+
+
+def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "bench.yaml")
+    output = tmp_path / "out"
+    command = [console_script(), "benchmark", str(spec), "-o", str(output), "-q"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    marker = output / "triplet" / "trial_0001" / "fold_0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert process.poll() is None, "the benchmark ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (output / "results.csv").read_bytes() == (finished / "results.csv").read_bytes()
+    assert (output / "runs.csv").read_bytes() == (finished / "runs.csv").read_bytes()
+    assert len(list((output / "triplet").glob("reproduction_*"))) == PROTOCOL["reproductions"]
+    audit = subprocess.run([console_script(), "audit", str(output)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert audit.returncode == 0, audit.stderr
+
+
+@pytest.mark.parametrize(
+    ("path", "minimum"),
+    [
+        (None, {"methods": 5, "folds": 2, "trials": 4, "reproductions": 3}),
+        (REPO / "configs" / "smoke.yaml", {"methods": 2, "folds": 2, "trials": 2, "reproductions": 2}),
+        (REPO / "configs" / "reality_check.yaml", {"methods": 12, "folds": 4, "trials": 50, "reproductions": 10}),
+    ],
+)
+def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None, minimum: dict) -> None:
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.search import method_raw_config
+    from dmlbench.protocol.search_space import parse_search_space
+
+    spec = load_spec(path)
+    assert len(spec.methods) >= minimum["methods"]
+    for key in ("folds", "trials", "reproductions"):
+        assert getattr(spec.protocol, key) >= minimum[key]
+    losses = set()
+    for method in spec.methods:
+        raw = method_raw_config(spec, method.name)
+        assert len(parse_search_space(method.search, raw, method=method.name)) >= 1
+        losses.add((raw["loss"]["name"], (raw.get("miner") or {}).get("name")))
+    assert len(losses) == len(spec.methods)
+
+
+def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path) -> None:
+    """A sampler seeded per trial from (seed, trial index): searching 1 trial and then continuing to 2
+    suggests what one search of 2 trials suggests (the guarantee behind byte-identical resumes)."""
+    import logging
+
+    import optuna
+
+    from dmlbench.protocol.benchmark import BenchmarkSpec
+    from dmlbench.protocol.search import SearchSettings, search_methods
+
+    optuna.logging.set_verbosity(logging.WARNING)
+    spec = BenchmarkSpec.model_validate({"base": BASE, "methods": [METHODS[0]]})
+    settings = SearchSettings(trials=2, folds=2, epochs=1, sampler="gp", seed=3)
+    once = search_methods(spec, tmp_path / "once", settings)["triplet"]
+    search_methods(spec, tmp_path / "twice", SearchSettings(**{**vars(settings), "trials": 1}))
+    twice = search_methods(spec, tmp_path / "twice", settings)["triplet"]
+    assert [t["params"] for t in once.trials] == [t["params"] for t in twice.trials]
+    assert [t["value"] for t in once.trials] == [t["value"] for t in twice.trials]

@@ -1,0 +1,179 @@
+"""One Optuna study per method over class-disjoint folds (Musgrave et al. 2020 §3.3)."""
+
+import json
+import logging
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+
+from dmlbench import config as config_module
+from dmlbench.data.splits import train_test_split
+from dmlbench.errors import UserInputError
+from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.protocol import search as search_module
+from dmlbench.protocol.search import (
+    SearchSettings,
+    make_sampler,
+    method_raw_config,
+    run_search,
+    search_methods,
+    storage_url,
+)
+from dmlbench.protocol.search_space import parse_search_space
+from dmlbench.training.setup import load_dataset
+from training_fixtures import TINY
+
+torch.set_num_threads(1)
+optuna.logging.set_verbosity(logging.WARNING)
+
+SETTINGS = SearchSettings(trials=2, folds=2, epochs=1, patience=1, sampler="tpe", seed=0)
+FAST = [*TINY, "sampler.params={samples_per_class: 4}", "training.max_steps_per_epoch=2"]
+SEARCH = {"loss.params.margin": {"low": 0.05, "high": 0.5}}
+
+
+def base_raw() -> dict:
+    return config_module.apply_overrides({}, list(FAST))
+
+
+def spec(*methods: dict) -> BenchmarkSpec:
+    return BenchmarkSpec.model_validate({"base": base_raw(), "methods": list(methods)})
+
+
+def test_tiny_study_stores_its_trials_and_its_runs_never_see_a_test_class(tmp_path: Path) -> None:
+    benchmark = spec({"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH})
+    results = search_methods(benchmark, tmp_path, SETTINGS)
+    result = results["triplet"]
+    assert result.completed == 2 and result.failed == 0
+    assert result.best_params is not None and 0.05 <= result.best_params["loss.params.margin"] <= 0.5
+
+    study = optuna.load_study(study_name="triplet", storage=storage_url(tmp_path))
+    assert storage_url(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
+    trials = study.get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2
+    assert study.user_attrs["settings"]["folds"] == 2 and study.user_attrs["epochs"] == 1
+    assert study.user_attrs["fold_layout_hash"] == result.fold_layout_hash
+    for trial in trials:
+        assert trial.value == pytest.approx(sum(trial.user_attrs["fold_values"]) / 2)
+        assert len(trial.user_attrs["run_dirs"]) == 2
+
+    labels = load_dataset(config_module.from_dict(base_raw())).labels.numpy()
+    test_classes = set(labels[train_test_split(labels)[1]].tolist())
+    run_files = sorted((tmp_path / "triplet").glob("trial_*/fold_*/run.json"))
+    assert len(run_files) == 4
+    for path in run_files:
+        record = json.loads(path.read_text())
+        assert record["status"] == "completed"
+        assert (record["method"], record["stage"]) == ("triplet", "search")
+        assert path.parent.name == f"fold_{record['fold']}" and path.parent.parent.name == f"trial_{record['trial']:04d}"
+        assert record["train_classes"] and record["val_classes"]
+        assert not set(record["train_classes"]) & test_classes
+        assert not set(record["val_classes"]) & test_classes
+        assert not set(record["train_classes"]) & set(record["val_classes"])
+        assert record["fold_layout_hash"] == result.fold_layout_hash
+
+    summary = json.loads((tmp_path / "search.json").read_text())
+    assert summary["methods"]["triplet"]["best_params"] == result.best_params
+    assert summary["settings"]["trials"] == 2 and summary["settings"]["epochs"] == 1
+
+    # Re-running a finished search adds nothing.
+    again = search_methods(benchmark, tmp_path, SETTINGS)["triplet"]
+    assert again.completed == 2 and len(optuna.load_study(study_name="triplet", storage=storage_url(tmp_path)).trials) == 2
+
+
+def test_a_diverging_trial_is_failed_with_a_reason_and_no_value(tmp_path: Path) -> None:
+    raw = config_module.apply_overrides(base_raw(), ["optimizer.name=sgd", "optimizer.lr=1e30"])
+    space = parse_search_space(SEARCH, raw)
+    result = run_search("sgd", raw, space, tmp_path, SearchSettings(trials=1, folds=2, epochs=1, sampler="tpe"))
+    assert result.completed == 0 and result.failed == 1 and result.best_value is None
+    (trial,) = optuna.load_study(study_name="sgd", storage=storage_url(tmp_path)).trials
+    assert trial.state == TrialState.FAIL and trial.value is None
+    assert "NaN" in trial.user_attrs["fail_reason"]
+
+
+def test_an_interrupted_trial_is_rerun_once_with_the_same_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = base_raw()
+    space = parse_search_space(SEARCH, raw)
+    settings = SearchSettings(trials=1, folds=2, epochs=1, sampler="gp", seed=3)
+    real_train = search_module.train
+    calls = {"count": 0}
+
+    def killed_in_second_fold(*args, **kwargs):
+        calls["count"] += 1
+        if calls["count"] == 2:
+            raise KeyboardInterrupt  # the process dies: the trial stays RUNNING in the storage
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "train", killed_in_second_fold)
+    with pytest.raises(KeyboardInterrupt):
+        run_search("m", raw, space, tmp_path, settings)
+    (killed,) = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    assert killed.state == TrialState.RUNNING
+
+    result = run_search("m", raw, space, tmp_path, settings)
+    trials = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[0].user_attrs["interrupted"] is True and trials[0].value is None
+    assert trials[1].params == killed.params and trials[1].user_attrs["retry_of"] == 0
+    assert result.completed == 1 and result.failed == 0
+    # Resuming again neither re-runs nor re-enqueues anything.
+    run_search("m", raw, space, tmp_path, settings)
+    assert len(optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials) == 2
+    # A study made with another budget is not continued.
+    with pytest.raises(UserInputError, match="started with settings"):
+        run_search("m", raw, space, tmp_path, SearchSettings(trials=1, folds=2, epochs=2, sampler="gp", seed=3))
+
+
+def test_protocol_keys_and_bad_settings_are_refused(tmp_path: Path) -> None:
+    raw = base_raw()
+    with pytest.raises(UserInputError, match="'training.epochs' is set by the protocol"):
+        run_search("m", raw, parse_search_space({"training.epochs": {"low": 1, "high": 3, "type": "int"}}, raw),
+                   tmp_path, SETTINGS)
+    with pytest.raises(UserInputError, match="sampler"):
+        SearchSettings(sampler="grid").check()
+    with pytest.raises(UserInputError, match="trials"):
+        SearchSettings(trials=0).check()
+    with pytest.raises(UserInputError, match="method 'x': search key 'loss.params.nope'"):
+        search_methods(spec({"name": "x", "search": {"loss.params.nope": {"low": 0.1, "high": 0.2}}}), tmp_path, SETTINGS)
+    with pytest.raises(UserInputError, match="different numbers of epochs"):
+        search_methods(spec({"name": "a"}, {"name": "b", "overrides": {"training.epochs": 3}}), tmp_path,
+                       SearchSettings(trials=1, folds=2))
+    assert not (tmp_path / "study.db").exists()
+
+
+def test_method_raw_config_layers_base_method_and_overrides() -> None:
+    benchmark = spec({"name": "a", "overrides": {"loss.name": "margin", "optimizer.lr": 1e-5}})
+    raw = method_raw_config(benchmark, "a", ["training.epochs=3"])
+    config = config_module.from_dict(raw)
+    assert (config.loss.name, config.optimizer.lr, config.training.epochs) == ("margin", 1e-5, 3)
+    with pytest.raises(UserInputError, match="method 'a'"):
+        method_raw_config(benchmark, "a", ["loss.name=nope"])
+
+
+@pytest.mark.parametrize("sampler", ["gp", "tpe"])
+def test_samplers_are_seeded(sampler: str) -> None:
+    def params_of(seed: int) -> list[dict]:
+        study = optuna.create_study(direction="maximize", sampler=make_sampler(SearchSettings(sampler=sampler, seed=seed)))
+        study.optimize(lambda trial: -(trial.suggest_float("x", -1.0, 1.0) - 0.3) ** 2, n_trials=12)
+        return [trial.params for trial in study.trials]
+
+    assert params_of(1) == params_of(1)
+    assert params_of(1) != params_of(2)
+    assert isinstance(make_sampler(SearchSettings()), optuna.samplers.GPSampler)
+
+
+def test_storage_is_any_sqlalchemy_url(tmp_path: Path) -> None:
+    assert storage_url(tmp_path, "postgresql://user@host/db") == "postgresql://user@host/db"
+    assert storage_url(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
+
+
+def test_best_params_refuses_a_method_without_a_completed_trial() -> None:
+    from dmlbench.protocol.search import SearchResult, best_params
+
+    good = SearchResult("a", "sqlite://", 2, 0, 0.4, {"loss.params.margin": 0.2}, "h")
+    unsearched = SearchResult("b", "sqlite://", 1, 0, 0.3, {}, "h")
+    assert best_params({"a": good, "b": unsearched}) == {"a": {"loss.params.margin": 0.2}, "b": {}}
+    with pytest.raises(UserInputError, match="method 'c': no search trial completed"):
+        best_params({"a": good, "c": SearchResult("c", "sqlite://", 0, 2, None, None, "h")})
