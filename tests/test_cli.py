@@ -6,20 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dmlbench.cli import main
+from cli_runner import run_cli
 from training_fixtures import TINY
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_python_dash_m_works() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from dmlbench.cli import main
+from cli_runner import run_cli
 from test_cli_process import console_script
 
 torch.set_num_threads(1)
@@ -37,16 +37,6 @@ def write_spec(path: Path, **changes: object) -> Path:
     spec = {"base": BASE, "protocol": PROTOCOL, "methods": METHODS, **changes}
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
