@@ -172,8 +172,35 @@ def test_storage_is_any_sqlalchemy_url(tmp_path: Path) -> None:
 def test_best_params_refuses_a_method_without_a_completed_trial() -> None:
     from dmlbench.protocol.search import SearchResult, best_params
 
-    good = SearchResult("a", "sqlite://", 2, 0, 0.4, {"loss.params.margin": 0.2}, "h")
-    unsearched = SearchResult("b", "sqlite://", 1, 0, 0.3, {}, "h")
+    good = SearchResult("a", "sqlite://", 2, 0, 0, 0.4, {"loss.params.margin": 0.2}, "h")
+    unsearched = SearchResult("b", "sqlite://", 1, 0, 0, 0.3, {}, "h")
     assert best_params({"a": good, "b": unsearched}) == {"a": {"loss.params.margin": 0.2}, "b": {}}
     with pytest.raises(UserInputError, match="method 'c': no search trial completed"):
-        best_params({"a": good, "c": SearchResult("c", "sqlite://", 0, 2, None, None, "h")})
+        best_params({"a": good, "c": SearchResult("c", "sqlite://", 0, 2, 0, None, None, "h")})
+
+
+def test_median_pruning_stops_a_hopeless_trial_after_its_first_fold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fold scores are scripted; the third trial's first fold is below the median of the first two."""
+    from dmlbench.training.loop import TrainResult
+
+    scores = iter([0.5, 0.5, 0.6, 0.6, 0.1, 0.7, 0.7])
+    calls = []
+
+    def scripted_train(config, run_dir, **kwargs):
+        calls.append(run_dir)
+        return TrainResult(Path(run_dir), 1, {"map_at_r": next(scores)}, 1)
+
+    monkeypatch.setattr(search_module, "train", scripted_train)
+    raw = base_raw()
+    space = parse_search_space(SEARCH, raw)
+    settings = SearchSettings(trials=4, folds=2, epochs=1, sampler="tpe", seed=0, pruner="median")
+    result = run_search("m", raw, space, tmp_path, settings)
+    trials = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2 + [TrialState.PRUNED, TrialState.COMPLETE]
+    assert "after 1 fold" in trials[2].user_attrs["pruned"]  # Optuna keeps its last running mean as its value
+    assert len(calls) == 7  # the pruned trial trained one fold, not two
+    assert (result.completed, result.pruned, result.failed) == (3, 1, 0)
+    assert result.best_value == pytest.approx(0.7) and search_module.budgeted_trials(
+        optuna.load_study(study_name="m", storage=storage_url(tmp_path))) == 4
+    with pytest.raises(UserInputError, match="pruner"):
+        SearchSettings(pruner="hyperband").check()

@@ -30,7 +30,7 @@ TEST_ACCESS_FILE = "test_access.jsonl"
 def audit(output_dir: Path) -> list[str]:
     """Every problem found in ``output_dir`` (one line each, naming the run); ``[]`` if none."""
     import optuna
-    from optuna.trial import TrialState
+    from dmlbench.protocol.search import budgeted_trials
 
     output_dir = Path(output_dir)
     path = output_dir / BENCHMARK_FILE
@@ -111,8 +111,7 @@ def audit(output_dir: Path) -> list[str]:
             problems.append(f"method {method}: no study in {benchmark['storage']}")
             continue
         trials = study.get_trials(deepcopy=False)
-        budgeted = sum(1 for t in trials if t.state == TrialState.COMPLETE
-                       or (t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")))
+        budgeted = budgeted_trials(study)
         settings = study.user_attrs.get("settings", {})
         reproductions = len({p.parent.name for p in (output_dir / method).glob("reproduction_*/fold_*/" + records.RUN_FILE)})
         budgets[method] = (budgeted, study.user_attrs.get("epochs"), settings.get("folds"), tuple(sorted(epochs[method])),

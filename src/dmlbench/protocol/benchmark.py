@@ -30,7 +30,8 @@ class ProtocolSpec(BaseModel):
 
     ``epochs``: every run's maximum epochs (``None``: the methods' common ``training.epochs``);
     ``patience``: early stopping after this many evaluations without improvement; reproduction
-    ``r`` trains with seed ``first_seed + r`` (never the search's seed)."""
+    ``r`` trains with seed ``first_seed + r`` (never the search's seed); ``pruner``: ``none`` or
+    ``median`` (a trial is stopped after a fold whose running fold-mean falls below the median)."""
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
@@ -39,6 +40,7 @@ class ProtocolSpec(BaseModel):
     epochs: int | None = Field(None, ge=1)
     patience: int | None = Field(None, ge=1)
     sampler: str = "gp"
+    pruner: str = "none"
     search_seed: int = Field(0, ge=0)
     reproductions: int = Field(3, ge=1)
     first_seed: int = Field(1000, ge=0)

@@ -98,6 +98,7 @@ def prepare(
     search = SearchSettings(
         trials=protocol.trials, folds=protocol.folds, fold_mode=protocol.fold_mode, epochs=protocol.epochs,
         patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed, storage=storage,
+        pruner=protocol.pruner,
     )
     reproduction = ReproductionSettings(
         reproductions=protocol.reproductions, first_seed=protocol.first_seed, folds=protocol.folds,

@@ -50,6 +50,7 @@ from dmlbench.training.setup import load_dataset
 STUDY_FILE = "study.db"
 SUMMARY_FILE = "search.json"
 SAMPLERS = ("gp", "tpe")
+PRUNERS = ("none", "median")
 STAGE = "search"
 # Keys the protocol sets for every method alike; a search space may not search them.
 PROTOCOL_KEYS = ("seed", "training.epochs", "training.early_stopping_patience", "data.train_classes", "data.val_classes")
@@ -71,6 +72,7 @@ class SearchSettings:
     sampler: str = "gp"
     seed: int = 0
     storage: str | None = None
+    pruner: str = "none"
 
     def check(self) -> None:
         """One-line ``UserInputError`` for a setting out of range."""
@@ -84,6 +86,8 @@ class SearchSettings:
                 raise UserInputError(f"search {name} must be a positive integer or unset, got {value!r}")
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"search sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.pruner not in PRUNERS:
+            raise UserInputError(f"search pruner must be one of {', '.join(PRUNERS)}, got {self.pruner!r}")
         if self.fold_mode not in FOLD_MODES:
             raise UserInputError(f"fold mode must be one of {', '.join(FOLD_MODES)}, got {self.fold_mode!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -102,6 +106,7 @@ class SearchResult:
     storage: str
     completed: int
     failed: int
+    pruned: int
     best_value: float | None
     best_params: dict[str, Any] | None
     fold_layout_hash: str
@@ -124,6 +129,15 @@ def make_sampler(settings: SearchSettings, seed: int | None = None) -> optuna.sa
     if settings.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     return optuna.samplers.TPESampler(seed=seed)
+
+
+def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
+    """``median``: stop a trial after a fold when its running fold-mean is below the median of the
+    earlier trials' running means at that fold (after 2 finished trials); ``none``: every trial runs
+    all its folds. Deterministic, so a resumed study prunes as an uninterrupted one would."""
+    if settings.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    return optuna.pruners.NopPruner()
 
 
 def trial_seed(seed: int, index: int) -> int:
@@ -183,7 +197,7 @@ def search_methods(
         "settings": asdict(settings),
         "methods": {
             name: {"best_value": result.best_value, "best_params": result.best_params, "completed": result.completed,
-                   "failed": result.failed, "fold_layout_hash": result.fold_layout_hash, "storage": result.storage}
+                   "failed": result.failed, "pruned": result.pruned, "fold_layout_hash": result.fold_layout_hash, "storage": result.storage}
             for name, result in results.items()
         },
     })
@@ -232,17 +246,24 @@ def run_search(
     output_dir.mkdir(parents=True, exist_ok=True)
     url = storage_url(output_dir, settings.storage)
     study = optuna.create_study(
-        storage=url, study_name=method, direction="maximize", sampler=make_sampler(settings), load_if_exists=True
+        storage=url, study_name=method, direction="maximize", sampler=make_sampler(settings),
+        pruner=make_pruner(settings), load_if_exists=True,
     )
     _check_or_record_settings(study, method, settings, layout, base_config)
     _requeue_interrupted(study)
-    while (index := _finished_count(study)) < settings.trials:
+    while (index := budgeted_trials(study)) < settings.trials:
         study.sampler = make_sampler(settings, trial_seed(settings.seed, index))
         trial = study.ask()
         try:
             value, attributes = _cross_validate(trial, method, base, space, layout, output_dir, progress, reporter, index)
         except RunInterrupted:
             raise  # Ctrl-C: the trial stays RUNNING and is re-run on resume
+        except optuna.TrialPruned as pruned:
+            trial.set_user_attr("pruned", str(pruned))
+            study.tell(trial, state=TrialState.PRUNED)
+            if progress:
+                print(f"== {method} trial {trial.number}: pruned ({pruned})", flush=True)
+            continue
         except Exception as error:  # any failure of a trial is a FAILED trial; Ctrl-C / exit propagate
             trial.set_user_attr("fail_reason", f"{type(error).__name__}: {error}".strip())
             study.tell(trial, state=TrialState.FAIL)
@@ -300,6 +321,10 @@ def _cross_validate(
         scores.append(float(score))
         run_dirs.append(str(run_dir))
         epochs_run.append(result.epochs_run)
+        if len(scores) < len(layout.folds):
+            trial.report(sum(scores) / len(scores), step=len(scores) - 1)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"fold-mean {sum(scores) / len(scores):.4f} after {len(scores)} fold(s)")
     value = sum(scores) / len(scores)
     return value, {"fold_values": scores, "run_dirs": run_dirs, "epochs_run": epochs_run}
 
@@ -343,11 +368,11 @@ def _requeue_interrupted(study: optuna.Study) -> None:
             study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
 
 
-def _finished_count(study: optuna.Study) -> int:
-    """Trials that used the budget: complete ones and genuine failures (interrupted ones are re-run)."""
+def budgeted_trials(study: optuna.Study) -> int:
+    """Trials that used the budget: complete, pruned and genuinely failed ones (interrupted ones are re-run)."""
     return sum(
         1 for trial in study.get_trials(deepcopy=False)
-        if trial.state == TrialState.COMPLETE
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
         or (trial.state == TrialState.FAIL and not trial.user_attrs.get("interrupted"))
     )
 
@@ -361,6 +386,7 @@ def _result(study: optuna.Study, method: str, url: str, layout: FoldLayout) -> S
         storage=url,
         completed=len(complete),
         failed=sum(1 for trial in trials if trial.state == TrialState.FAIL and not trial.user_attrs.get("interrupted")),
+        pruned=sum(1 for trial in trials if trial.state == TrialState.PRUNED),
         best_value=None if best is None else float(best.value),  # type: ignore[arg-type]
         best_params=None if best is None else dict(best.params),
         fold_layout_hash=layout.hash,

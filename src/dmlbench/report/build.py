@@ -216,13 +216,14 @@ def _budget_rows(data: ReportData) -> list[list[str]]:
     rows = []
     for method in data.methods:
         trials = data.trials.get(method, [])
-        budgeted = [t for t in trials if not t["interrupted"] and t["state"] in ("COMPLETE", "FAIL")]
+        budgeted = [t for t in trials if not t["interrupted"] and t["state"] in ("COMPLETE", "PRUNED", "FAIL")]
         complete = [t for t in trials if t["state"] == "COMPLETE"]
         result = data.results.get(method)
         scored = sum(1 for o in result.outcomes if o.scores) if result else 0
         best = max(complete, key=lambda t: (t["value"], -t["number"])) if complete else None
         rows.append([
-            method, str(len(budgeted)), str(len(budgeted) - len(complete)),
+            method, str(len(budgeted)),
+            f"{sum(t['state'] == 'FAIL' for t in budgeted)} / {sum(t['state'] == 'PRUNED' for t in budgeted)}",
             "-" if best is None else f"{100 * best['value']:.2f}",
             "-" if best is None else ", ".join(f"{k}={_short(v)}" for k, v in best["params"].items()),
             f"{scored}/{protocol['reproductions']}",
@@ -232,7 +233,7 @@ def _budget_rows(data: ReportData) -> list[list[str]]:
     return rows
 
 
-BUDGET_HEADER = ["method", "trials", "failed trials", "best val. MAP@R (%)", "best parameters",
+BUDGET_HEADER = ["method", "trials", "failed / pruned trials", "best val. MAP@R (%)", "best parameters",
                  "reproductions scored", "lag-1 autocorr. val. P@1", "lag-1 autocorr. val. MAP@R"]
 
 
@@ -252,7 +253,8 @@ def _parameters(data: ReportData) -> list[tuple[str, str]]:
         ("budget per method", f"{protocol['trials']} trials x {protocol['folds']} folds, then "
                               f"{protocol['reproductions']} reproductions x {protocol['folds']} folds; at most {epochs} epochs per run"),
         ("folds", f"{protocol['folds']} class-disjoint ({protocol['fold_mode']}) on the development classes"),
-        ("search", f"Optuna {protocol['sampler']} sampler, seed {protocol['search_seed']}, objective fold-mean validation MAP@R"),
+        ("search", f"Optuna {protocol['sampler']} sampler, seed {protocol['search_seed']}, objective fold-mean "
+                   f"validation MAP@R, pruning: {protocol.get('pruner', 'none')}"),
         ("early stopping patience", str(protocol["patience"])),
         ("reproduction seeds", f"{protocol['first_seed']}..{protocol['first_seed'] + protocol['reproductions'] - 1}"),
         ("fold layout hash", b["fold_layout_hash"]),
