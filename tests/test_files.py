@@ -29,3 +29,20 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Pat
         atomic_write(target, fail)
     assert target.read_bytes() == b"old"
     assert [path.name for path in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_ctrl_c_during_a_write_is_delivered_after_the_file_is_complete(tmp_path: Path) -> None:
+    import signal
+
+    target = tmp_path / "checkpoint.pt"
+    handler = signal.getsignal(signal.SIGINT)
+
+    def interrupted_midway(stream) -> None:
+        stream.write(b"first half, ")
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the file is being written
+        stream.write(b"second half")
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, interrupted_midway)
+    assert target.read_bytes() == b"first half, second half"
+    assert signal.getsignal(signal.SIGINT) == handler

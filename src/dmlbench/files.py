@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -13,7 +16,14 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a temporary file beside ``path``, sync it, then rename it over ``path``.
 
     A reader sees the old file or the complete new one; on any error the temporary file is removed.
+    A Ctrl-C during the write is delivered once the file is in place: arriving inside ``torch.save``
+    it would otherwise surface as an unrelated error of its zip writer.
     """
+    with _interrupts_deferred():
+        _write_and_replace(path, write)
+
+
+def _write_and_replace(path: Path, write: Callable[[BinaryIO], None]) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         # mkstemp creates the file for its owner only; results are files like any other (umask applies).
@@ -32,3 +42,20 @@ def _umask() -> int:
     current = os.umask(0o022)
     os.umask(current)
     return current
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT back until the block ends, then raise ``KeyboardInterrupt`` if one arrived."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield  # only the main thread may handle signals; a handler set outside Python cannot be restored
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
