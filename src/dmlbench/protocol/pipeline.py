@@ -38,8 +38,8 @@ from dmlbench.protocol.reproductions import (
 )
 from dmlbench.protocol.search import (
     PROTOCOL_KEYS,
+    apply_budget,
     SearchSettings,
-    _protocol_config,
     method_raw_config,
     search_methods,
     storage_url,
@@ -114,7 +114,8 @@ def prepare(
         if taken:
             raise UserInputError(f"method {method.name!r}: search key {taken[0]!r} is set by the protocol, not searched")
         try:
-            configs[method.name] = config_module.from_dict(copy.deepcopy(_protocol_config(raw, search)))
+            budgeted = apply_budget(raw, search.epochs, search.patience)
+            configs[method.name] = config_module.from_dict(copy.deepcopy(budgeted))
         except UserInputError as error:
             raise UserInputError(f"method {method.name!r}: {error}") from None
         spaces[method.name] = space

@@ -34,8 +34,8 @@ from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.evaluation import COUNT_KEYS, evaluate_many
 from dmlbench.protocol.benchmark import BenchmarkSpec
-from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, fold_layout
-from dmlbench.protocol.search import method_raw_config
+from dmlbench.protocol.folds import DEFAULT_K, fold_layout
+from dmlbench.protocol.search import apply_budget, check_budget, method_raw_config
 from dmlbench.protocol.search_space import apply_assignment
 from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
 from dmlbench.training import records, train
@@ -63,18 +63,8 @@ class ReproductionSettings:
     patience: int | None = None
 
     def check(self) -> None:
-        for name in ("reproductions", "folds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserInputError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("epochs", "patience"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise UserInputError(f"{name} must be a positive integer or unset, got {value!r}")
-        if isinstance(self.first_seed, bool) or not isinstance(self.first_seed, int) or self.first_seed < 0:
-            raise UserInputError(f"first_seed must be a non-negative integer, got {self.first_seed!r}")
-        if self.fold_mode not in FOLD_MODES:
-            raise UserInputError(f"fold mode must be one of {', '.join(FOLD_MODES)}, got {self.fold_mode!r}")
+        check_budget("reproduction", counts={"reproductions": self.reproductions, "folds": self.folds},
+                     epochs=self.epochs, patience=self.patience, seed=self.first_seed, fold_mode=self.fold_mode)
 
 
 @dataclass
@@ -114,12 +104,7 @@ def reproduce_method(
     """
     settings.check()
     output_dir = Path(output_dir)
-    budget: dict[str, Any] = {}
-    if settings.epochs is not None:
-        budget["training.epochs"] = settings.epochs
-    if settings.patience is not None:
-        budget["training.early_stopping_patience"] = settings.patience
-    base = apply_assignment(apply_assignment(dict(raw_config), params), budget)
+    base = apply_budget(apply_assignment(dict(raw_config), params), settings.epochs, settings.patience)
     try:
         base_config = config_module.from_dict(copy.deepcopy(base))
     except UserInputError as error:

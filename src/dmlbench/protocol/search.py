@@ -76,22 +76,12 @@ class SearchSettings:
 
     def check(self) -> None:
         """One-line ``UserInputError`` for a setting out of range."""
-        for name in ("trials", "folds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserInputError(f"search {name} must be a positive integer, got {value!r}")
-        for name in ("epochs", "patience"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise UserInputError(f"search {name} must be a positive integer or unset, got {value!r}")
+        check_budget("search", counts={"trials": self.trials, "folds": self.folds}, epochs=self.epochs,
+                     patience=self.patience, seed=self.seed, fold_mode=self.fold_mode)
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"search sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         if self.pruner not in PRUNERS:
             raise UserInputError(f"search pruner must be one of {', '.join(PRUNERS)}, got {self.pruner!r}")
-        if self.fold_mode not in FOLD_MODES:
-            raise UserInputError(f"fold mode must be one of {', '.join(FOLD_MODES)}, got {self.fold_mode!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise UserInputError(f"search seed must be a non-negative integer, got {self.seed!r}")
 
     def recorded(self) -> dict[str, Any]:
         """What must not change when a study is resumed (everything but ``trials`` and ``storage``)."""
@@ -237,7 +227,7 @@ def run_search(
     if taken:
         raise UserInputError(f"method {method!r}: search key {taken[0]!r} is set by the protocol, not searched")
     output_dir = Path(output_dir)
-    base = _protocol_config(raw_config, settings)
+    base = apply_budget(raw_config, settings.epochs, settings.patience)
     try:
         base_config = config_module.from_dict(copy.deepcopy(base))
     except UserInputError as error:
@@ -278,14 +268,32 @@ def run_search(
     return _result(study, method, url, layout)
 
 
-def _protocol_config(raw_config: Mapping[str, Any], settings: SearchSettings) -> dict[str, Any]:
-    """The method's raw config with the protocol's shared budget (epochs, early stopping) applied."""
+def apply_budget(raw_config: Mapping[str, Any], epochs: int | None, patience: int | None) -> dict[str, Any]:
+    """The method's raw config with the protocol's shared budget (epochs, early stopping) applied;
+    the same for the search and the reproductions."""
     fixed: dict[str, Any] = {}
-    if settings.epochs is not None:
-        fixed["training.epochs"] = settings.epochs
-    if settings.patience is not None:
-        fixed["training.early_stopping_patience"] = settings.patience
+    if epochs is not None:
+        fixed["training.epochs"] = epochs
+    if patience is not None:
+        fixed["training.early_stopping_patience"] = patience
     return apply_assignment(dict(raw_config), fixed)
+
+
+def check_budget(
+    stage: str, *, counts: Mapping[str, Any], epochs: Any, patience: Any, seed: Any, fold_mode: Any
+) -> None:
+    """The settings the search and the reproductions share: positive counts, optional positive
+    epochs and patience, a non-negative seed, a known fold mode (one-line ``UserInputError``)."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserInputError(f"{stage} {name} must be a positive integer, got {value!r}")
+    for name, value in (("epochs", epochs), ("patience", patience)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UserInputError(f"{stage} {name} must be a positive integer or unset, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserInputError(f"{stage} seed must be a non-negative integer, got {seed!r}")
+    if fold_mode not in FOLD_MODES:
+        raise UserInputError(f"fold mode must be one of {', '.join(FOLD_MODES)}, got {fold_mode!r}")
 
 
 def _cross_validate(
