@@ -307,16 +307,24 @@ def test_epoch_structure_and_determinism(name):
     assert other != batches
 
 
-def test_ranks_get_disjoint_batches():
+@pytest.mark.parametrize("name", ["greedy_coreset", "ddm", "frd"])
+def test_ranks_with_the_same_bank_take_slices_of_the_single_process_batch(name):
+    """Ranks whose banks are kept equal (the trainer writes the gathered global batch into every
+    rank's bank) distil the single-process batch and each keeps its contiguous slice."""
     labels, bank = clustered(num_classes=30, per_class=8, dim=8, seed=2)
+    single = run_epoch(build(name, labels, bank.clone(), batch_size=12, big_batch_size=40, seed=0), bank)
     samplers = [
-        build("frd", labels, bank, batch_size=8, big_batch_size=40, seed=0, rank=r, world_size=3) for r in range(3)
+        build(name, labels, bank.clone(), batch_size=12, big_batch_size=40, seed=0, rank=r, world_size=3)
+        for r in range(3)
     ]
-    epochs = [run_epoch(s, bank) for s in samplers]
-    assert [len(e) for e in epochs] == [len(labels) // 8 // 3] * 3
-    for step in range(len(epochs[0])):
-        members = [set(e[step]) for e in epochs]
-        assert not (members[0] & members[1] or members[0] & members[2] or members[1] & members[2])
+    iterators = [iter(sampler) for sampler in samplers]
+    for step, batch in enumerate(single):
+        slices = [next(iterator) for iterator in iterators]
+        assert [index for part in slices for index in part] == batch, step
+        for sampler in samplers:
+            sampler.update_memory(batch, bank[batch] * 0.9 + 0.1)
+    for iterator in iterators:
+        assert next(iterator, None) is None
 
 
 def test_data_loader_with_workers_is_refused():
@@ -364,7 +372,7 @@ def test_update_memory_overwrites_rows():
     "options, message",
     [
         ({"big_batch_size": 1024}, r"needs 512 disjoint groups .* gives only 90; lower big_batch_size"),
-        ({"big_batch_size": 64, "world_size": 3, "rank": 0}, r"needs 96 disjoint groups .*world_size=3"),
+        ({"big_batch_size": 64, "world_size": 3, "rank": 0}, r"batch_size=8 cannot be split evenly over world_size=3"),
         ({"big_batch_size": 8}, "big_batch_size=8 must be larger than batch_size=8"),
         ({"big_batch_size": 33}, "big_batch_size=33 is not divisible by samples_per_class=2"),
         ({"samples_per_class": 7, "batch_size": 14, "big_batch_size": 28},

@@ -65,9 +65,8 @@ def test_max_distinct_class_batches_matches_exhaustive_search(sizes, classes_per
     samples_per_class=st.integers(1, 4),
     classes_per_batch=st.integers(1, 6),
     seed=st.integers(0, 2**32),
-    world_size=st.integers(1, 3),
 )
-def test_spc_properties(sizes, samples_per_class, classes_per_batch, seed, world_size):
+def test_spc_properties(sizes, samples_per_class, classes_per_batch, seed):
     sizes = [max(size, samples_per_class) for size in sizes]
     if len(sizes) < classes_per_batch:
         return
@@ -75,35 +74,27 @@ def test_spc_properties(sizes, samples_per_class, classes_per_batch, seed, world
     n, b = samples_per_class, samples_per_class * classes_per_batch
     groups = [size // n for size in sizes]
     total = max_distinct_class_batches(torch.tensor(groups), classes_per_batch)
-    if total < world_size:
-        with pytest.raises(UserInputError, match="world_size"):
-            sampling.build("spc", labels=labels, batch_size=b, samples_per_class=n, seed=seed,
-                           rank=0, world_size=world_size)
+    if total < 1:
+        with pytest.raises(UserInputError, match="makes no batch per epoch"):
+            sampling.build("spc", labels=labels, batch_size=b, samples_per_class=n, seed=seed)
         return
-    per_rank = [
-        epoch(sampling.build("spc", labels=labels, batch_size=b, samples_per_class=n, seed=seed,
-                             rank=rank, world_size=world_size), 3)
-        for rank in range(world_size)
-    ]
+    batches = epoch(sampling.build("spc", labels=labels, batch_size=b, samples_per_class=n, seed=seed), 3)
     seen: Counter[int] = Counter()
     class_batches: Counter[int] = Counter()
-    for batches in per_rank:
-        assert len(batches) == total // world_size
-        for batch in batches:
-            assert len(batch) == b
-            counts = Counter(labels[batch].tolist())
-            assert len(counts) == classes_per_batch and set(counts.values()) == {n}
-            class_batches.update(counts.keys())
-            seen.update(batch)
-    # No image twice in the epoch, across all ranks together.
+    assert len(batches) == total
+    for batch in batches:
+        assert len(batch) == b
+        counts = Counter(labels[batch].tolist())
+        assert len(counts) == classes_per_batch and set(counts.values()) == {n}
+        class_batches.update(counts.keys())
+        seen.update(batch)
+    # No image twice in the epoch.
     assert max(seen.values()) == 1
-    # Documented frequency: class c takes part in at most min(k_c, B) batches of the global epoch,
-    # and the ranks' batches together cover all but fewer than C groups of sum_c min(k_c, B).
-    used_batches = (total // world_size) * world_size
+    # Documented frequency: class c takes part in at most min(k_c, B) batches, and the batches
+    # cover all but fewer than C groups of sum_c min(k_c, B).
     for c, k in enumerate(groups):
         assert class_batches[3 * c + 1] <= min(k, total)
-    if world_size == 1:
-        assert sum(min(k, total) for k in groups) - used_batches * classes_per_batch < classes_per_batch
+    assert sum(min(k, total) for k in groups) - total * classes_per_batch < classes_per_batch
 
 
 def test_spc_visits_every_group_when_classes_are_equal():
@@ -152,23 +143,14 @@ def test_classification_sampler_is_one_image_per_class():
 
 
 @FAST
-@given(n_images=st.integers(5, 200), batch_size=st.integers(1, 5), seed=st.integers(0, 2**31),
-       world_size=st.integers(1, 2))
-def test_random_sampler_is_one_pass_without_replacement(n_images, batch_size, seed, world_size):
+@given(n_images=st.integers(5, 200), batch_size=st.integers(1, 5), seed=st.integers(0, 2**31))
+def test_random_sampler_is_one_pass_without_replacement(n_images, batch_size, seed):
     labels = torch.arange(n_images) % 7
-    if n_images // batch_size < world_size:
-        with pytest.raises(UserInputError, match="fewer than world_size"):
-            sampling.build("random", labels=labels, batch_size=batch_size, world_size=world_size, rank=0)
-        return
-    all_batches = []
-    for rank in range(world_size):
-        batches = epoch(sampling.build("random", labels=labels, batch_size=batch_size, seed=seed,
-                                       rank=rank, world_size=world_size))
-        assert len(batches) == (n_images // batch_size) // world_size
-        assert all(len(batch) == batch_size for batch in batches)
-        all_batches += batches
-    flat = list(itertools.chain(*all_batches))
-    assert len(flat) == len(set(flat)) == (n_images // batch_size) // world_size * world_size * batch_size
+    batches = epoch(sampling.build("random", labels=labels, batch_size=batch_size, seed=seed))
+    assert len(batches) == n_images // batch_size
+    assert all(len(batch) == batch_size for batch in batches)
+    flat = list(itertools.chain(*batches))
+    assert len(flat) == len(set(flat)) == n_images // batch_size * batch_size
 
 
 # ----------------------------------------------------------------------------------------- SPC-R
@@ -251,16 +233,26 @@ def test_batches_do_not_depend_on_data_loader_workers():
     assert runs[0] == runs[1] == epoch(sampling.build("spc", labels=labels, batch_size=8, seed=11), 4)
 
 
-def test_ranks_get_disjoint_slices_of_the_same_global_epoch():
+@pytest.mark.parametrize("name", ["spc", "spc_random", "random", "classification"])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_ranks_slices_concatenate_to_the_single_process_batches(name, world_size):
+    """The global batch is the configured one for any number of processes: rank r keeps the r-th
+    contiguous slice of every single-process batch, and every rank takes the same number of steps."""
     labels = labels_from_sizes([4] * 50)
-    single = epoch(sampling.build("spc", labels=labels, batch_size=10, seed=3), 1)
+    single = epoch(sampling.build(name, labels=labels, batch_size=12, seed=3), 1)
     shards = [
-        epoch(sampling.build("spc", labels=labels, batch_size=10, seed=3, rank=r, world_size=3), 1)
-        for r in range(3)
+        epoch(sampling.build(name, labels=labels, batch_size=12, seed=3, rank=r, world_size=world_size), 1)
+        for r in range(world_size)
     ]
-    assert [len(s) for s in shards] == [len(single) // 3] * 3
-    for r, shard in enumerate(shards):
-        assert shard == single[r : len(single) // 3 * 3 : 3]
+    assert all(len(shard) == len(single) for shard in shards)
+    for step, batch in enumerate(single):
+        assert list(itertools.chain(*(shard[step] for shard in shards))) == batch
+        assert {len(shard[step]) for shard in shards} == {12 // world_size}
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused():
+    with pytest.raises(UserInputError, match=r"batch_size=10 cannot be split evenly over world_size=4"):
+        sampling.build("spc", labels=labels_from_sizes([4] * 50), batch_size=10, rank=0, world_size=4)
 
 
 def test_labels_may_be_numpy_or_lists():
@@ -291,7 +283,7 @@ def test_registry_lists_every_sampler():
         (dict(name="random", batch_size=4, seed=-1), "seed must be an integer >= 0"),
         (dict(name="random", batch_size=4, rank=2, world_size=2),
          r"rank must be an integer in \[0, world_size=2\)"),
-        (dict(name="random", batch_size=4, world_size=4), "fewer than world_size=4"),
+        (dict(name="random", batch_size=6, world_size=4), "cannot be split evenly over world_size=4"),
         (dict(name="spc_random", batch_size=1), "batch_size >= 2"),
         (dict(name="sps", batch_size=4), "unknown sampler 'sps'; did you mean 'spc'"),
         (dict(name="random", batch_size=4, samples_per_class=2),

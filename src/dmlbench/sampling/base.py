@@ -4,9 +4,12 @@ A sampler is a ``torch.utils.data.Sampler[list[int]]`` used as
 ``DataLoader(dataset, batch_sampler=sampler)``. The batches of epoch ``e`` are a pure function of
 ``(seed, e, rank, world_size)`` (and, for embedded samplers, of the memory bank's contents):
 every rank builds the same *global* sequence of batches from a generator seeded with
-``(seed, epoch)`` and keeps every ``world_size``-th one starting at ``rank``, so ranks get disjoint
-batches of the same structure and the same number of them. The DataLoader asks for the batches in
-its main process, so the number of data-loader workers never changes them.
+``(seed, epoch)`` and keeps its contiguous slice of every global batch (rank ``r`` of ``W`` takes
+positions ``r*b/W .. (r+1)*b/W - 1``), so the ranks' slices, concatenated in rank order, are exactly
+the batch a single process trains on: the global batch stays the configured one whatever the number
+of processes, and with ``world_size=1`` nothing changes. ``batch_size`` must therefore be divisible
+by ``world_size``. The DataLoader asks for the batches in its main process, so the number of
+data-loader workers never changes them.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def format_classes(class_ids: Tensor, counts: Tensor, limit: int = 5) -> str:
 
 @dataclass(kw_only=True, eq=False, repr=False)
 class BatchSampler(Sampler[list[int]]):
-    """Base of all batch samplers: labels, batch size, seed, epoch and the rank's share of batches.
+    """Base of all batch samplers: labels, batch size, seed, epoch and the rank's slice of each batch.
 
     The options are keyword-only dataclass fields: a subclass declares only the options it adds
     (as fields of a ``@dataclass(kw_only=True, eq=False, repr=False)``) and checks them in
@@ -145,17 +148,26 @@ class BatchSampler(Sampler[list[int]]):
         raise NotImplementedError
 
     def __len__(self) -> int:
-        return self.num_global_batches() // self.world_size
+        return self.num_global_batches()
 
     def check_enough_batches(self) -> None:
-        """Every rank needs at least one batch per epoch."""
-        total = self.num_global_batches()
-        if total < self.world_size:
+        """The global batch splits evenly over the ranks, and an epoch has at least one batch."""
+        if self.batch_size % self.world_size:
             raise UserInputError(
-                f"{type(self).__name__} makes only {total} batch(es) per epoch from "
-                f"{self.num_samples} images with batch_size={self.batch_size}, fewer than "
-                f"world_size={self.world_size}"
+                f"batch_size={self.batch_size} cannot be split evenly over world_size={self.world_size} "
+                f"processes: use a batch size divisible by {self.world_size} or fewer processes"
             )
+        total = self.num_global_batches()
+        if total < 1:
+            raise UserInputError(
+                f"{type(self).__name__} makes no batch per epoch from {self.num_samples} images "
+                f"with batch_size={self.batch_size}"
+            )
+
+    def shard(self, batch: Tensor) -> Tensor:
+        """This rank's contiguous slice of a global batch."""
+        per_rank = self.batch_size // self.world_size
+        return batch[self.rank * per_rank : (self.rank + 1) * per_rank]
 
 
 class LabelSampler(BatchSampler):
@@ -166,10 +178,8 @@ class LabelSampler(BatchSampler):
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.epoch_batches(self.epoch_generator())
-        # Whole rounds of world_size batches only, so that every rank takes the same number of steps.
-        mine = batches[self.rank : len(self) * self.world_size : self.world_size]
-        yield from mine.tolist()
+        for batch in self.epoch_batches(self.epoch_generator()):
+            yield self.shard(batch).tolist()
 
 
 def build(name: str, /, **kwargs: Any) -> BatchSampler:

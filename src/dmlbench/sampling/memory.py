@@ -13,11 +13,11 @@ Choices the paper leaves open, as implemented here:
   uniformly without replacement, and ``B`` is ``b/n`` whole groups of ``B*``. So every batch has
   positives when ``n >= 2`` and never repeats an image; with ``n = 1`` the selection works on single
   images. Classes may repeat across groups (``B*`` usually holds more groups than there are classes).
-* An epoch has ``N // b`` batches (as many as one pass of plain shuffling), split over the ranks.
+* An epoch has ``N // b`` batches (as many as one pass of plain shuffling).
   Images are not visited with a fixed frequency: which ones are picked depends on the embeddings.
-* Distributed: every rank draws the same random partition of the epoch's groups at every step and
-  takes its own disjoint slice as ``B*``, so ranks get disjoint batches without synchronising their
-  memory banks.
+* Distributed: every rank holds the same memory bank (the trainer writes the gathered embeddings of
+  the whole global batch into it), so every rank distils the same global batch and takes its slice
+  of it (``BatchSampler.shard``); the result is the single-process batch sequence.
 * The trainer must call ``update_memory`` after every step before asking for the next batch, so the
   DataLoader must use ``num_workers=0`` (workers prefetch batches ahead of the updates); asking for
   a batch before the previous one was reported back raises ``UserInputError``.
@@ -82,12 +82,11 @@ class EmbeddedSampler(BatchSampler):
         self.groups_per_batch = self.batch_size // n
         self.groups_per_big_batch = self.big_batch_size // n
         self.num_groups = int((self.class_sizes // n).sum())
-        needed = self.groups_per_big_batch * self.world_size
-        if self.num_groups < needed:
+        if self.num_groups < self.groups_per_big_batch:
             raise UserInputError(
-                f"the memory bank needs {needed} disjoint groups of samples_per_class={n} images "
-                f"(big_batch_size={self.big_batch_size} x world_size={self.world_size}), but the training "
-                f"set ({self.num_samples} images) gives only {self.num_groups}; lower big_batch_size"
+                f"the memory bank needs {self.groups_per_big_batch} disjoint groups of samples_per_class={n} "
+                f"images (big_batch_size={self.big_batch_size}), but the training set "
+                f"({self.num_samples} images) gives only {self.num_groups}; lower big_batch_size"
             )
 
     def num_global_batches(self) -> int:
@@ -156,7 +155,6 @@ class EmbeddedSampler(BatchSampler):
         self._require_memory()
         generator = self.epoch_generator()
         groups = self.epoch_groups(generator)
-        own = slice(self.rank * self.groups_per_big_batch, (self.rank + 1) * self.groups_per_big_batch)
         self._awaiting_update = False
         for step in range(len(self)):
             if self._awaiting_update:
@@ -165,11 +163,10 @@ class EmbeddedSampler(BatchSampler):
                     f"embeddings of batch {step}: use DataLoader(num_workers=0) with embedded samplers "
                     "(workers prefetch batches) and call update_memory after every step"
                 )
-            # The same permutation on every rank, so that the ranks' big batches are disjoint.
-            big_batch = groups[torch.randperm(self.num_groups, generator=generator)[own]]
+            big_batch = groups[torch.randperm(self.num_groups, generator=generator)[: self.groups_per_big_batch]]
             batch = self.select(big_batch, generator)
             self._awaiting_update = True
-            yield batch.tolist()
+            yield self.shard(batch).tolist()
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
