@@ -139,16 +139,18 @@ def test_evaluate_run_needs_a_run_directory(tmp_path: Path) -> None:
         evaluate_run(tmp_path / "empty")
 
 
-def test_loss_parameters_get_their_own_learning_rate(tmp_path: Path) -> None:
+def test_trunk_head_and_loss_parameters_get_their_own_learning_rates(tmp_path: Path) -> None:
     from dmlbench.training.setup import build_components
 
-    config = tiny_config("loss.name=normalized_softmax", "loss.params={}", "optimizer.loss_lr=0.01")
+    config = tiny_config(
+        "loss.name=normalized_softmax", "loss.params={}", "optimizer.loss_lr=0.01", "optimizer.trunk_lr=0.0001"
+    )
     components = build_components(config, num_classes=5, device=torch.device("cpu"))
     groups = components.optimizer.param_groups
-    assert [group["lr"] for group in groups] == [config.optimizer.lr, 0.01]
-    assert sum(parameter.numel() for parameter in groups[1]["params"]) == sum(
-        parameter.numel() for parameter in components.loss.parameters()
-    )
+    assert [(group["name"], group["lr"]) for group in groups] == [("trunk", 0.0001), ("head", config.optimizer.lr), ("loss", 0.01)]
+    model = components.model
+    for group, module in zip(groups, (model.trunk, model.head, components.loss)):
+        assert {id(p) for p in group["params"]} == {id(p) for p in module.parameters()}
 
 
 @pytest.mark.parametrize("sampler", ["greedy_coreset", "ddm", "frd"])

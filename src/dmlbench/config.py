@@ -46,10 +46,22 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
+    # small_cnn, resnet50, bninception, googlenet or timm/<model_name> (README, "Backbones").
     trunk: str = "small_cnn"
+    # false: random weights; true: the library's local cache (never downloaded); or a weight file path.
+    pretrained: bool | str = False
+    pooling: Literal["avg", "max"] = "avg"
     embedding_dim: int = Field(128, gt=0)
     layer_norm: bool = True
+    # Seed 002's head is layer_norm: true, bias: false, normalize: true.
+    bias: bool = True
     normalize: bool = True
+    # BatchNorm statistics and affine parameters of the trunk frozen (seeds 001 §4, 003 §4).
+    freeze_bn: bool = False
+    # Evaluate the sign of the embedding (seed 002 §4.3); training uses the float embedding.
+    binarize: bool = False
+    # Independent trunk + head pairs whose embeddings are concatenated (DREML with one network per learner).
+    ensemble: int = Field(1, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -75,9 +87,25 @@ class SamplerConfig(ComponentConfig):
 class OptimizerConfig(Section):
     name: Literal["adam", "adamw", "rmsprop", "sgd"] = "adam"
     lr: float = Field(1e-3, gt=0.0)
+    # Learning rates of the trunk and of the head (default: lr) and of the loss's own parameters.
+    trunk_lr: float | None = Field(None, gt=0.0)
+    head_lr: float | None = Field(None, gt=0.0)
+    loss_lr: float = Field(5e-4, gt=0.0)
     weight_decay: float = Field(4e-4, ge=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    loss_lr: float = Field(5e-4, gt=0.0)
+    # Per-epoch schedule of every group's learning rate: constant; step (times gamma from each epoch
+    # in step_epochs on); cosine (from the full rate at epoch 1 towards 0 after the last epoch).
+    schedule: Literal["constant", "step", "cosine"] = "constant"
+    step_epochs: list[int] = Field(default_factory=list)
+    gamma: float = Field(0.1, gt=0.0)
+
+    @model_validator(mode="after")
+    def _step_epochs(self) -> OptimizerConfig:
+        if self.schedule == "step" and not self.step_epochs:
+            raise ValueError("optimizer.schedule 'step' needs optimizer.step_epochs, e.g. [15]")
+        if any(epoch < 1 for epoch in self.step_epochs):
+            raise ValueError("optimizer.step_epochs must be epochs >= 1")
+        return self
 
 
 class TrainingConfig(Section):
@@ -89,6 +117,14 @@ class TrainingConfig(Section):
     device: str = "auto"
     # torch's intra-op threads; on a 2-core machine 1 thread trains faster than 2 (README, "Threads").
     num_threads: int = Field(1, ge=1)
+    # The first warmup_epochs epochs train only the new parameters (head, loss), seed 002 §4.1.
+    warmup_epochs: int = Field(0, ge=0)
+    # Batches whose gradients are summed (each loss divided by this) before one optimiser step.
+    accumulation_steps: int = Field(1, ge=1)
+    # Autocast of the training forward pass: fp32 (none), bf16 or fp16 (CUDA only).
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # torch.compile the model for the training steps (benchmarks/compile.py measures it).
+    compile: bool = False
 
 
 class EvaluationConfig(Section):
@@ -187,22 +223,23 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
 def check_component_names(config: Config) -> None:
     """Names and hyper-parameter keys must exist in their registries (values are checked on build)."""
     from dmlbench import data, losses, mining, sampling
-    from dmlbench.models import TRUNKS
+    from dmlbench.models import trunk_constructor
     from dmlbench.registry import check_kwargs
 
     reserved = {
+        "model.options": {"pooling", "pretrained", "model_name"},
         "loss.params": {"num_classes", "embedding_dim", "seed"},
         "miner.params": {"generator", "p_switch"},
         "sampler.params": {"labels", "batch_size", "seed", "rank", "world_size"},
     }
     for section, keys in reserved.items():
-        params = getattr(config, section.split(".")[0]).params
+        section_config = getattr(config, section.split(".")[0])
+        params = section_config.options if section == "model.options" else section_config.params
         taken = sorted(keys & set(params))
         if taken:
             raise UserInputError(f"{section} may not set {taken[0]!r}: the run sets it")
     checks = [
         ("data.options", data.DATASETS, config.data.name, config.data.options),
-        ("model.options", TRUNKS, config.model.trunk, config.model.options),
         ("loss.params", losses.LOSSES, config.loss.name, config.loss.params),
         ("sampler.params", sampling.SAMPLERS, config.sampler.name, config.sampler.params),
     ]
@@ -210,6 +247,15 @@ def check_component_names(config: Config) -> None:
         checks.append(("miner.params", mining.MINERS, config.miner.name, config.miner.params))
     for section, registry, name, params in checks:
         check_kwargs(registry.get(name), params, f"{section} of {registry.kind} {name!r}")
+    trunk = config.model.trunk
+    check_kwargs(trunk_constructor(trunk)[0], config.model.options, f"model.options of trunk {trunk!r}")
+    if config.model.ensemble > 1 and config.loss.name == "dreml":
+        learners = config.loss.params.get("num_learners", 12)
+        if config.model.ensemble != learners:
+            raise UserInputError(
+                f"model.ensemble={config.model.ensemble} must equal the dreml loss's num_learners={learners} "
+                "(one network per learner) or be 1 (one shared trunk)"
+            )
     if config.miner.p_switch > 0 and config.miner.name is None:
         raise UserInputError("miner.p_switch (rho-regularisation) needs a miner: set miner.name")
     if config.miner.name is not None and not getattr(losses.LOSSES.get(config.loss.name), "uses_tuples", False):

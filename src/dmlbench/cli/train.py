@@ -26,11 +26,14 @@ def train_command(
 ) -> None:
     """Train one model on one split; select the checkpoint on validation MAP@R only.
 
+    Started by torchrun (torchrun --nproc_per_node=N -m dmlbench train ...), it trains data-parallel
+    with the configured batch as the global batch; rank 0 writes the run directory.
+
     Exit codes: 0 trained (or already complete), 1 the run failed (e.g. the loss became NaN),
     2 bad input, 130 interrupted (resumable with --resume).
     """
     from dmlbench import config as config_module
-    from dmlbench.training import TrainingDiverged, records, train
+    from dmlbench.training import TrainingDiverged, distributed, records, train
 
     config_path, overrides = config_and_overrides(config_path, overrides)
     if resume:
@@ -44,12 +47,26 @@ def train_command(
         if config_path is None:
             raise UserInputError("missing CONFIG (a YAML file, e.g. configs/glyphs.yaml)")
         config = config_module.load(config_path, overrides)
-    run_dir = output or Path("runs") / f"{config.loss.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    started_group = distributed.init_from_environment(config.training.device)
     try:
-        result = train(config, run_dir, resume=resume, progress=not quiet)
-    except TrainingDiverged as error:
-        print(f"dmlbench: error: training diverged ({error}); run {run_dir} marked failed", file=sys.stderr)
-        raise typer.Exit(1) from None
+        group = distributed.current()
+        # Every rank must use rank 0's directory name (the clocks of the ranks may differ).
+        run_dir = distributed.broadcast(
+            output or Path("runs") / f"{config.loss.name}-{datetime.now():%Y%m%d-%H%M%S}", group
+        )
+        try:
+            result = train(config, run_dir, resume=resume, progress=not quiet)
+        except TrainingDiverged as error:
+            if group.is_main:
+                print(f"dmlbench: error: training diverged ({error}); run {run_dir} marked failed", file=sys.stderr)
+            raise typer.Exit(1) from None
+    finally:
+        if started_group:
+            import torch.distributed
+
+            torch.distributed.destroy_process_group()
+    if not group.is_main:
+        return
     best = result.best_validation or {}
     summary = ", ".join(f"{key} {value:.4f}" for key, value in best.items() if key in ("precision_at_1", "map_at_r"))
     if result.already_complete:

@@ -1,18 +1,59 @@
-"""Feature extractors. Each constructor returns ``(module, feature_dim)``; weights are random unless a
-local weight file is given (nothing is ever downloaded)."""
+"""Feature extractors. Each constructor returns ``(module, feature_dim)``: the module maps images to
+globally pooled features ``[batch, feature_dim]``.
+
+Every constructor takes ``pooling`` (``avg`` or ``max``, the global pooling of the last feature map)
+and ``pretrained``: ``False`` (random weights), ``True`` (the library's local cache: torchvision's
+hub checkpoint folder or the Hugging Face cache of timm; never downloaded) or the path of a local
+weight file (a ``state_dict``; the classifier's keys, if present, are ignored). A missing file names
+where to put it; a file of another architecture is a ``UserInputError``.
+
+``timm/<model_name>`` names any model of the optional ``timm`` package (``pip install dmlbench[timm]``).
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from dmlbench.errors import UserInputError
 from dmlbench.registry import Registry
 from dmlbench.validation import check_positive_int
 
 TRUNKS: Registry[tuple[nn.Module, int]] = Registry("trunk")
+
+TIMM_PREFIX = "timm/"
+POOLINGS = ("avg", "max")
+Pretrained = bool | str
+
+
+def trunk_constructor(name: str) -> tuple[Callable[..., tuple[nn.Module, int]], dict[str, Any]]:
+    """The constructor of trunk ``name`` and the arguments the name itself fixes (``timm/<model>``)."""
+    if name.startswith(TIMM_PREFIX):
+        model_name = name.removeprefix(TIMM_PREFIX)
+        if not model_name:
+            raise UserInputError("model.trunk 'timm/' needs a model name, e.g. timm/resnet18")
+        return TRUNKS.get("timm"), {"model_name": model_name}
+    if name == "timm":
+        raise UserInputError("model.trunk: write timm/<model_name>, e.g. timm/resnet18")
+    return TRUNKS.get(name), {}
+
+
+def build_trunk(name: str, **options: Any) -> tuple[nn.Module, int]:
+    constructor, fixed = trunk_constructor(name)
+    return constructor(**fixed, **options)
+
+
+def global_pool(pooling: str) -> nn.Sequential:
+    """Global average or max pooling of a ``[batch, C, H, W]`` map to ``[batch, C]``."""
+    if pooling not in POOLINGS:
+        raise UserInputError(f"model.pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    pool = nn.AdaptiveAvgPool2d(1) if pooling == "avg" else nn.AdaptiveMaxPool2d(1)
+    return nn.Sequential(pool, nn.Flatten())
 
 
 def _conv_stage(in_channels: int, out_channels: int) -> nn.Sequential:
@@ -25,29 +66,76 @@ def _conv_stage(in_channels: int, out_channels: int) -> nn.Sequential:
 
 
 @TRUNKS.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 32) -> tuple[nn.Module, int]:
+def small_cnn(
+    in_channels: int = 1, width: int = 32, pooling: str = "avg", pretrained: Pretrained = False
+) -> tuple[nn.Module, int]:
     """Four conv-BN-ReLU-pool stages doubling the width (about 0.4 M parameters at width 32): sized so
     that a training step at batch 112 on 32x32 images takes a fraction of a second on a laptop CPU."""
     check_positive_int("in_channels", in_channels)
     check_positive_int("width", width)
     widths = [width, 2 * width, 4 * width, 8 * width]
     stages = [_conv_stage(cin, cout) for cin, cout in zip([in_channels, *widths[:-1]], widths)]
-    trunk = nn.Sequential(*stages, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    trunk = nn.Sequential(*stages, *global_pool(pooling))
+    if pretrained is True:
+        raise UserInputError("model.pretrained=true: small_cnn has no pretrained weights; give a weight file path")
+    if pretrained:
+        load_weight_file(trunk, str(pretrained), "small_cnn")
     return trunk, widths[-1]
 
 
-def _torchvision_trunk(name: str, in_channels: int, weights_path: str | None) -> tuple[nn.Module, int]:
+class PooledFeatures(nn.Module):
+    """A convolutional network without its head, followed by global pooling."""
+
+    def __init__(self, features: nn.Module, pooling: str) -> None:
+        super().__init__()
+        self.features = features
+        self.pool = global_pool(pooling)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.pool(self.features(images))
+
+
+def _hub_checkpoint(weights_enum: Any, trunk: str) -> str:
+    """The first of torchvision's ImageNet checkpoints for ``trunk`` present in torch's hub folder."""
+    folder = Path(torch.hub.get_dir()) / "checkpoints"
+    names = [os.path.basename(member.url) for member in weights_enum]
+    for name in names:
+        if (folder / name).is_file():
+            return str(folder / name)
+    raise UserInputError(
+        f"model.pretrained=true: no torchvision checkpoint for {trunk} in {folder} (nothing is downloaded); "
+        f"put {names[0]} there (from {next(iter(weights_enum)).url}) or give model.pretrained=PATH"
+    )
+
+
+def _torchvision_trunk(name: str, in_channels: int, pooling: str, pretrained: Pretrained) -> tuple[nn.Module, int]:
     import torchvision
 
-    constructor = getattr(torchvision.models, name)
-    kwargs = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
-    network = constructor(weights=None, **kwargs)
-    if weights_path is not None:
-        load_weight_file(network, weights_path)
-    if in_channels != 3:
-        _adapt_first_conv(network, in_channels)
+    check_positive_int("in_channels", in_channels)
+    weight_file = None
+    if pretrained is True:
+        enum = {"resnet50": torchvision.models.ResNet50_Weights, "googlenet": torchvision.models.GoogLeNet_Weights}[name]
+        weight_file = _hub_checkpoint(enum, name)
+    elif pretrained:
+        weight_file = str(pretrained)
+    if name == "googlenet":
+        # torchvision's ImageNet GoogLeNet expects its inputs re-normalised (transform_input), as its own
+        # pretrained constructor sets; the auxiliary classifiers are training-time heads, never used here.
+        network = torchvision.models.googlenet(
+            weights=None, aux_logits=False, init_weights=weight_file is None, transform_input=weight_file is not None
+        )
+        ignored: tuple[str, ...] = ("fc.", "aux1.", "aux2.")
+    else:
+        network = torchvision.models.resnet50(weights=None)
+        ignored = ("fc.",)
     feature_dim = network.fc.in_features
     network.fc = nn.Identity()
+    if weight_file is not None:
+        load_weight_file(network, weight_file, name, ignored)
+    if in_channels != 3:
+        _adapt_first_conv(network, in_channels)
+    # Both networks end in global average pooling, then dropout (googlenet), then fc.
+    network.avgpool = global_pool(pooling)[0]
     return network, feature_dim
 
 
@@ -61,31 +149,131 @@ def _adapt_first_conv(network: nn.Module, in_channels: int) -> None:
             )
             with torch.no_grad():
                 replacement.weight.copy_(module.weight.mean(dim=1, keepdim=True).expand_as(replacement.weight))
+                if module.bias is not None:
+                    replacement.bias.copy_(module.bias)
             parent = network.get_submodule(module_name.rpartition(".")[0]) if "." in module_name else network
             setattr(parent, module_name.rpartition(".")[2], replacement)
             return
 
 
-def load_weight_file(network: nn.Module, weights_path: str) -> None:
-    """Load a local ``state_dict`` file; a missing file or mismatched keys are user errors."""
-    path = Path(weights_path)
+def read_weight_file(path: Path) -> Mapping[str, Tensor]:
+    """A ``state_dict`` from a ``torch.save`` file or a ``.safetensors`` file; anything else is a user error."""
     if not path.is_file():
         raise UserInputError(f"weights file {path} does not exist")
-    state = torch.load(path, map_location="cpu", weights_only=True)
     try:
-        network.load_state_dict(state)
-    except RuntimeError as error:
-        first_line = str(error).strip().splitlines()[0]
-        raise UserInputError(f"weights file {path} does not fit the network: {first_line}") from None
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file is the same user mistake
+        raise UserInputError(f"weights file {path} cannot be read ({type(error).__name__})") from None
+    if not isinstance(state, Mapping) or not all(isinstance(value, Tensor) for value in state.values()):
+        raise UserInputError(f"weights file {path} is not a state_dict (a mapping of parameter names to tensors)")
+    return state
+
+
+def load_weight_file(network: nn.Module, weights_path: str, trunk: str, ignored: tuple[str, ...] = ()) -> None:
+    """Load a local ``state_dict`` into ``network`` (keys starting with ``ignored`` are skipped); a file
+    that does not fit (missing, unexpected or differently shaped tensors) is one ``UserInputError`` line."""
+    path = Path(weights_path)
+    state = {key: value for key, value in read_weight_file(path).items() if not key.startswith(ignored)}
+    expected = network.state_dict()
+    missing = [key for key in expected if key not in state]
+    unexpected = [key for key in state if key not in expected]
+    mismatched = [key for key in expected if key in state and state[key].shape != expected[key].shape]
+    if missing or unexpected or mismatched:
+        problems = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected)):
+            if keys:
+                problems.append(f"{len(keys)} {label} tensor(s), e.g. {keys[0]!r}")
+        if mismatched:
+            key = mismatched[0]
+            problems.append(
+                f"{len(mismatched)} of another shape, e.g. {key!r} {list(state[key].shape)} "
+                f"instead of {list(expected[key].shape)}"
+            )
+        raise UserInputError(f"weights file {path} does not fit trunk {trunk}: {'; '.join(problems)}")
+    network.load_state_dict(state)
 
 
 @TRUNKS.register("resnet50")
-def resnet50(in_channels: int = 3, weights_path: str | None = None) -> tuple[nn.Module, int]:
-    """ResNet-50 (He et al. 2016), the trunk of seed 003/004; random weights or a local file."""
-    return _torchvision_trunk("resnet50", in_channels, weights_path)
+def resnet50(in_channels: int = 3, pooling: str = "avg", pretrained: Pretrained = False) -> tuple[nn.Module, int]:
+    """ResNet-50 (He et al. 2016), the trunk of seeds 003/004; 2048-d features."""
+    return _torchvision_trunk("resnet50", in_channels, pooling, pretrained)
 
 
 @TRUNKS.register("googlenet")
-def googlenet(in_channels: int = 3, weights_path: str | None = None) -> tuple[nn.Module, int]:
-    """GoogLeNet (Szegedy et al. 2015), the trunk of seed 000 and older papers; random weights or a local file."""
-    return _torchvision_trunk("googlenet", in_channels, weights_path)
+def googlenet(in_channels: int = 3, pooling: str = "avg", pretrained: Pretrained = False) -> tuple[nn.Module, int]:
+    """GoogLeNet (Szegedy et al. 2015), the trunk of seed 000 and older papers; 1024-d features."""
+    return _torchvision_trunk("googlenet", in_channels, pooling, pretrained)
+
+
+@TRUNKS.register("bninception")
+def bninception(in_channels: int = 3, pooling: str = "avg", pretrained: Pretrained = False) -> tuple[nn.Module, int]:
+    """BN-Inception (Ioffe & Szegedy 2015, Fig. 5), the backbone of seeds 001/002; 1024-d features."""
+    from dmlbench.models.bninception import BNInception
+
+    check_positive_int("in_channels", in_channels)
+    if pretrained is True:
+        raise UserInputError(
+            "model.pretrained=true: bninception has no library cache (neither torchvision nor timm ship it); "
+            "give model.pretrained=PATH, a state_dict of dmlbench's BNInception"
+        )
+    features = BNInception(3)
+    network = PooledFeatures(features, pooling)
+    if pretrained:
+        load_weight_file(network, str(pretrained), "bninception")
+    if in_channels != 3:
+        _adapt_first_conv(network, in_channels)
+    return network, features.out_channels
+
+
+def _timm_cached_weights(timm: Any, model_name: str) -> str:
+    """The model's pretrained file in the local Hugging Face cache, or a user error saying where it goes."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    config = timm.models.get_pretrained_cfg(model_name)
+    hub_id = getattr(config, "hf_hub_id", None) if config is not None else None
+    if not hub_id:
+        raise UserInputError(
+            f"model.pretrained=true: timm model {model_name!r} has no Hugging Face weights; give model.pretrained=PATH"
+        )
+    for filename in ("model.safetensors", "pytorch_model.bin"):
+        found = try_to_load_from_cache(hub_id, filename)
+        if isinstance(found, str):
+            return found
+    raise UserInputError(
+        f"model.pretrained=true: the weights of timm/{model_name} are not in the Hugging Face cache "
+        f"{constants.HF_HUB_CACHE} (nothing is downloaded); fetch them once with "
+        f"`huggingface-cli download {hub_id} model.safetensors` or give model.pretrained=PATH"
+    )
+
+
+@TRUNKS.register("timm")
+def timm_trunk(
+    model_name: str, in_channels: int = 3, pooling: str = "avg", pretrained: Pretrained = False
+) -> tuple[nn.Module, int]:
+    """Any model of timm (Wightman, PyTorch Image Models) without its classifier: ``model.trunk: timm/<name>``."""
+    try:
+        import timm
+    except ImportError:
+        raise UserInputError("model.trunk timm/...: timm is not installed; pip install 'dmlbench[timm]'") from None
+    check_positive_int("in_channels", in_channels)
+    global_pool(pooling)
+    if not timm.is_model(model_name):
+        raise UserInputError(f"model.trunk: timm has no model {model_name!r} (timm.list_models() lists them)")
+    try:
+        network = timm.create_model(model_name, pretrained=False, num_classes=0, global_pool=pooling)
+    except (TypeError, ValueError, AssertionError, RuntimeError) as error:
+        raise UserInputError(f"model.trunk timm/{model_name} with pooling {pooling!r}: {error}") from None
+    weight_file = _timm_cached_weights(timm, model_name) if pretrained is True else pretrained or None
+    if weight_file:
+        config = getattr(network, "pretrained_cfg", {}) or {}
+        classifier = config.get("classifier") or ()
+        ignored = tuple(f"{name}." for name in ([classifier] if isinstance(classifier, str) else classifier))
+        load_weight_file(network, str(weight_file), f"timm/{model_name}", ignored)
+    if in_channels != 3:
+        _adapt_first_conv(network, in_channels)
+    return network, int(network.num_features)

@@ -1,8 +1,10 @@
 """The training loop: mini-batches from a batch sampler, optional mining, validation-only model
-selection, checkpoints every epoch and exact resumption."""
+selection, checkpoints every epoch and exact resumption; single-process or data-parallel over the
+processes of ``torchrun`` (``training.distributed``), where rank 0 alone writes the run directory."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping
@@ -18,8 +20,10 @@ from dmlbench import evaluation
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import RunInterrupted, UserInputError
-from dmlbench.training import records
+from dmlbench.training import distributed, records
+from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
+from dmlbench.training.schedule import set_learning_rates, set_warmup
 from dmlbench.training.setup import (
     Components,
     build_components,
@@ -58,7 +62,19 @@ def train(
     item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
     """
     run_dir = Path(run_dir)
-    _check_run_dir(run_dir, resume)
+    group = distributed.current()
+    main = group.is_main
+    # Rank 0 alone decides about the run directory (the others would see the one it creates) and
+    # tells the others, so that a refusal stops every rank with the same line.
+    refusal = None
+    if main:
+        try:
+            _check_run_dir(run_dir, resume)
+        except UserInputError as error:
+            refusal = str(error)
+    refusal = distributed.broadcast(refusal, group)
+    if refusal is not None:
+        raise UserInputError(refusal)
     if resume:
         stored = records.read_json(run_dir / records.RUN_FILE)
         if stored.get("status") == "completed":
@@ -67,7 +83,11 @@ def train(
                 run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
                 already_complete=True,
             )
+    distributed.check_batch(config.training.batch_size, group)
     device = resolve_device(config.training.device)
+    if group.enabled and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", group.local_rank)
+    check_precision(config.training.precision, device)
     torch.set_num_threads(config.training.num_threads)
     full_dataset = load_dataset(config)
     dataset_hash = full_dataset.content_hash
@@ -82,58 +102,125 @@ def train(
     train_targets = to_class_index[labels[splits.train]]
     sampler = build_sampler(config, train_targets.numpy())
     components = build_components(config, num_classes, device)
+    stepper = _Stepper(config, components, device, group)
 
     start_epoch, state = 0, _SelectionState()
     if resume and (run_dir / records.LAST_CHECKPOINT).exists():
-        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, components, sampler)
-        records.truncate_metrics(run_dir, start_epoch)
-    else:
+        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, components, sampler, stepper)
+        if main:
+            records.truncate_metrics(run_dir, start_epoch)
+    elif main:
         records.create_run_dir(run_dir)
         records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
-    run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume)
+    run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume, group)
     run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
     run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
     run_record.update(record or {})
-    records.write_json(run_dir / records.RUN_FILE, run_record)
+    if main:
+        records.write_json(run_dir / records.RUN_FILE, run_record)
 
     model = components.model
+    progress = progress and main
     epoch = start_epoch
     try:
         if start_epoch == 0:
             # The untrained model's validation scores: the baseline every epoch is compared with.
-            records.append_metrics(run_dir, {"epoch": 0, "validation": _validate(model, validation_set, config, device)})
+            untrained = _validate(model, validation_set, config, device, group)
+            if main:
+                records.append_metrics(run_dir, {"epoch": 0, "validation": untrained})
         if getattr(sampler, "needs_embeddings", False) and sampler.memory is None:
-            sampler.initialize_memory(embed(model, train_set, config.evaluation.batch_size, device)[0])
+            memory = distributed.embed_sharded(embed, model, train_set, config.evaluation.batch_size, device, group)
+            sampler.initialize_memory(memory[0])
         for epoch in range(start_epoch + 1, config.training.epochs + 1):
-            record = _train_epoch(epoch, config, components, sampler, train_set, to_class_index, device, progress)
+            record = _train_epoch(epoch, config, components, sampler, train_set, to_class_index, device, progress, stepper)
             if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
-                validation = _validate(model, validation_set, config, device)
+                validation = _validate(model, validation_set, config, device, group)
                 record["validation"] = validation
                 state.observe(epoch, validation, config.evaluation.selection_metric)
-                if state.best_epoch == epoch:
-                    _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, components, state, sampler)
-            records.append_metrics(run_dir, record)
-            _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, components, state, sampler)
+                if main and state.best_epoch == epoch:
+                    _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, components, state, sampler, stepper)
+            if main:
+                records.append_metrics(run_dir, record)
+                _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, components, state, sampler, stepper)
             if progress:
                 _print_epoch(record, config.evaluation.selection_metric)
             patience = config.training.early_stopping_patience
             if patience is not None and state.epochs_without_improvement >= patience:
                 break
     except TrainingDiverged as error:
-        _finish_record(run_dir, run_record, "failed", reason=f"training diverged: {error}")
+        _finish_record(run_dir, run_record, "failed", group, reason=f"training diverged: {error}")
         raise
     except KeyboardInterrupt:
-        _finish_record(run_dir, run_record, "interrupted")
+        _finish_record(run_dir, run_record, "interrupted", group)
         raise RunInterrupted(f"run {run_dir} stopped; continue it with: dmlbench train --resume -o {run_dir}") from None
     except BaseException as error:
-        _finish_record(run_dir, run_record, "failed", reason=f"{type(error).__name__}: {error}".strip())
+        _finish_record(run_dir, run_record, "failed", group, reason=f"{type(error).__name__}: {error}".strip())
         raise
     _finish_record(
-        run_dir, run_record, "completed",
+        run_dir, run_record, "completed", group,
         best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
     )
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """Autocast precisions this device runs: bf16 on CPU, CUDA with bf16 support and MPS; fp16 on CUDA and MPS."""
+    if precision == "fp16" and device.type == "cpu":
+        raise UserInputError(
+            "training.precision=fp16 needs a CUDA or MPS device (CPU autocast supports bf16 only); "
+            "use training.precision=bf16 or fp32"
+        )
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserInputError(f"training.precision=bf16: {torch.cuda.get_device_name(device)} has no bfloat16 support; use fp16")
+
+
+class _Stepper:
+    """What a training step needs besides the components: the module to call (plain, DDP-wrapped and
+    or compiled, rebuilt when the warm-up phase changes which parameters train), autocast and the
+    fp16 gradient scaler."""
+
+    def __init__(self, config: Config, components: Components, device: torch.device, group: ProcessGroup) -> None:
+        self.config, self.components, self.device, self.group = config, components, device, group
+        self.precision = config.training.precision
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
+        # Frozen BatchNorm parameters never train; warm-up switches only the others.
+        self.trainable_trunk = [p for p in components.model.trunk_parameters() if p.requires_grad]
+        self._phase: bool | None = None
+        self._module: torch.nn.Module = components.model
+
+    def begin_epoch(self, epoch: int) -> dict[str, float]:
+        """Learning rates and training mode for ``epoch``; returns the rates by group."""
+        config, model = self.config, self.components.model
+        warmup = epoch <= config.training.warmup_epochs
+        model.train()
+        set_warmup(model, self.trainable_trunk, warmup)
+        if warmup != self._phase:
+            self._phase, self._module = warmup, self._wrap(model)
+        return set_learning_rates(self.components.optimizer, config.optimizer, epoch, config.training.epochs)
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        module = model
+        if self.group.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            module = DistributedDataParallel(model, device_ids=device_ids)
+        if self.config.training.compile:
+            module = torch.compile(module)
+        return module
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            return self._module(images)
+
+    def no_sync(self, sync: bool) -> Any:
+        """DDP skips the gradient all-reduce of accumulation steps that do not end in an optimiser step."""
+        ddp = getattr(self._module, "_orig_mod", self._module)
+        if sync or not self.group.enabled:
+            return contextlib.nullcontext()
+        return ddp.no_sync()
 
 
 def _train_epoch(
@@ -145,39 +232,52 @@ def _train_epoch(
     to_class_index: torch.Tensor,
     device: torch.device,
     progress: bool,
+    stepper: _Stepper,
 ) -> dict[str, Any]:
-    """One pass over the sampler's batches; raises ``TrainingDiverged`` on a non-finite loss."""
-    model, loss_fn, miner, optimizer = components.model, components.loss, components.miner, components.optimizer
+    """One pass over the sampler's batches; raises ``TrainingDiverged`` on a non-finite loss.
+
+    With ``accumulation_steps`` k the optimiser steps after every k batches (and after the epoch's
+    last), each batch's loss divided by k. In data-parallel training ``sampler`` yields this rank's
+    slice of each global batch and the loss is computed on the gathered global batch.
+    """
+    loss_fn, miner, optimizer = components.loss, components.miner, components.optimizer
+    group, accumulation = stepper.group, config.training.accumulation_steps
     sampler.set_epoch(epoch)
-    model.train()
+    rates = stepper.begin_epoch(epoch)
     epoch_loss, steps, images_seen, started = 0.0, 0, 0, time.perf_counter()
     total = len(sampler)
     if config.training.max_steps_per_epoch is not None:
         total = min(total, config.training.max_steps_per_epoch)
     bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=not progress, leave=False)
+    optimizer.zero_grad(set_to_none=True)
     for batch_indices in sampler:
         images, batch_labels, indices = train_set.batch(batch_indices)
-        targets = to_class_index[batch_labels].to(device)
-        embeddings = model(images.to(device))
-        tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
-        loss = loss_fn(embeddings, targets, tuples)
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {steps + 1}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        targets = distributed.gather(to_class_index[batch_labels].to(device), group)
+        ends_window = (steps + 1) % accumulation == 0 or steps + 1 == total
+        with stepper.no_sync(ends_window):
+            embeddings = distributed.gather(stepper.forward(images.to(device)).float(), group)
+            tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
+            loss = loss_fn(embeddings, targets, tuples)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {steps + 1}")
+            stepper.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+        if ends_window:
+            stepper.scaler.step(optimizer)
+            stepper.scaler.update()
+            optimizer.zero_grad(set_to_none=True)
         if getattr(sampler, "needs_embeddings", False):
-            sampler.update_memory(indices, embeddings.detach().cpu())
+            # Every rank writes the whole global batch, so the ranks' banks stay equal.
+            sampler.update_memory(distributed.gather(indices.to(device), group).cpu(), embeddings.detach().cpu())
         epoch_loss += loss.item()
         steps += 1
-        images_seen += len(images)
+        images_seen += len(images) * group.world_size
         bar.set_postfix(loss=f"{epoch_loss / steps:.4f}", img_s=f"{images_seen / (time.perf_counter() - started):.0f}")
         bar.update()
         if steps >= total:
             break
     bar.close()
     return {
-        "epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps,
+        "epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps, "learning_rates": rates,
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -205,14 +305,24 @@ class _SelectionState:
         vars(self).update(state)
 
 
-def _validate(model: torch.nn.Module, validation_set: ImageDataset, config: Config, device: torch.device) -> dict[str, float]:
-    embeddings, labels = embed(model, validation_set, config.evaluation.batch_size, device)
-    results = evaluation.evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed)
-    return {key: float(value) for key, value in results.items()}
+def _validate(
+    model: torch.nn.Module, validation_set: ImageDataset, config: Config, device: torch.device,
+    group: ProcessGroup = ProcessGroup(),
+) -> dict[str, float]:
+    """Validation metrics; each rank embeds its share once, rank 0 scores all of them and tells the others."""
+    embeddings, labels = distributed.embed_sharded(
+        embed, model, validation_set, config.evaluation.batch_size, device, group
+    )
+    scores = None
+    if group.is_main:
+        results = evaluation.evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed)
+        scores = {key: float(value) for key, value in results.items()}
+    return distributed.broadcast(scores, group)
 
 
 def _save_checkpoint(
-    path: Path, epoch: int, components: Components, state: _SelectionState, sampler: Sampler[list[int]]
+    path: Path, epoch: int, components: Components, state: _SelectionState, sampler: Sampler[list[int]],
+    stepper: _Stepper,
 ) -> None:
     payload = {
         "epoch": epoch,
@@ -224,12 +334,13 @@ def _save_checkpoint(
         # An embedded sampler's batches depend on its memory bank: a resumed run must continue with
         # the bank as it was, not one rebuilt from the current model.
         "sampler_memory": getattr(sampler, "memory", None),
+        "grad_scaler": stepper.scaler.state_dict(),
     }
     records.atomic_torch_save(path, payload)
 
 
 def _load_checkpoint(
-    path: Path, components: Components, sampler: Sampler[list[int]]
+    path: Path, components: Components, sampler: Sampler[list[int]], stepper: _Stepper
 ) -> tuple[int, _SelectionState]:
     payload = torch.load(path, map_location="cpu", weights_only=False)
     components.model.load_state_dict(payload["model"])
@@ -239,6 +350,8 @@ def _load_checkpoint(
         components.miner.generator.set_state(payload["miner_generator"])
     if payload.get("sampler_memory") is not None:
         sampler.initialize_memory(payload["sampler_memory"])
+    if payload.get("grad_scaler"):
+        stepper.scaler.load_state_dict(payload["grad_scaler"])
     state = _SelectionState()
     state.load_state_dict(payload["selection"])
     return int(payload["epoch"]), state
@@ -254,7 +367,9 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
         raise UserInputError(f"run directory {run_dir} already exists and is not empty (use --resume to continue it)")
 
 
-def _start_record(run_dir: Path, config: Config, dataset_hash: str, splits: Any, resume: bool) -> dict[str, Any]:
+def _start_record(
+    run_dir: Path, config: Config, dataset_hash: str, splits: Any, resume: bool, group: ProcessGroup
+) -> dict[str, Any]:
     record: dict[str, Any] = records.read_json(run_dir / records.RUN_FILE) if resume else {}
     record.update({
         "status": "running",
@@ -264,18 +379,27 @@ def _start_record(run_dir: Path, config: Config, dataset_hash: str, splits: Any,
         "dataset": {"name": config.data.name, "content_hash": dataset_hash},
         "split_sizes": {name: int(len(getattr(splits, name))) for name in ("train", "validation", "test")},
         "num_threads": torch.get_num_threads(),
+        "training_choices": {
+            "model": config.model.model_dump(mode="json"),
+            "optimizer": config.optimizer.model_dump(mode="json"),
+            "training": config.training.model_dump(mode="json"),
+            "world_size": group.world_size,
+            "batch_per_process": config.training.batch_size // group.world_size,
+        },
         "started": record.get("started", records.now()),
     })
     record.setdefault("resumed", [])
     if resume:
         record["resumed"].append(records.now())
-    records.write_json(run_dir / records.RUN_FILE, record)
+    if group.is_main:
+        records.write_json(run_dir / records.RUN_FILE, record)
     return record
 
 
-def _finish_record(run_dir: Path, record: dict[str, Any], status: str, **fields: Any) -> None:
+def _finish_record(run_dir: Path, record: dict[str, Any], status: str, group: ProcessGroup, **fields: Any) -> None:
     record.update(status=status, finished=records.now(), **fields)
-    records.write_json(run_dir / records.RUN_FILE, record)
+    if group.is_main:
+        records.write_json(run_dir / records.RUN_FILE, record)
 
 
 def _print_epoch(record: dict[str, Any], key: str) -> None:

@@ -21,7 +21,7 @@ from dmlbench.registry import accepted_parameters
 
 @dataclass
 class Components:
-    model: nn.Module
+    model: models.EmbeddingModel | models.EnsembleModel
     loss: MetricLoss
     miner: Miner | None
     optimizer: torch.optim.Optimizer
@@ -80,14 +80,21 @@ def load_dataset(config: Config) -> ImageDataset:
     return data.build(config.data.name, **config.data.options)
 
 
-def build_model(config: Config) -> nn.Module:
+def build_model(config: Config) -> models.EmbeddingModel | models.EnsembleModel:
+    settings = config.model
     return models.build(
-        config.model.trunk,
-        embedding_dim=config.model.embedding_dim,
-        layer_norm=config.model.layer_norm,
-        normalize=config.model.normalize,
+        settings.trunk,
+        embedding_dim=settings.embedding_dim,
+        layer_norm=settings.layer_norm,
+        normalize=settings.normalize,
+        bias=settings.bias,
+        freeze_bn=settings.freeze_bn,
+        binarize_output=settings.binarize,
+        ensemble=settings.ensemble,
         seed=config.seed,
-        **config.model.options,
+        pooling=settings.pooling,
+        pretrained=settings.pretrained,
+        **settings.options,
     )
 
 
@@ -117,13 +124,23 @@ def build_components(config: Config, num_classes: int, device: torch.device) -> 
     return Components(model=model, loss=loss, miner=miner, optimizer=optimizer)
 
 
-def build_optimizer(config: Config, model: nn.Module, loss: nn.Module) -> torch.optim.Optimizer:
-    """One parameter group for the network and one, with ``loss_lr``, for the loss's own parameters."""
+def build_optimizer(
+    config: Config, model: models.EmbeddingModel | models.EnsembleModel, loss: nn.Module
+) -> torch.optim.Optimizer:
+    """Parameter groups ``trunk`` (``trunk_lr``), ``head`` (``head_lr``) and, if the loss has its own
+    parameters, ``loss`` (``loss_lr``); each keeps its ``base_lr`` for the schedule."""
     settings = config.optimizer
-    groups = [{"params": list(model.parameters()), "lr": settings.lr}]
-    own = loss_parameters(loss)
-    if own:
-        groups.append({"params": own, "lr": settings.loss_lr})
+    rates = {
+        "trunk": settings.trunk_lr or settings.lr,
+        "head": settings.head_lr or settings.lr,
+        "loss": settings.loss_lr,
+    }
+    parameters = {"trunk": model.trunk_parameters(), "head": model.head_parameters(), "loss": loss_parameters(loss)}
+    groups = [
+        {"params": parameters[name], "lr": rates[name], "base_lr": rates[name], "name": name}
+        for name in ("trunk", "head", "loss")
+        if parameters[name]
+    ]
     if settings.name == "adam":
         return torch.optim.Adam(groups, weight_decay=settings.weight_decay)
     if settings.name == "adamw":
