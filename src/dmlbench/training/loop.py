@@ -64,6 +64,7 @@ def train(
     run_dir = Path(run_dir)
     group = distributed.current()
     main = group.is_main
+    distributed.check_batch(config.training.batch_size, group)
     # Rank 0 alone decides about the run directory (the others would see the one it creates) and
     # tells the others, so that a refusal stops every rank with the same line.
     refusal = None
@@ -83,7 +84,6 @@ def train(
                 run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
                 already_complete=True,
             )
-    distributed.check_batch(config.training.batch_size, group)
     device = resolve_device(config.training.device)
     if group.enabled and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", group.local_rank)
