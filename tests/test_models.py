@@ -242,3 +242,24 @@ def test_ensemble_concatenates_independent_members() -> None:
 def test_bad_embedding_dim() -> None:
     with pytest.raises(UserInputError, match="embedding_dim"):
         models.build("small_cnn", embedding_dim=0)
+
+
+def test_cli_trains_a_real_backbone_and_refuses_a_wrong_weight_file(tmp_path, capsys) -> None:
+    import torchvision
+    from cli_runner import run_cli
+    from training_fixtures import TINY
+
+    config = tmp_path / "run.yaml"
+    config.write_text("seed: 0\n")
+    base = ["train", str(config), *TINY, "training.epochs=1", "training.max_steps_per_epoch=1", "training.batch_size=16",
+            "model.options={in_channels: 1}", "model.freeze_bn=true", "-q"]
+    code, out, err = run_cli([*base, "model.trunk=bninception", "-o", str(tmp_path / "ok")], capsys)
+    assert code == 0, err
+    weights = tmp_path / "googlenet.pt"
+    torch.save(torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=False).state_dict(), weights)
+    code, out, err = run_cli([*base, "model.trunk=resnet50", f"model.pretrained={weights}", "-o", str(tmp_path / "bad")], capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(f"dmlbench: error: weights file {weights} does not fit trunk resnet50")
+    assert not (tmp_path / "bad").exists()
+    code, out, err = run_cli([*base, "training.precision=fp16", "training.device=cpu", "-o", str(tmp_path / "fp16")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "fp16 needs a CUDA or MPS device" in err

@@ -1,4 +1,5 @@
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,141 @@ def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="is a file"):
         train(tiny_config(), target, progress=False)
     assert target.read_text() == "keep me"
+
+
+def test_learning_rate_schedules_follow_their_formulas(tmp_path: Path) -> None:
+    from dmlbench.training.schedule import learning_rate_factor
+
+    step = tiny_config("optimizer.schedule=step", "optimizer.step_epochs=[2, 4]", "optimizer.gamma=0.5").optimizer
+    assert [learning_rate_factor(step, epoch, 5) for epoch in range(1, 6)] == [1.0, 0.5, 0.5, 0.25, 0.25]
+    cosine = tiny_config("optimizer.schedule=cosine").optimizer
+    for epoch in range(1, 6):
+        assert learning_rate_factor(cosine, epoch, 5) == pytest.approx((1 + math.cos(math.pi * (epoch - 1) / 5)) / 2)
+    result = train(
+        tiny_config("optimizer.schedule=cosine", "optimizer.head_lr=0.01", "training.epochs=2"), tmp_path / "run", progress=False
+    )
+    rates = [entry["learning_rates"] for entry in records.read_metrics(result.run_dir)[1:]]
+    assert rates == [{"trunk": 1e-3, "head": 1e-2}, {"trunk": pytest.approx(5e-4), "head": pytest.approx(5e-3)}]
+    with pytest.raises(UserInputError, match="needs optimizer.step_epochs"):
+        tiny_config("optimizer.schedule=step")
+
+
+def test_warmup_trains_only_the_new_parameters(tmp_path: Path) -> None:
+    """Seed 002 §4.1: the warm-up epoch updates the head only (the trunk's weights and BatchNorm
+    statistics stay); the next epoch trains the trunk too."""
+    from dmlbench.training.setup import build_model
+
+    initial = build_model(tiny_config()).state_dict()
+
+    def trained_after(epochs: int) -> dict:
+        config = tiny_config("training.warmup_epochs=1", f"training.epochs={epochs}")
+        result = train(config, tmp_path / str(epochs), progress=False)
+        return torch.load(result.run_dir / "checkpoint_last.pt", weights_only=False)["model"]
+
+    warm = trained_after(1)
+    for name, tensor in initial.items():
+        if name.startswith("trunk."):
+            assert torch.equal(warm[name], tensor), name
+    assert not torch.equal(warm["head.linear.weight"], initial["head.linear.weight"])
+    full = trained_after(2)
+    assert not torch.equal(full["trunk.0.0.weight"], initial["trunk.0.0.weight"])
+    assert not torch.equal(full["trunk.0.1.running_mean"], initial["trunk.0.1.running_mean"])
+
+
+def test_gradient_accumulation_steps_once_per_window(tmp_path: Path) -> None:
+    config = tiny_config("training.epochs=1", "training.accumulation_steps=3", "training.max_steps_per_epoch=7")
+    result = train(config, tmp_path / "run", progress=False)
+    state = torch.load(result.run_dir / "checkpoint_last.pt", weights_only=False)["optimizer"]["state"]
+    # 7 batches: steps after batches 3, 6 and the epoch's last.
+    assert {int(entry["step"]) for entry in state.values()} == {3}
+    assert records.read_metrics(result.run_dir)[1]["steps"] == 7
+
+
+def test_gradient_accumulation_sums_the_batches_gradients(tmp_path: Path) -> None:
+    """Two accumulated batches give one SGD step along the mean of their two gradients."""
+    from dmlbench.training import loop as training_loop
+    from dmlbench.training.setup import build_components
+
+    config = tiny_config(
+        "training.accumulation_steps=2", "training.max_steps_per_epoch=2", "optimizer.name=sgd",
+        "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.lr=0.1",
+    )
+    dataset = training_loop.load_dataset(config)
+    labels = torch.as_tensor(dataset.labels)
+    index = training_loop.class_index(labels.numpy())
+    sampler = training_loop.build_sampler(config, index[labels].numpy())
+    components = build_components(config, int((index >= 0).sum()), torch.device("cpu"))
+    reference = build_components(config, int((index >= 0).sum()), torch.device("cpu"))
+    stepper = training_loop._Stepper(config, components, torch.device("cpu"), training_loop.ProcessGroup())
+    training_loop._train_epoch(1, config, components, sampler, dataset, index, torch.device("cpu"), False, stepper)
+    sampler.set_epoch(1)
+    reference.model.train()
+    gradients = None
+    for batch, _ in zip(sampler, range(2)):
+        images, batch_labels, _ = dataset.batch(batch)
+        loss = reference.loss(reference.model(images), index[batch_labels], None)
+        grads = torch.autograd.grad(loss, list(reference.model.parameters()))
+        gradients = grads if gradients is None else [a + b for a, b in zip(gradients, grads)]
+    with torch.no_grad():
+        for parameter, gradient in zip(reference.model.parameters(), gradients):
+            parameter -= 0.1 * gradient / 2
+    for (name, trained), expected in zip(components.model.named_parameters(), reference.model.parameters()):
+        torch.testing.assert_close(trained, expected, msg=name)
+
+
+def test_bf16_autocast_on_the_cpu_and_fp16_refused(tmp_path: Path) -> None:
+    result = train(tiny_config("training.epochs=1", "training.precision=bf16"), tmp_path / "bf16", progress=False)
+    record = json.loads((result.run_dir / "run.json").read_text())
+    assert record["status"] == "completed" and record["training_choices"]["training"]["precision"] == "bf16"
+    assert math.isfinite(records.read_metrics(result.run_dir)[1]["loss"])
+    with pytest.raises(UserInputError, match="training.precision=fp16 needs a CUDA or MPS device"):
+        train(tiny_config("training.precision=fp16", "training.device=cpu"), tmp_path / "fp16", progress=False)
+    assert not (tmp_path / "fp16").exists()
+
+
+def test_run_json_records_the_training_choices(tmp_path: Path) -> None:
+    config = tiny_config("training.epochs=1", "optimizer.name=sgd", "optimizer.trunk_lr=0.0001", "model.freeze_bn=true")
+    result = train(config, tmp_path / "run", progress=False)
+    choices = json.loads((result.run_dir / "run.json").read_text())["training_choices"]
+    assert choices["model"] == config.model.model_dump(mode="json")
+    assert choices["optimizer"]["name"] == "sgd" and choices["optimizer"]["trunk_lr"] == 0.0001
+    assert choices["training"]["accumulation_steps"] == 1 and choices["world_size"] == 1
+    assert choices["batch_per_process"] == config.training.batch_size
+
+
+def test_resume_with_schedule_warmup_accumulation_and_momentum_continues_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tiny_config(
+        "training.epochs=3", "training.warmup_epochs=1", "training.accumulation_steps=2", "optimizer.name=sgd",
+        "optimizer.schedule=step", "optimizer.step_epochs=[3]", "optimizer.loss_lr=0.01",
+        "loss.name=proxy_anchor", "loss.params={}", "miner.name=null", "model.freeze_bn=true",
+    )
+    uninterrupted = train(config, tmp_path / "full", progress=False)
+    real_train_epoch = loop._train_epoch
+
+    def interrupt_third_epoch(epoch, *args, **kwargs):
+        if epoch == 3:
+            raise KeyboardInterrupt
+        return real_train_epoch(epoch, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "_train_epoch", interrupt_third_epoch)
+    with pytest.raises(RunInterrupted):
+        train(config, tmp_path / "resumed", progress=False)
+    monkeypatch.setattr(loop, "_train_epoch", real_train_epoch)
+    resumed = train(config, tmp_path / "resumed", resume=True, progress=False)
+    assert strip(records.read_metrics(resumed.run_dir)) == strip(records.read_metrics(uninterrupted.run_dir))
+    states = [torch.load(run / "checkpoint_last.pt", weights_only=False) for run in (uninterrupted.run_dir, resumed.run_dir)]
+    for part in ("model", "loss"):
+        for name, tensor in states[0][part].items():
+            assert torch.equal(tensor, states[1][part][name]), name
+    for key, entry in states[0]["optimizer"]["state"].items():
+        assert torch.equal(entry["momentum_buffer"], states[1]["optimizer"]["state"][key]["momentum_buffer"])
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_like_eager_mode(tmp_path: Path) -> None:
+    eager = train(tiny_config("training.epochs=1"), tmp_path / "eager", progress=False)
+    compiled = train(tiny_config("training.epochs=1", "training.compile=true"), tmp_path / "compiled", progress=False)
+    losses = [records.read_metrics(run.run_dir)[1]["loss"] for run in (eager, compiled)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-3)
