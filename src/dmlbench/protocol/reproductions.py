@@ -109,7 +109,7 @@ def reproduce_method(
         base_config = config_module.from_dict(copy.deepcopy(base))
     except UserInputError as error:
         raise UserInputError(f"method {method!r}: {error}") from None
-    layout = fold_layout(load_dataset(base_config).labels, k=settings.folds, mode=settings.fold_mode)
+    layout = fold_layout(load_dataset(base_config), k=settings.folds, mode=settings.fold_mode)
     result = MethodReproductions(method, dict(params), layout.hash)
     for reproduction in range(settings.reproductions):
         seed = settings.first_seed + reproduction

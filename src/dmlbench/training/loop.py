@@ -156,7 +156,7 @@ def _train_epoch(
         total = min(total, config.training.max_steps_per_epoch)
     bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=not progress, leave=False)
     for batch_indices in sampler:
-        images, batch_labels, indices = train_set.batch(batch_indices)
+        images, batch_labels, indices = train_set.batch(batch_indices, epoch=epoch)
         targets = to_class_index[batch_labels].to(device)
         embeddings = model(images.to(device))
         tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
