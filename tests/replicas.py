@@ -83,11 +83,12 @@ def sop(root: Path, train_classes: int = 3, test_classes: int = 2, per_class: in
     return base
 
 
-def inshop(root: Path) -> Path:
-    """Two train items (3 images), two test items with query and gallery images, one query without gallery."""
+def inshop(root: Path, extra_train: int = 0) -> Path:
+    """Two train items (4 images), two test items with query and gallery images, one gallery-only item;
+    ``extra_train`` more train items of two images each."""
     base = root / "inshop"
-    rows = [
-        ("id_00000001", "train"), ("id_00000001", "train"), ("id_00000002", "train"),
+    rows = [*((f"id_1{extra:07d}", "train") for extra in range(extra_train) for _ in range(2)),
+        ("id_00000001", "train"), ("id_00000001", "train"), ("id_00000002", "train"), ("id_00000002", "train"),
         ("id_00000003", "query"), ("id_00000003", "gallery"), ("id_00000003", "gallery"),
         ("id_00000004", "query"), ("id_00000004", "query"), ("id_00000004", "gallery"),
         ("id_00000005", "gallery"),
@@ -110,11 +111,12 @@ def folder(root: Path, classes: int = 4, per_class: int = 3) -> Path:
     return base
 
 
-def csv(root: Path, roles: bool = True) -> Path:
-    """Train rows of classes a, b; test rows of c, d (with query/gallery roles when ``roles``)."""
+def csv(root: Path, roles: bool = True, extra_train: int = 0) -> Path:
+    """Train rows of classes a, b; test rows of c, d (with query/gallery roles when ``roles``);
+    ``extra_train`` more train classes of two rows each."""
     base = root / "csvdata"
     rows = ["path,label,split" + (",role" if roles else "")]
-    specs = [("a", "train", ""), ("a", "train", ""), ("b", "train", ""), ("b", "train", ""),
+    specs = [*((f"e{extra}", "train", "") for extra in range(extra_train) for _ in range(2)),("a", "train", ""), ("a", "train", ""), ("b", "train", ""), ("b", "train", ""),
              ("c", "test", "query"), ("c", "test", "gallery"), ("d", "test", "query"), ("d", "test", "gallery")]
     for number, (label, split, role) in enumerate(specs):
         relative = f"pictures/{label}{number}.png"

@@ -42,7 +42,7 @@ def test_folder_report_with_planted_defects(tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.mark.parametrize(("name", "splits"), [
-    ("inshop", {"train": {"classes": 2, "images": 3}, "query": {"classes": 2, "images": 3}, "gallery": {"classes": 3, "images": 4}}),
+    ("inshop", {"train": {"classes": 2, "images": 4}, "query": {"classes": 2, "images": 3}, "gallery": {"classes": 3, "images": 4}}),
     ("sop", {"train": {"classes": 3, "images": 6}, "test": {"classes": 2, "images": 4}}),
     ("cars196", {"train": {"classes": 2, "images": 6}, "test": {"classes": 2, "images": 6}}),
 ])

@@ -21,7 +21,7 @@ EXPECTED = {
     "cub200": (12, 4, 6, 6, False),
     "cars196": (12, 4, 6, 6, False),
     "sop": (10, 5, 6, 4, False),
-    "inshop": (10, 5, 3, 7, True),
+    "inshop": (11, 5, 4, 7, True),
     "folder": (12, 4, 6, 6, False),
     "csv": (8, 4, 4, 4, True),
 }
@@ -78,7 +78,7 @@ def test_cars_reads_the_mat_file(replica_roots: dict[str, Path]) -> None:
 
 def test_inshop_and_csv_roles(replica_roots: dict[str, Path]) -> None:
     inshop = data.build("inshop", root=str(replica_roots["inshop"]), image_size=16)
-    assert inshop.roles.tolist() == ["", "", "", "query", "gallery", "gallery", "query", "query", "gallery", "gallery"]
+    assert inshop.roles.tolist() == ["", "", "", "", "query", "gallery", "gallery", "query", "query", "gallery", "gallery"]
     assert inshop.class_names[0] == "id_00000001"
     table = data.build("csv", root=str(replica_roots["csv"]), image_size=16)
     assert table.class_names == ["a", "b", "c", "d"]

@@ -94,6 +94,8 @@ def train(
     run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume)
     run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
     run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
+    # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
+    run_record["unreadable_images"] = len(dataset.metadata.get("unreadable_items", []))
     run_record.update(record or {})
     records.write_json(run_dir / records.RUN_FILE, run_record)
 
