@@ -227,6 +227,10 @@ class _Shared:
     def bases(self, positions: np.ndarray) -> list[Tensor]:
         cache = self._open_cache()
         if cache is not None:
+            assert self._unreadable is not None
+            bad = positions[np.isin(positions, self._unreadable)]
+            if bad.size:  # the cache holds zeros there; never hand them out as an image
+                raise UserInputError(f"unreadable image {self.root / self.paths[int(bad[0])]}")
             return [torch.from_numpy(np.array(cache[position])) for position in positions.tolist()]
         try:
             return list(self._map(self.decode, positions.tolist()))
