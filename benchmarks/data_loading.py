@@ -16,6 +16,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -31,7 +32,7 @@ def write_dataset(root: Path, images: int, classes: int, seed: int) -> None:
         picture.save(folder / f"{index:05d}.jpg", quality=90)
 
 
-def time_batches(dataset, batches: list[np.ndarray], train: bool) -> float:
+def time_batches(dataset: Any, batches: list[np.ndarray], train: bool) -> float:
     started = time.perf_counter()
     for epoch, batch in enumerate(batches):
         dataset.batch(batch, epoch=epoch if train else None)

@@ -89,7 +89,7 @@ def test_inshop_and_csv_roles(replica_roots: dict[str, Path]) -> None:
 
 def test_evaluation_view_is_resize_then_centre_crop(tmp_path: Path) -> None:
     pixels = np.random.default_rng(0).integers(0, 256, (20, 40, 3), dtype=np.uint8)
-    (tmp_path / "only" ).mkdir()
+    (tmp_path / "only").mkdir()
     Image.fromarray(pixels).save(tmp_path / "only" / "a.png")
     Image.fromarray(pixels).save(tmp_path / "only" / "b.png")
     (tmp_path / "other").mkdir()

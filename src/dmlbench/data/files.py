@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +26,6 @@ from dmlbench.data.base import IndexLike, as_index_tensor
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write
 
-ROLES = ("query", "gallery")
 
 
 class UnreadableImage(Exception):
@@ -70,7 +68,7 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
             name=name, root=Path(root), paths=list(paths), root_labels=labels.numpy(), test=test, roles=roles,
             image_size=image_size,
             augmentation=transforms.check_augmentation(augmentation), seed=int(seed), workers=workers,
-            cache_dir=None if cache_dir is None else Path(cache_dir),
+            cache_dir=None if cache_dir is None else Path(cache_dir).expanduser(),
         )
         self._positions = np.arange(len(paths), dtype=np.int64)
         self.labels = labels
@@ -312,8 +310,3 @@ class _Shared:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dmlbench-decode")
         return self._pool.map(function, items)
-
-
-def warn_unreadable(dataset: FileDataset, count: int) -> None:
-    warnings.warn(f"dataset {dataset.name!r}: skipping {count} unreadable images (dmlbench data check lists them)",
-                  stacklevel=2)
