@@ -75,7 +75,7 @@ def test_train_then_evaluate_run(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_data_check_prints_classes_and_hash(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["data", "check", "glyphs", "max_classes=20", "augmentations_per_font=0", "image_size=16", "--json"], capsys)
+    code, out, err = run_cli(["data", "check", "glyphs", "max_classes=20", "augmentations_per_font=0", "image_size=16", "--json", "-"], capsys)
     assert code == 0, err
     summary = json.loads(out)
     assert summary["classes"] == 20

@@ -206,8 +206,8 @@ def test_bad_files_are_named_in_one_line(tmp_path: Path) -> None:
 
 
 def test_data_check_of_a_config_checks_what_it_trains_on(tmp_path: Path) -> None:
-    by_config = run("data", "check", GLYPHS_CONFIG, "data.options.max_classes=24", "--json")
-    by_name = run("data", "check", "glyphs", "max_classes=24", "--json")
+    by_config = run("data", "check", GLYPHS_CONFIG, "data.options.max_classes=24", "--json", "-")
+    by_name = run("data", "check", "glyphs", "max_classes=24", "--json", "-")
     assert by_config.returncode == 0 and by_name.returncode == 0, by_config.stderr + by_name.stderr
     checked = json.loads(by_config.stdout)
     assert checked == json.loads(by_name.stdout)  # one source of defaults: the dataset's own

@@ -24,6 +24,14 @@ class DataConfig(Section):
     name: str = "glyphs"
     options: dict[str, Any] = Field(default_factory=dict)
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    # File formats (cub200, cars196, sop, inshop, folder, csv): the dataset folder, or the CSV file.
+    root: str | None = None
+    # Side of the square images of a file dataset (glyphs keeps data.options.image_size).
+    image_size: int = Field(224, ge=8)
+    # Training augmentation preset (data/transforms.py); evaluation is always resize + centre crop.
+    augmentation: Literal["none", "reality_check", "base", "reduced", "big", "advanced"] = "none"
+    # Directory of the decoded-image cache of a file dataset (None: decode from the files every time).
+    cache_dir: str | None = None
     # Explicit class-disjoint split of the development classes (a cross-validation fold, seed 001
     # §3.3): both or neither; when given, validation_fraction is not used. Test classes are refused.
     train_classes: list[int] | None = None

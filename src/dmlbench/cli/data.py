@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -20,31 +20,70 @@ def register(app: typer.Typer) -> None:
 
 @data_app.command("check", cls=Command)
 def check_command(
-    source: Annotated[str, typer.Argument(metavar="DATASET|CONFIG", help="A dataset name (e.g. glyphs) or a run config (YAML), which checks exactly the data and splits that config trains on.", show_default=False)],
+    source: Annotated[str, typer.Argument(metavar="DATASET|CONFIG", help="A dataset name (glyphs, cub200, cars196, sop, inshop, folder, csv) or a run config (YAML), which checks exactly the data and splits that config trains on.", show_default=False)],
     options: Annotated[Optional[list[str]], typer.Argument(metavar="OPTIONS", help="Dataset options KEY=VALUE (e.g. image_size=24), or with a CONFIG, dotted overrides (e.g. data.options.max_classes=40).", show_default=False)] = None,
+    root: Annotated[Optional[str], typer.Option(help="Dataset folder of a file format (the CSV file for csv): the same path as data.root.", show_default=False)] = None,
     validation_fraction: Annotated[Optional[float], typer.Option(help="Share of training classes held out for validation (default 0.2, or the config's).", show_default=False)] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed of the validation split (default 0, or the config's).", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Also write the report as JSON to FILE ('-': print JSON instead of text).", show_default=False)] = None,
 ) -> None:
-    """Class counts, split sizes, broken items, leakage between splits and the content hash."""
+    """Classes, images per class, splits, unreadable and duplicate images, leakage between splits and the content hash."""
     from dmlbench import config as config_module
     from dmlbench import data as data_module
-    from dmlbench.data.check import format_summary, summarize
+    from dmlbench.data.check import format_file_summary, format_summary, summarize, summarize_files
+    from dmlbench.data.files import FileDataset
+    from dmlbench.data.formats import FILE_FORMATS
+    from dmlbench.training.setup import load_dataset
 
+    target = _json_target(json_path)
     if source.endswith((".yaml", ".yml")) or Path(source).is_file():
-        config = config_module.load(Path(source), options)
-        dataset_name, dataset_options = config.data.name, config.data.options
+        overrides = list(options or []) + ([f"data.root={root}"] if root is not None else [])
+        config = config_module.load(Path(source), overrides)
+        dataset = load_dataset(config)
         fraction = config.data.validation_fraction if validation_fraction is None else validation_fraction
         split_seed = config.seed if seed is None else seed
     else:
-        dataset_name, dataset_options = source, {}
+        dataset_options: dict[str, Any] = {}
         for option in options or []:
             path, value = config_module.parse_override(option)
             if len(path) != 1:
                 raise UserInputError(f"dataset option {option!r} must be key=value")
             dataset_options[path[0]] = value
+        if source in FILE_FORMATS:
+            if root is None:
+                raise UserInputError(f"dataset {source!r} reads files: give --root PATH")
+            dataset_options["root"] = root
+        elif root is not None:
+            raise UserInputError(f"--root is for the file formats ({', '.join(FILE_FORMATS)}), not {source!r}")
+        dataset = data_module.build(source, **dataset_options)
         fraction = 0.2 if validation_fraction is None else validation_fraction
         split_seed = 0 if seed is None else seed
-    dataset = data_module.build(dataset_name, **dataset_options)
-    summary = summarize(dataset, validation_fraction=fraction, seed=split_seed)
-    typer.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
+    if isinstance(dataset, FileDataset):
+        summary = summarize_files(dataset)
+        text = format_file_summary(summary)
+    else:
+        summary = summarize(dataset, validation_fraction=fraction, seed=split_seed)
+        text = format_summary(summary)
+    if target == "-":
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    if target is not None:
+        from dmlbench.files import atomic_write
+
+        try:
+            atomic_write(target, lambda stream: stream.write((json.dumps(summary, indent=2) + "\n").encode()))
+        except OSError as error:
+            raise UserInputError(f"cannot write --json {target}: {error.strerror or error}") from None
+    typer.echo(text)
+
+
+def _json_target(value: str | None) -> Path | str | None:
+    """``'-'``, a writable file path, or ``None``; checked before any work."""
+    if value is None or value == "-":
+        return value
+    path = Path(value)
+    if path.is_dir():
+        raise UserInputError(f"--json {path} is a directory")
+    if not path.parent.is_dir():
+        raise UserInputError(f"--json {path}: folder {path.parent} does not exist")
+    return path

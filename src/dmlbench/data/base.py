@@ -93,6 +93,7 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         self.metadata = dict(metadata or {})
         self.source_indices = source_indices
         self._content_hash = content_hash
+        self.augmentation, self.augmentation_seed = "none", 0
         self.mean, self.std = _check_normalization(mean, std, images.shape[1])
         self._mean_tensor = None if self.mean is None else torch.tensor(self.mean).view(-1, 1, 1)
         self._std_tensor = None if self.std is None else torch.tensor(self.std).view(-1, 1, 1)
@@ -122,10 +123,46 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         index %= len(self)
         return self._to_float(self.images[index]), int(self.labels[index]), index
 
-    def batch(self, indices: IndexLike) -> tuple[Tensor, Tensor, Tensor]:
-        """Several items at once, stacked: ``(images [B, C, H, W], labels [B], indices [B])``."""
+    def batch(self, indices: IndexLike, *, epoch: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Several items at once, stacked: ``(images [B, C, H, W], labels [B], indices [B])``.
+
+        With ``epoch`` and an augmentation (``with_augmentation``), each image is a training view:
+        the preset applied to the image enlarged to ``transforms.base_size`` and seeded per item
+        from ``(seed, epoch, root index)``; without, the images as stored.
+        """
         index = as_index_tensor(indices, len(self))
-        return self._to_float(self.images[index]), self.labels[index], index
+        images = self.images[index]
+        if epoch is not None and self.augmentation != "none" and len(index):
+            images = self._augmented(images, index, epoch)
+        return self._to_float(images), self.labels[index], index
+
+    def with_augmentation(self, augmentation: str, seed: int) -> ImageDataset:
+        """The same data (shared) whose training batches (``batch(..., epoch=e)``) use ``augmentation``."""
+        from dmlbench.data import transforms
+
+        view = ImageDataset(
+            self.images, self.labels, self.class_names, name=self.name, content_hash=self._content_hash,
+            mean=self.mean, std=self.std, metadata=self.metadata, source_indices=self.source_indices,
+        )
+        view.augmentation, view.augmentation_seed = transforms.check_augmentation(augmentation), int(seed)
+        return view
+
+    def _augmented(self, images: Tensor, index: Tensor, epoch: int) -> Tensor:
+        from torchvision.transforms.v2 import functional as F
+
+        from dmlbench.data import transforms
+
+        # Training views keep the stored size (``big`` then equals ``base``): evaluation uses the stored images.
+        size = images.shape[-1]
+        base = transforms.base_size(size)
+        enlarged = F.resize(images, [base, base], antialias=True)
+        roots = index if self.source_indices is None else self.source_indices[index]
+        views = [
+            transforms.augment(image, self.augmentation, size,
+                               transforms.item_generator(self.augmentation_seed, epoch, int(root)))
+            for image, root in zip(enlarged, roots.tolist())
+        ]
+        return torch.stack(views)
 
     def subset(self, indices: IndexLike) -> ImageDataset:
         """The items at ``indices`` (in that order) as a dataset with the same interface and class ids.
@@ -134,17 +171,21 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         """
         index = as_index_tensor(indices, len(self))
         source = index if self.source_indices is None else self.source_indices[index]
-        return ImageDataset(
+        subset = ImageDataset(
             self.images[index], self.labels[index], self.class_names, name=self.name,
             mean=self.mean, std=self.std, metadata=self.metadata, source_indices=source,
         )
+        subset.augmentation, subset.augmentation_seed = self.augmentation, self.augmentation_seed
+        return subset
 
     def with_normalization(self, mean: Sequence[float] | None, std: Sequence[float] | None) -> ImageDataset:
         """The same data (shared, not copied) returned as ``(image - mean) / std`` per channel."""
-        return ImageDataset(
+        view = ImageDataset(
             self.images, self.labels, self.class_names, name=self.name, content_hash=self._content_hash,
             mean=mean, std=std, metadata=self.metadata, source_indices=self.source_indices,
         )
+        view.augmentation, view.augmentation_seed = self.augmentation, self.augmentation_seed
+        return view
 
     def pixel_statistics(self) -> tuple[list[float], list[float]]:
         """Per-channel mean and standard deviation of the pixels in ``[0, 1]`` (for ``with_normalization``).

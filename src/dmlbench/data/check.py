@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.data.base import ImageDataset, as_index_tensor
-from dmlbench.data.splits import standard_splits
+from dmlbench.data.splits import standard_splits, train_test_split
 from dmlbench.distances import squared_euclidean
 from dmlbench.errors import UserInputError
 
@@ -80,6 +82,7 @@ def summarize(
                 "value": raw_pixel_precision_at_1(dataset, test, max_queries=queries, seed=seed),
             }
     summary["problems"] = _problems(summary)
+    summary.update({name: dict(sizes) for name, sizes in summary["splits"].items()})  # one object per split
     return summary
 
 
@@ -198,3 +201,117 @@ def _problems(summary: dict[str, Any]) -> list[str]:
         if sizes["images"] == 0:
             problems.append(f"split {name} is empty")
     return problems
+
+
+def summarize_files(dataset: Any) -> dict[str, Any]:
+    """A JSON-ready report on a ``FileDataset``: its declared splits, unreadable and duplicate files.
+
+    Splits: ``train`` and ``test``, or ``train``, ``query`` and ``gallery`` for a dataset with roles;
+    each with ``classes`` and ``images``, also repeated at the top level. Duplicates are files with
+    equal sha256 of their bytes (every file is read once); unreadable files are those Pillow cannot
+    decode completely (missing, truncated, not an image).
+    """
+    labels = dataset.labels.numpy()
+    pool, test = train_test_split(dataset)
+    split_indices: dict[str, np.ndarray] = {"train": pool}
+    roles = dataset.roles
+    if roles is not None:
+        split_indices["query"] = test[roles[test] == "query"]
+        split_indices["gallery"] = test[roles[test] == "gallery"]
+    else:
+        split_indices["test"] = test
+    counts = np.bincount(labels, minlength=len(dataset.class_names))
+    present = counts[counts > 0]
+    paths = dataset.paths
+    root = Path(dataset.metadata.get("root", ""))
+    unreadable = dataset.find_unreadable()
+    duplicate_groups = _duplicate_files(paths, set(unreadable))
+    splits = {name: {"classes": int(np.unique(labels[indices]).size), "images": int(len(indices))}
+              for name, indices in split_indices.items()}
+    overlap = int(np.intersect1d(labels[pool], labels[test]).size)
+    summary: dict[str, Any] = {
+        "dataset": dataset.name,
+        "root": str(root),
+        "content_hash": dataset.content_hash,
+        "classes": len(dataset.class_names),
+        "images": len(dataset),
+        "declared_split": dataset.test is not None,
+        "images_per_class": {
+            "min": int(present.min()) if present.size else 0,
+            "median": float(np.median(present)) if present.size else 0.0,
+            "max": int(present.max()) if present.size else 0,
+        },
+        "singleton_classes": int((counts == 1).sum()),
+        "splits": splits,
+        **splits,
+        "unreadable": {"count": len(unreadable), "files": [_relative(paths[i], root) for i in unreadable]},
+        "duplicate_files": {
+            "groups": len(duplicate_groups),
+            "files": sum(len(group) for group in duplicate_groups),
+            "examples": [[_relative(paths[i], root) for i in group] for group in duplicate_groups[:10]],
+        },
+        "train_test_class_overlap": overlap,
+    }
+    if roles is not None:
+        gallery_classes = set(labels[split_indices["gallery"]].tolist())
+        summary["queries_without_gallery_class"] = int(
+            sum(label not in gallery_classes for label in labels[split_indices["query"]].tolist()))
+    problems = []
+    if unreadable:
+        problems.append(f"{len(unreadable)} unreadable images")
+    if duplicate_groups:
+        problems.append(f"{len(duplicate_groups)} groups of identical files")
+    if overlap:
+        problems.append(f"{overlap} classes shared by train and test")
+    if summary.get("queries_without_gallery_class"):
+        problems.append(f"{summary['queries_without_gallery_class']} queries whose class has no gallery image")
+    problems += [f"split {name} is empty" for name, sizes in splits.items() if sizes["images"] == 0]
+    summary["problems"] = problems
+    return summary
+
+
+def format_file_summary(summary: dict[str, Any]) -> str:
+    """The report of ``summarize_files`` as human-readable lines."""
+    per_class = summary["images_per_class"]
+    lines = [
+        f"dataset        {summary['dataset']}  ({summary['images']} images under {summary['root']})",
+        f"content hash   {summary['content_hash']}",
+        f"classes        {summary['classes']}  ({summary['singleton_classes']} with a single image)",
+        f"per class      min {per_class['min']}, median {per_class['median']:g}, max {per_class['max']} images",
+        "splits         (" + ("declared by the dataset" if summary["declared_split"] else "first half of the classes trains") + ")",
+    ]
+    for name, sizes in summary["splits"].items():
+        lines.append(f"  {name:<12} {sizes['images']:>8} images  {sizes['classes']:>6} classes")
+    unreadable = summary["unreadable"]
+    lines.append(f"unreadable     {unreadable['count']} images" + (": " + ", ".join(unreadable["files"][:5]) if unreadable["count"] else ""))
+    duplicates = summary["duplicate_files"]
+    lines.append(f"duplicates     {duplicates['groups']} groups of identical files ({duplicates['files']} files)")
+    lines.append(f"overlap        {summary['train_test_class_overlap']} classes in both train and test")
+    if "queries_without_gallery_class" in summary:
+        lines.append(f"queries        {summary['queries_without_gallery_class']} whose class has no gallery image")
+    lines.append("status         " + ("OK" if not summary["problems"] else "PROBLEMS: " + "; ".join(summary["problems"])))
+    return "\n".join(lines)
+
+
+def _duplicate_files(paths: list[Path], skip: set[int]) -> list[list[int]]:
+    """Groups (of >= 2 item indices) of files with identical bytes, by sha256."""
+    by_digest: dict[str, list[int]] = {}
+    for index, path in enumerate(paths):
+        if index in skip:
+            continue
+        digest = hashlib.sha256()
+        try:
+            with path.open("rb") as stream:
+                for chunk in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(chunk)
+        except OSError:
+            continue
+        by_digest.setdefault(digest.hexdigest(), []).append(index)
+    return [group for group in by_digest.values() if len(group) > 1]
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from torch import Tensor
@@ -28,11 +28,20 @@ class Fold(NamedTuple):
     validation: np.ndarray
 
 
-def train_test_split(labels: LabelsLike) -> tuple[np.ndarray, np.ndarray]:
-    """First half of the sorted class ids -> train/validation pool, second half -> test (Musgrave et al. 2020 §3.3).
+def train_test_split(labels: LabelsLike | Any) -> tuple[np.ndarray, np.ndarray]:
+    """The train/validation pool and the test split: ``(pool, test)`` index arrays.
 
-    With an odd number of classes the pool gets the extra class (as the standard SOP split does).
+    Given a dataset that declares its split (a ``test`` mask, e.g. SOP's 11,318 / 11,316 classes),
+    that split; otherwise first half of the sorted class ids -> pool, second half -> test (Musgrave
+    et al. 2020 §3.3), the pool getting the extra class of an odd count. Every caller (runs, folds,
+    ``data check``) goes through this one function.
     """
+    declared = getattr(labels, "test", None)
+    if hasattr(labels, "labels"):
+        labels = labels.labels
+    if declared is not None:
+        test_mask = np.asarray(declared, dtype=bool)
+        return np.flatnonzero(~test_mask).astype(np.int64), np.flatnonzero(test_mask).astype(np.int64)
     label_array = _as_labels(labels)
     classes = np.unique(label_array)
     _check_enough_classes(len(classes), 2, "train_test_split needs")
@@ -53,9 +62,11 @@ class Splits:
         return {"train": self.train, "validation": self.validation, "test": self.test}
 
 
-def standard_splits(labels: LabelsLike, validation_fraction: float, seed: int) -> Splits:
+def standard_splits(labels: LabelsLike | Any, validation_fraction: float, seed: int) -> Splits:
     """``train_test_split``, then ``carve_validation`` of the pool: the splits every run and ``data check`` use."""
     pool, test = train_test_split(labels)
+    if hasattr(labels, "labels"):
+        labels = labels.labels
     train, validation = carve_validation(labels, pool, validation_fraction, seed)
     return Splits(train=train, validation=validation, test=test)
 

@@ -76,8 +76,8 @@ def layout_hash(layout: FoldLayout) -> str:
 
 def development_and_test_classes(labels: LabelsLike) -> tuple[np.ndarray, np.ndarray]:
     """Sorted class ids of the standard split: first half (development) and second half (test), seed 001 §3.3."""
-    label_array = _as_labels(labels)
-    pool, test = train_test_split(label_array)
+    pool, test = train_test_split(labels)  # a dataset's declared split, or the first-half rule
+    label_array = _as_labels(getattr(labels, "labels", labels))
     return np.unique(label_array[pool]), np.unique(label_array[test])
 
 

@@ -136,7 +136,7 @@ def prepare(
             f"the search's training seed {min(search_seeds & reproduction_seeds)}: set protocol.first_seed"
         )
     dataset = load_dataset(first)
-    layout = fold_layout(dataset.labels, k=protocol.folds, mode=protocol.fold_mode)
+    layout = fold_layout(dataset, k=protocol.folds, mode=protocol.fold_mode)
     if output_dir.exists() and not output_dir.is_dir():
         raise UserInputError(f"output {output_dir} is a file, not a directory")
     url = storage_url(output_dir, storage)

@@ -39,7 +39,7 @@ from dmlbench.protocol.search import apply_budget, check_budget, method_raw_conf
 from dmlbench.protocol.search_space import apply_assignment
 from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
 from dmlbench.training import records, train
-from dmlbench.training.runs import embed_test_split
+from dmlbench.training.runs import embed_test_split, test_query_mask
 from dmlbench.training.setup import load_dataset
 
 STAGE = "reproduction"
@@ -109,7 +109,7 @@ def reproduce_method(
         base_config = config_module.from_dict(copy.deepcopy(base))
     except UserInputError as error:
         raise UserInputError(f"method {method!r}: {error}") from None
-    layout = fold_layout(load_dataset(base_config).labels, k=settings.folds, mode=settings.fold_mode)
+    layout = fold_layout(load_dataset(base_config), k=settings.folds, mode=settings.fold_mode)
     result = MethodReproductions(method, dict(params), layout.hash)
     for reproduction in range(settings.reproductions):
         seed = settings.first_seed + reproduction
@@ -207,9 +207,10 @@ def _test_scores(
             raise RuntimeError(f"{run_dir}: test labels differ between the folds of one reproduction")
         embeddings[run_dir.name], labels = fold_embeddings, fold_labels
     assert labels is not None
+    query_mask = test_query_mask(run_dirs[0])  # queries against the gallery for a dataset with roles
     scores = {}
     for mode in MODES:
-        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed)
+        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask)
         scores[mode] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
     records.write_json(stored_path, {"evaluated": records.now(), "key": key, "scores": scores})
     return scores

@@ -232,7 +232,7 @@ def run_search(
         base_config = config_module.from_dict(copy.deepcopy(base))
     except UserInputError as error:
         raise UserInputError(f"method {method!r}: {error}") from None
-    layout = fold_layout(load_dataset(base_config).labels, k=settings.folds, mode=settings.fold_mode)
+    layout = fold_layout(load_dataset(base_config), k=settings.folds, mode=settings.fold_mode)
     output_dir.mkdir(parents=True, exist_ok=True)
     url = storage_url(output_dir, settings.storage)
     study = optuna.create_study(

@@ -116,6 +116,8 @@ def train(
     run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume, group)
     run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
     run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
+    # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
+    run_record["unreadable_images"] = len(dataset.metadata.get("unreadable_items", []))
     run_record.update(record or {})
     if main:
         records.write_json(run_dir / records.RUN_FILE, run_record)
@@ -251,7 +253,7 @@ def _train_epoch(
     bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=not progress, leave=False)
     optimizer.zero_grad(set_to_none=True)
     for batch_indices in sampler:
-        images, batch_labels, indices = train_set.batch(batch_indices)
+        images, batch_labels, indices = train_set.batch(batch_indices, epoch=epoch)
         targets = distributed.gather(to_class_index[batch_labels].to(device), group)
         ends_window = (steps + 1) % accumulation == 0 or steps + 1 == total
         with stepper.no_sync(ends_window):

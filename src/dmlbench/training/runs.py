@@ -24,6 +24,9 @@ def load_run_config(run_dir: Path) -> config_module.Config:
 def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
     """Test metrics of the run's best (validation-selected) checkpoint and of the untrained model.
 
+    A dataset with query/gallery roles (In-Shop, a CSV with ``role``) is evaluated queries against
+    the gallery (``test_query_mask``), every other one all-vs-all.
+
     The test split is embedded once: the result is stored in the run directory and returned as
     stored on later calls with the same options.
     """
@@ -37,6 +40,9 @@ def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
             return stored["results"]
     run = _CompletedRun(run_dir, record)
     evaluate_kwargs.setdefault("seed", run.config.seed)
+    query_mask = run.test_query_mask()
+    if query_mask is not None:
+        evaluate_kwargs["query_mask"] = query_mask
     trained_embeddings, labels = embed(run.trained_model(), run.split("test"), run.batch_size, run.device)
     untrained_embeddings, _ = embed(run.untrained_model(), run.split("test"), run.batch_size, run.device)
     results = dict(evaluation.evaluate(trained_embeddings, labels, **evaluate_kwargs))
@@ -53,6 +59,14 @@ def embed_test_split(run_dir: str | Path, *, untrained: bool = False) -> tuple[T
     run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
     model = run.untrained_model() if untrained else run.trained_model()
     return embed(model, run.split("test"), run.batch_size, run.device)
+
+
+def test_query_mask(run_dir: str | Path) -> Tensor | None:
+    """Bool mask over the rows of ``embed_test_split``: ``True`` for a query, ``False`` for a gallery
+    item; ``None`` when the dataset has no roles (all-vs-all). Pass it as ``query_mask`` to
+    ``evaluation.evaluate`` / ``evaluate_many``."""
+    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
+    return run.test_query_mask()
 
 
 def embed_run(run_dir: str | Path, split: Literal["train", "validation"] = "train") -> tuple[Tensor, Tensor]:
@@ -80,6 +94,12 @@ class _CompletedRun:
 
     def split(self, name: str) -> ImageDataset:
         return self.dataset.subset(getattr(self.splits, name))
+
+    def test_query_mask(self) -> Tensor | None:
+        roles = getattr(self.dataset, "roles", None)
+        if roles is None:
+            return None
+        return torch.from_numpy(roles[self.splits.test] == "query")
 
     def untrained_model(self) -> nn.Module:
         """The model exactly as training started (same seed, same initialisation)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,10 +36,20 @@ def make_splits(config: Config, dataset: ImageDataset) -> Splits:
     is not in the dataset or that belongs to the standard test split is a ``UserInputError``. ``test``
     is the standard test split in both cases (only ``evaluate_run`` reads it).
     """
+    splits = _class_splits(config, dataset)
+    unreadable = dataset.metadata.get("unreadable_items")
+    if not unreadable:
+        return splits
+    # Unreadable files are left out of every split (load_dataset found and reported them).
+    return Splits(**{name: np.setdiff1d(indices, unreadable, assume_unique=True) if len(indices) else indices
+                     for name, indices in splits.as_dict().items()})
+
+
+def _class_splits(config: Config, dataset: ImageDataset) -> Splits:
     if config.data.train_classes is None or config.data.val_classes is None:
-        return standard_splits(dataset.labels, config.data.validation_fraction, config.seed)
+        return standard_splits(dataset, config.data.validation_fraction, config.seed)
     labels = np.asarray(dataset.labels)
-    pool, test = train_test_split(labels)
+    pool, test = train_test_split(dataset)
     development = set(np.unique(labels[pool]).tolist())
     test_classes = set(np.unique(labels[test]).tolist())
     for key, classes in (("train_classes", config.data.train_classes), ("val_classes", config.data.val_classes)):
@@ -77,7 +88,26 @@ def class_index(labels: np.ndarray) -> torch.Tensor:
 
 
 def load_dataset(config: Config) -> ImageDataset:
-    return data.build(config.data.name, **config.data.options)
+    """The configured dataset. A file dataset (``data.root``) is scanned once for unreadable images:
+    they are warned about and listed in ``metadata['unreadable_items']`` for ``make_splits`` to drop."""
+    from dmlbench.data.formats import FILE_FORMATS
+
+    settings = config.data
+    if settings.name not in FILE_FORMATS:
+        if settings.root is not None:
+            raise UserInputError(f"data.root is for the file formats ({', '.join(FILE_FORMATS)}), not {settings.name!r}")
+        dataset = data.build(settings.name, **settings.options)
+        return dataset.with_augmentation(settings.augmentation, config.seed) if settings.augmentation != "none" else dataset
+    dataset = data.build(
+        settings.name, root=settings.root, image_size=settings.image_size, augmentation=settings.augmentation,
+        seed=config.seed, cache_dir=settings.cache_dir, **settings.options,
+    )
+    unreadable = dataset.find_unreadable()
+    if unreadable:
+        warnings.warn(f"dataset {settings.name!r}: skipping {len(unreadable)} unreadable images "
+                      f"(dmlbench data check {settings.name} --root {settings.root} lists them)", stacklevel=2)
+    dataset.metadata["unreadable_items"] = unreadable
+    return dataset
 
 
 def build_model(config: Config) -> models.EmbeddingModel | models.EnsembleModel:

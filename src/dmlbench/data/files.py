@@ -1,0 +1,312 @@
+"""``FileDataset``: images decoded from files on demand, with the interface of ``ImageDataset``.
+
+A format reader (``data/formats.py``) lists the files, their classes, the split the dataset
+declares (train/test) and, where it has them, the query/gallery roles of its test items. Decoding
+uses Pillow in a small thread pool (JPEG decoding releases the GIL). An optional on-disk cache holds
+the decoded base images (``transforms.base_size``) as one memory-mapped uint8 array.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from dmlbench.data import transforms
+from dmlbench.data.base import IndexLike, as_index_tensor
+from dmlbench.errors import UserInputError
+from dmlbench.files import atomic_write
+
+
+
+class UnreadableImage(Exception):
+    """An image file that is missing, truncated or not an image."""
+
+
+class FileDataset(Dataset[tuple[Tensor, int, int]]):
+    """Images stored as files under ``root`` (``paths`` relative to it) with int64 class ids.
+
+    ``test`` (bool per item) is the train/test split the dataset declares (``None``: none declared,
+    the first-half-of-classes rule applies); ``roles`` holds ``'query'``/``'gallery'`` for test
+    items evaluated query-against-gallery and ``''`` elsewhere (``None``: all-vs-all). ``batch``
+    returns float images in ``[0, 1]`` of side ``transforms.output_size(image_size, augmentation)``:
+    the evaluation view, or with ``epoch`` given the ``augmentation`` preset seeded per item from
+    ``(seed, epoch, root index)``. ``subset`` shares the file list and the cache.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        paths: Sequence[str],
+        labels: Tensor,
+        class_names: Sequence[str],
+        *,
+        name: str,
+        test: np.ndarray | None = None,
+        roles: np.ndarray | None = None,
+        image_size: int = 224,
+        augmentation: str = "none",
+        seed: int = 0,
+        cache_dir: str | os.PathLike[str] | None = None,
+        workers: int = 4,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
+            raise UserInputError(f"data.image_size must be an integer >= 8, got {image_size!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise UserInputError(f"workers must be an integer >= 1, got {workers!r}")
+        self._shared = _Shared(
+            name=name, root=Path(root), paths=list(paths), root_labels=labels.numpy(), test=test, roles=roles,
+            image_size=image_size,
+            augmentation=transforms.check_augmentation(augmentation), seed=int(seed), workers=workers,
+            cache_dir=None if cache_dir is None else Path(cache_dir).expanduser(),
+        )
+        self._positions = np.arange(len(paths), dtype=np.int64)
+        self.labels = labels
+        self.class_names = list(class_names)
+        self.name = name
+        self.metadata = dict(metadata or {})
+        self.source_indices: Tensor | None = None
+
+    # --- what the dataset declares -------------------------------------------------------------
+    @property
+    def test(self) -> np.ndarray | None:
+        """Per item: ``True`` for the declared test split (``None``: no split declared)."""
+        return None if self._shared.test is None else self._shared.test[self._positions]
+
+    @property
+    def roles(self) -> np.ndarray | None:
+        """Per item: ``'query'``, ``'gallery'`` or ``''`` (``None``: the dataset has no roles)."""
+        return None if self._shared.roles is None else self._shared.roles[self._positions]
+
+    @property
+    def paths(self) -> list[Path]:
+        return [self._shared.root / self._shared.paths[position] for position in self._positions]
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 over the format name, the image size, and per file its relative path, label,
+        declared split, role and size in bytes. File bytes are not read (120k JPEGs would take
+        minutes); a file edited in place without changing its size is not detected."""
+        return self._shared.content_hash()
+
+    @property
+    def num_channels(self) -> int:
+        return 3
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        side = transforms.output_size(self._shared.image_size, self._shared.augmentation)
+        return side, side
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int, int]:
+        index = int(index)
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for dataset {self.name!r} of {len(self)} items")
+        index %= len(self)
+        images, _, _ = self.batch([index])
+        return images[0], int(self.labels[index]), index
+
+    def batch(self, indices: IndexLike, *, epoch: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(images [B, 3, S, S] float in [0, 1], labels [B], indices [B])``; with ``epoch`` the
+        training augmentation of that epoch. An unreadable image is a ``UserInputError`` naming it
+        (training drops unreadable items before it starts, see ``find_unreadable``)."""
+        index = as_index_tensor(indices, len(self))
+        shared = self._shared
+        positions = self._positions[index.numpy()]
+        size = self.image_size[0]
+        bases = shared.bases(positions)
+        views = []
+        for position, base in zip(positions.tolist(), bases):
+            if epoch is None or shared.augmentation == "none":
+                views.append(transforms.evaluation_view(base, size))
+            else:
+                generator = transforms.item_generator(shared.seed, epoch, position)
+                views.append(transforms.augment(base, shared.augmentation, size, generator))
+        images = torch.stack(views).to(torch.float32) / 255.0 if views else torch.empty(0, 3, size, size)
+        return images, self.labels[index], index
+
+    def subset(self, indices: IndexLike) -> FileDataset:
+        """The items at ``indices`` (in that order); ``source_indices`` maps them to the root dataset."""
+        index = as_index_tensor(indices, len(self))
+        view = FileDataset.__new__(FileDataset)
+        view._shared = self._shared
+        view._positions = self._positions[index.numpy()]
+        view.labels = self.labels[index]
+        view.class_names = self.class_names
+        view.name = self.name
+        view.metadata = self.metadata
+        view.source_indices = torch.from_numpy(view._positions.copy())
+        return view
+
+    def find_unreadable(self) -> list[int]:
+        """Items (indices into this dataset) whose file is missing, truncated or not an image.
+
+        Decodes every image once; the answer is remembered in the cache directory (when there is
+        one) under the content hash, and filling the decoded-image cache answers it for free.
+        """
+        bad_positions = self._shared.unreadable_positions()
+        return np.flatnonzero(np.isin(self._positions, bad_positions)).tolist()
+
+    def __repr__(self) -> str:
+        return (f"FileDataset(name={self.name!r}, items={len(self)}, classes={len(self.class_names)}, "
+                f"root={str(self._shared.root)!r}, image_size={self.image_size[0]})")
+
+
+class _Shared:
+    """State shared by a root dataset and its subsets: the file list, the settings and the cache."""
+
+    def __init__(self, *, name: str, root: Path, paths: list[str], root_labels: np.ndarray, test: np.ndarray | None,
+                 roles: np.ndarray | None, image_size: int, augmentation: str, seed: int, workers: int,
+                 cache_dir: Path | None) -> None:
+        self.name, self.root, self.paths, self.root_labels = name, root, paths, root_labels
+        self.test, self.roles = test, roles
+        self.image_size, self.augmentation, self.seed, self.workers = image_size, augmentation, seed, workers
+        self.base_size = transforms.base_size(transforms.output_size(image_size, augmentation))
+        self.cache_dir = cache_dir
+        self._content_hash: str | None = None
+        self._sizes: dict[int, int] = {}
+        self._cache: np.ndarray | None = None
+        self._unreadable: np.ndarray | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def content_hash(self) -> str:
+        if self._content_hash is None:
+            digest = hashlib.sha256(f"{self.name}|{self.image_size}|{self.augmentation == 'big'}|".encode())
+            for position, relative in enumerate(self.paths):
+                split = "" if self.test is None else ("test" if self.test[position] else "train")
+                role = "" if self.roles is None else self.roles[position]
+                line = f"{relative}\t{int(self.root_labels[position])}\t{split}\t{role}\t{self.file_size(position)}\n"
+                digest.update(line.encode())
+            self._content_hash = digest.hexdigest()
+        return self._content_hash
+
+    def file_size(self, position: int) -> int:
+        if position not in self._sizes:
+            try:
+                self._sizes[position] = (self.root / self.paths[position]).stat().st_size
+            except OSError:
+                self._sizes[position] = -1
+        return self._sizes[position]
+
+    def decode(self, position: int) -> Tensor:
+        """The base image of one file, uint8 ``[3, B, B]``; ``UnreadableImage`` if it cannot be decoded."""
+        from PIL import Image, UnidentifiedImageError
+
+        path = self.root / self.paths[position]
+        try:
+            with Image.open(path) as opened:
+                # JPEG only: let libjpeg decode at a reduced scale that still covers the base size.
+                opened.draft("RGB", (self.base_size, self.base_size))
+                image = opened.convert("RGB")
+                width, height = image.size
+                scale = self.base_size / min(width, height)
+                resized = image.resize(
+                    (max(self.base_size, round(width * scale)), max(self.base_size, round(height * scale))),
+                    Image.Resampling.BILINEAR,
+                )
+        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
+            raise UnreadableImage(f"{path}: {error}") from None
+        tensor = torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1)
+        return transforms.evaluation_view(tensor, self.base_size)
+
+    def bases(self, positions: np.ndarray) -> list[Tensor]:
+        cache = self._open_cache()
+        if cache is not None:
+            assert self._unreadable is not None
+            bad = positions[np.isin(positions, self._unreadable)]
+            if bad.size:  # the cache holds zeros there; never hand them out as an image
+                raise UserInputError(f"unreadable image {self.root / self.paths[int(bad[0])]}")
+            return [torch.from_numpy(np.array(cache[position])) for position in positions.tolist()]
+        try:
+            return list(self._map(self.decode, positions.tolist()))
+        except UnreadableImage as error:
+            raise UserInputError(f"unreadable image {error}") from None
+
+    def unreadable_positions(self) -> np.ndarray:
+        if self._unreadable is not None:
+            return self._unreadable
+        record = None if self.cache_dir is None else self._record_path()
+        if record is not None and record.is_file():
+            try:
+                self._unreadable = np.asarray(json.loads(record.read_text())["positions"], dtype=np.int64)
+                return self._unreadable
+            except (OSError, ValueError, KeyError):
+                pass  # a damaged record is recomputed below
+        if self.cache_dir is not None:
+            self._open_cache()  # filling the cache finds the unreadable files
+            assert self._unreadable is not None
+            return self._unreadable
+
+        def readable(position: int) -> bool:
+            try:
+                self.decode(position)
+            except UnreadableImage:
+                return False
+            return True
+
+        flags = list(self._map(readable, range(len(self.paths))))
+        self._unreadable = np.flatnonzero(~np.asarray(flags, dtype=bool)).astype(np.int64)
+        return self._unreadable
+
+    def _record_path(self) -> Path:
+        assert self.cache_dir is not None
+        return self.cache_dir / f"unreadable-{self.content_hash()[:32]}.json"
+
+    def _open_cache(self) -> np.ndarray | None:
+        """The memory-mapped cache of base images (filled on first use), or ``None`` without a cache."""
+        if self.cache_dir is None:
+            return None
+        if self._cache is not None:
+            return self._cache
+        # The key holds everything the cached pixels depend on: the file listing and the base size.
+        key = hashlib.sha256(f"{self.content_hash()}|{self.base_size}|v1".encode()).hexdigest()[:32]
+        array_path = self.cache_dir / f"decoded-{key}.npy"
+        record_path = self._record_path()
+        if not (array_path.is_file() and record_path.is_file()):
+            self._fill_cache(array_path, record_path)
+        self._cache = np.load(array_path, mmap_mode="r")
+        self._unreadable = np.asarray(json.loads(record_path.read_text())["positions"], dtype=np.int64)
+        return self._cache
+
+    def _fill_cache(self, array_path: Path, record_path: Path) -> None:
+        try:
+            array_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserInputError(f"cannot create cache directory {array_path.parent}: {error.strerror or error}") from None
+        shape = (len(self.paths), 3, self.base_size, self.base_size)
+        temporary = array_path.with_name(f".{array_path.name}.{os.getpid()}.tmp")
+        array = np.lib.format.open_memmap(temporary, mode="w+", dtype=np.uint8, shape=shape)
+        bad: list[int] = []
+
+        def store(position: int) -> None:
+            try:
+                array[position] = self.decode(position).numpy()
+            except UnreadableImage:
+                bad.append(position)  # list.append is atomic under the GIL
+
+        for _ in self._map(store, range(len(self.paths))):
+            pass
+        array.flush()
+        del array
+        os.replace(temporary, array_path)
+        atomic_write(record_path, lambda stream: stream.write(json.dumps({"positions": sorted(bad)}).encode()))
+
+    def _map(self, function: Any, items: Any) -> Any:
+        if self.workers == 1:
+            return map(function, items)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dmlbench-decode")
+        return self._pool.map(function, items)
