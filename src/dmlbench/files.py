@@ -9,7 +9,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+from dmlbench.errors import UserInputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -59,3 +64,18 @@ def _interrupts_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if received:
         raise KeyboardInterrupt
+
+
+def load_array(path: Path, what: str) -> np.ndarray:
+    """A ``.npy`` file (no pickles), or a one-line user error naming ``what`` it should have been."""
+    import numpy as np
+
+    if not path.is_file():
+        raise UserInputError(f"{what} file {path} does not exist")
+    with open(path, "rb") as stream:
+        if stream.read(6) != b"\x93NUMPY":
+            raise UserInputError(f"{what} file {path} is not a .npy array (no NumPy header)")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise UserInputError(f"{what} file {path} is not a valid .npy array: {error}") from None
