@@ -1,4 +1,5 @@
-"""Writing files so that a crash never leaves one half-written: run records, checkpoints, caches, results."""
+"""Files: written so that a crash never leaves one half-written (run records, checkpoints, caches,
+results), and ``.npy`` arrays read with one-line errors."""
 
 from __future__ import annotations
 
