@@ -1,4 +1,5 @@
-"""Writing files so that a crash never leaves one half-written: run records, checkpoints, caches, results."""
+"""Files: written so that a crash never leaves one half-written (run records, checkpoints, caches,
+results), and ``.npy`` arrays read with one-line errors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+from dmlbench.errors import UserInputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -59,3 +65,18 @@ def _interrupts_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if received:
         raise KeyboardInterrupt
+
+
+def load_array(path: Path, what: str) -> np.ndarray:
+    """A ``.npy`` file (no pickles), or a one-line user error naming ``what`` it should have been."""
+    import numpy as np
+
+    if not path.is_file():
+        raise UserInputError(f"{what} file {path} does not exist")
+    with open(path, "rb") as stream:
+        if stream.read(6) != b"\x93NUMPY":
+            raise UserInputError(f"{what} file {path} is not a .npy array (no NumPy header)")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise UserInputError(f"{what} file {path} is not a valid .npy array: {error}") from None

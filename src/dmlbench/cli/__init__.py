@@ -43,9 +43,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from dmlbench.cli import benchmark, data, evaluate, report, toy, train
+    from dmlbench.cli import benchmark, data, deploy, evaluate, report, toy, train
 
-    for module in (data, train, evaluate, benchmark, report, toy):
+    for module in (data, train, evaluate, benchmark, report, toy, deploy):
         module.register(app)
 
 

@@ -10,7 +10,7 @@ import typer
 
 from dmlbench.cli.common import Command
 from dmlbench.errors import UserInputError
-from dmlbench.files import atomic_write
+from dmlbench.files import atomic_write, load_array
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,20 +18,6 @@ if TYPE_CHECKING:
 
 def register(app: typer.Typer) -> None:
     app.command("evaluate", cls=Command)(evaluate_command)
-
-
-def _load_array(path: Path, what: str) -> np.ndarray:
-    import numpy as np
-
-    if not path.is_file():
-        raise UserInputError(f"{what} file {path} does not exist")
-    with open(path, "rb") as stream:
-        if stream.read(6) != b"\x93NUMPY":
-            raise UserInputError(f"{what} file {path} is not a .npy array (no NumPy header)")
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise UserInputError(f"{what} file {path} is not a valid .npy array: {error}") from None
 
 
 def _parse_ks(text: str) -> tuple[int, ...]:
@@ -61,6 +47,11 @@ def evaluate_command(
     plot: Annotated[Path | None, typer.Option("--plot", help="With --analysis: spectrum plot path (PNG).")] = None,
     drop: Annotated[int, typer.Option(help="Largest singular values left out of rho.")] = 1,
     center: Annotated[bool, typer.Option("--center", help="Center the embeddings before the SVD.")] = False,
+    per_query: Annotated[Path | None, typer.Option("--per-query", help="RUN: write each test query's label, first correct rank and AP@R (CSV).")] = None,
+    worst: Annotated[int | None, typer.Option("--worst", help="RUN: show the N queries with the lowest AP@R (with --html).")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="With --worst: the page of those queries and their neighbours.")] = None,
+    verification: Annotated[bool, typer.Option("--verification", help="RUN: thresholds and FNMR at target false match rates.")] = False,
+    roc: Annotated[Path | None, typer.Option("--roc", help="With --verification: plot FNMR against FMR here (PNG).")] = None,
 ) -> None:
     """Retrieval and clustering metrics as a table (and JSON with --json)."""
     from dmlbench import evaluation
@@ -68,13 +59,20 @@ def evaluate_command(
 
     if (run is None) == (not embeddings):
         raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
-    _check_writable(json_path)
+    if run is None and (per_query or worst or verification):
+        raise UserInputError("--per-query, --worst and --verification evaluate a RUN's test split")
+    if (worst is None) != (html is None):
+        raise UserInputError("--worst N and --html OUT.html go together")
+    if roc is not None and not verification:
+        raise UserInputError("--roc goes with --verification")
+    for target in (json_path, per_query, html, roc):
+        _check_writable(target)
     options: dict[str, Any] = {"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize}
     for name, value in (("metrics", metrics), ("k", k), ("seed", seed), ("block_size", block_size), ("nprobe", nprobe)):
         if value is not None:
             options[name] = value
     if query_mask is not None:
-        options["query_mask"] = _load_array(query_mask, "query mask")
+        options["query_mask"] = load_array(query_mask, "query mask")
 
     if run is not None:
         from dmlbench.training.runs import embed_run, evaluate_run
@@ -88,13 +86,15 @@ def evaluate_command(
             # Roth et al. 2020 measure the embedding space on the training data, never on the test split.
             train_embeddings, train_labels = embed_run(run, "train")
             results = {**results, "analysis": _analyze(train_embeddings, train_labels, drop, center, normalize, plot, "train split")}
+        if per_query or worst or verification:
+            results = {**results, **_diagnose(run, per_query, worst, html, verification, roc, seed)}
         _write_json(json_path, results)
         return
 
     if labels is None:
         raise UserInputError("--embeddings needs --labels")
-    label_array = _load_array(labels, "labels")
-    matrices = {str(path): _load_array(path, "embeddings") for path in embeddings or []}
+    label_array = load_array(labels, "labels")
+    matrices = {str(path): load_array(path, "embeddings") for path in embeddings or []}
     if len(matrices) == 1:
         results: dict[str, Any] = evaluation.evaluate(next(iter(matrices.values())), label_array, **options)
     else:
@@ -124,6 +124,42 @@ def _analyze(
         embedding_space.plot_spectrum(space["singular_values"], plot, drop=drop)
         typer.echo(f"spectrum plot: {plot}")
     return space
+
+
+def _diagnose(
+    run: Path, per_query_path: Path | None, worst: int | None, html: Path | None, verification: bool, roc: Path | None,
+    seed: int | None,
+) -> dict[str, Any]:
+    """Per-query results, the worst queries' page and verification thresholds of the run's test split."""
+    from dmlbench.deploy import diagnostics
+    from dmlbench.evaluation.per_query import per_query
+    from dmlbench.evaluation.table import format_table
+
+    split = diagnostics.embed_test_split(run)
+    added: dict[str, Any] = {}
+    if per_query_path is not None or worst is not None:
+        found = per_query(split.embeddings, split.labels)
+        if per_query_path is not None:
+            diagnostics.write_per_query_csv(per_query_path, found, split.names)
+            typer.echo(f"per-query results: {per_query_path} ({len(found.query_ids)} queries)")
+        if worst is not None and html is not None:
+            diagnostics.write_worst_page(html, found, split, worst, f"The {worst} worst test queries of {run}")
+            typer.echo(f"worst queries: {html}")
+    if verification:
+        summary = diagnostics.verification_summary(split, roc, 0 if seed is None else seed)
+        lines = {
+            f"FMR {point['target_fmr']:g}": {"threshold": point["threshold"], "fmr": point["fmr"], "fnmr": point["fnmr"]}
+            for point in summary["operating_points"]
+        }
+        typer.echo("")
+        typer.echo(format_table(lines))
+        sampled = "a seeded sample of " if summary["sampled"] else ""
+        typer.echo(
+            f"equal error rate {summary['equal_error_rate']:.4f} over {sampled}{summary['positive_pairs']} positive and "
+            f"{summary['negative_pairs']} negative pairs" + (f"; ROC: {roc}" if roc is not None else "")
+        )
+        added["verification"] = summary
+    return added
 
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -123,21 +124,9 @@ def _retrieval(
     nprobe: int | None,
     seed: int,
 ) -> dict[str, float]:
-    self_retrieval = query_mask is None
-    if self_retrieval:
-        query_ids = reference_ids = torch.arange(len(labels))
-    else:
-        query_ids, reference_ids = torch.nonzero(query_mask).squeeze(1), torch.nonzero(~query_mask).squeeze(1)
-    query_labels = labels[query_ids]
-    classes, reference_counts = torch.unique(labels[reference_ids], return_counts=True)
-    position = torch.searchsorted(classes, query_labels).clamp_max(len(classes) - 1)
-    counts = torch.where(classes[position] == query_labels, reference_counts[position], 0)
-    relevant = counts - 1 if self_retrieval else counts
-    class_sizes = counts
-    if not bool((relevant > 0).any()):
-        raise UserInputError("no query has a reference with its label; retrieval metrics are undefined")
-    available = len(reference_ids) - int(self_retrieval)
-    largest_class = min(available, int(reference_counts.max()))
+    layout = query_layout(labels, query_mask)
+    query_ids, reference_ids, relevant = layout.query_ids, layout.reference_ids, layout.relevant
+    class_sizes, largest_class, available = layout.class_sizes, layout.largest_class, layout.available
     needs = _neighbours_needed(names, relevant, class_sizes, largest_class, available)
     if k is None:
         k = max(largest_class, *needs.values())
@@ -149,15 +138,52 @@ def _retrieval(
             if k < needed:
                 raise UserInputError(f"k={k} is too small for {name}, which needs {needed} neighbours")
     neighbours = nearest_neighbors(
-        space, query_ids, reference_ids, k, exclude_self=self_retrieval,
+        space, query_ids, reference_ids, k, exclude_self=layout.self_retrieval,
         backend=backend, block_size=block_size, nprobe=nprobe, seed=seed,
     )
     # faiss_approx may find fewer than k neighbours for a query; the missing ones (-1) are misses.
-    hits = (neighbours.ids >= 0) & (labels[neighbours.ids.clamp_min(0)] == query_labels.unsqueeze(1))
+    hits = (neighbours.ids >= 0) & (labels[neighbours.ids.clamp_min(0)] == labels[query_ids].unsqueeze(1))
     results = {name: _retrieval_metric(name, hits, relevant, class_sizes, largest_class) for name in names}
     results["num_queries"] = len(query_ids)
     results["num_queries_without_match"] = int((relevant == 0).sum())
     return results
+
+
+@dataclass(frozen=True)
+class QueryLayout:
+    """Who queries whom in one retrieval evaluation, and how many correct answers each query has.
+
+    ``relevant`` is R per query (references with its label, itself excluded); ``class_sizes`` is k_c
+    of seed 004 eq. 29 (the query counted when queries are the references); ``available`` is the
+    number of references a query can retrieve.
+    """
+
+    query_ids: Tensor
+    reference_ids: Tensor
+    relevant: Tensor
+    class_sizes: Tensor
+    self_retrieval: bool
+    largest_class: int
+    available: int
+
+
+def query_layout(labels: Tensor, query_mask: Tensor | None) -> QueryLayout:
+    """All rows query all others (``query_mask`` ``None``), or the masked rows query the rest."""
+    self_retrieval = query_mask is None
+    if self_retrieval:
+        query_ids = reference_ids = torch.arange(len(labels))
+    else:
+        query_ids, reference_ids = torch.nonzero(query_mask).squeeze(1), torch.nonzero(~query_mask).squeeze(1)
+    query_labels = labels[query_ids]
+    classes, reference_counts = torch.unique(labels[reference_ids], return_counts=True)
+    position = torch.searchsorted(classes, query_labels).clamp_max(len(classes) - 1)
+    counts = torch.where(classes[position] == query_labels, reference_counts[position], 0)
+    relevant = counts - 1 if self_retrieval else counts
+    if not bool((relevant > 0).any()):
+        raise UserInputError("no query has a reference with its label; retrieval metrics are undefined")
+    available = len(reference_ids) - int(self_retrieval)
+    largest_class = min(available, int(reference_counts.max()))
+    return QueryLayout(query_ids, reference_ids, relevant, counts, self_retrieval, largest_class, available)
 
 
 def _neighbours_needed(

@@ -31,7 +31,9 @@ class KnnIndex:
     that one product gives ``q.r - |r|^2/2``, ordered like ``-|q - r|^2``); or +-1 sign vectors for
     both (binarised, ``q.r = D - 2 * hamming``). ``symmetric_scores``: the two are the same matrix,
     so score(i, j) = score(j, i). ``exact_rows`` hold what the exact key is computed from (float64
-    rows, or packed sign bits); ``squared_norms`` is ``None`` for unit rows.
+    rows, or packed sign bits); ``squared_norms`` is ``None`` for unit rows. ``scale``: the power of
+    two the float rows were multiplied by (``normalize=False``), so a key divided by ``scale**2`` is
+    the squared distance of the embeddings as given.
     """
 
     search_rows: Tensor
@@ -41,6 +43,7 @@ class KnnIndex:
     dim: int
     symmetric_scores: bool
     squared_norms: Tensor | None
+    scale: float = 1.0
 
     @property
     def num_rows(self) -> int:
@@ -123,4 +126,4 @@ def prepare(embeddings: Tensor, *, normalize: bool, binarize: bool) -> KnnIndex:
     ones = torch.ones(num_rows, 1, dtype=torch.float64)
     queries = torch.cat([scaled, ones], dim=1).to(torch.float32)
     references = torch.cat([scaled, -0.5 * squared_norms.unsqueeze(1)], dim=1).to(torch.float32)
-    return KnnIndex(queries, references, scaled, False, dim, False, squared_norms)
+    return KnnIndex(queries, references, scaled, False, dim, False, squared_norms, scale)

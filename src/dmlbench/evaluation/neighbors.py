@@ -10,6 +10,7 @@ brute-force float64 ranking, whatever the backend, block size or thread count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,8 @@ from dmlbench.evaluation import knn_blocked, knn_faiss
 from dmlbench.evaluation.knn_index import KnnIndex
 
 BACKENDS = ("torch", "faiss", "faiss_approx")
+# (query ids, width) -> (float32 scores [Q, width], larger is nearer; global reference ids, -1 for none).
+CandidateSearch = Callable[[Tensor, int], tuple[Tensor, Tensor]]
 # Exact keys are computed for at most this many (query, candidate, dimension) entries at a time:
 # small chunks stay in cache and reuse memory instead of faulting in fresh pages.
 _EXACT_CHUNK_ENTRIES = 1 << 17
@@ -44,11 +47,16 @@ def nearest_neighbors(
     block_size: int | None = None,
     nprobe: int | None = None,
     seed: int = 0,
+    searcher: CandidateSearch | None = None,
+    certify: bool = True,
 ) -> Neighbors:
     """The ``k`` nearest ``reference_ids`` (ascending global ids) of each of ``query_ids``.
 
     ``exclude_self`` removes each query from its own list (queries must then be among the references).
     ``faiss_approx`` returns the exact ranking of approximate candidates, without certification.
+    ``searcher`` replaces the backend's candidate search (a stored index, for instance); its scores
+    must be products of ``space``'s float32 rows for certification to hold, and ``certify=False``
+    ranks whatever it proposes without certification (approximate indexes).
     """
     if backend not in BACKENDS:
         raise UserInputError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
@@ -57,6 +65,8 @@ def nearest_neighbors(
         raise UserInputError(f"k={k} must lie in [1, {available}] (the number of references per query)")
 
     def search(queries: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        if searcher is not None:
+            return searcher(queries, width)
         if backend == "torch":
             return knn_blocked.candidate_search(
                 space, queries, reference_ids, width, exclude_self=exclude_self, block_size=block_size
@@ -76,7 +86,7 @@ def nearest_neighbors(
         scores, candidates = search(pending_queries, width)
         ranked_ids, ranked_distances, certified = _rank_candidates(
             space, pending_queries, scores, candidates, k,
-            exhaustive=width >= available or backend == "faiss_approx",
+            exhaustive=width >= available or backend == "faiss_approx" or not certify,
         )
         ids[pending[certified]] = ranked_ids[certified]
         distances[pending[certified]] = ranked_distances[certified]

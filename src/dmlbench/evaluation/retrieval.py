@@ -38,14 +38,18 @@ def r_precision(hits: Tensor, relevant: Tensor) -> float:
     return _mean((hits & within_r).sum(dim=1, dtype=torch.float64) / relevant)
 
 
-def map_at_r(hits: Tensor, relevant: Tensor) -> float:
-    """MAP@R = (1/R) sum_{i<=R} P(i) rel(i), Musgrave et al. 2020 eq. 3-4."""
-    valid = relevant > 0
-    hits, relevant = hits[valid], relevant[valid]
+def average_precision_at_r(hits: Tensor, relevant: Tensor) -> Tensor:
+    """Per-query AP@R = (1/R) sum_{i<=R} P(i) rel(i), Musgrave et al. 2020 eq. 3; NaN where R = 0."""
     within_r = torch.arange(hits.shape[1]).unsqueeze(0) < relevant.unsqueeze(1)
     relevant_hits = hits & within_r
     precision = relevant_hits.cumsum(dim=1, dtype=torch.float64) / _positions(hits)
-    return _mean((precision * relevant_hits).sum(dim=1) / relevant)
+    values = (precision * relevant_hits).sum(dim=1) / relevant
+    return values.masked_fill(relevant == 0, float("nan"))
+
+
+def map_at_r(hits: Tensor, relevant: Tensor) -> float:
+    """MAP@R, the mean of AP@R over queries with R > 0, Musgrave et al. 2020 eq. 4."""
+    return _mean(average_precision_at_r(hits, relevant)[relevant > 0])
 
 
 def mean_reciprocal_rank(hits: Tensor, relevant: Tensor) -> float:

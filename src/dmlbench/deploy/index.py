@@ -1,0 +1,233 @@
+"""A faiss index over an embedding set, stored with its paths and labels, answering k-NN queries.
+
+``exact`` (a flat inner-product index over the unit rows) returns exactly the evaluation engine's
+neighbours: candidates are re-ranked by the exact float64 distance with ties broken by index and
+certified as in ``dmlbench.evaluation.neighbors``. ``ivf`` (inverted lists) and ``hnsw`` (a graph)
+propose candidates faster but may miss some; their recall@10 against ``exact`` is measured when the
+index is built. Distances are Euclidean between L2-normalised embeddings, as in ``evaluate``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import torch
+from torch import Tensor
+
+from dmlbench import __version__
+from dmlbench.deploy.embeddings import EmbeddingSet
+from dmlbench.errors import UserInputError
+from dmlbench.evaluation.knn_index import KnnIndex, prepare
+from dmlbench.evaluation.neighbors import nearest_neighbors
+from dmlbench.files import atomic_write
+from dmlbench.training import records
+from dmlbench.validation import check_positive_int
+
+KINDS = ("exact", "ivf", "hnsw")
+INDEX_FILE, EMBEDDINGS_FILE, LABELS_FILE, PATHS_FILE, META_FILE = (
+    "index.faiss", "embeddings.npy", "labels.npy", "paths.txt", "index.json",
+)
+RECALL_K = 10
+RECALL_QUERIES = 1000
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One neighbour: its row in the index, path, label (``None`` when unknown) and distance."""
+
+    index: int
+    path: str
+    label: int | None
+    distance: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "path": self.path, "label": self.label, "distance": self.distance}
+
+
+@dataclass
+class StoredIndex:
+    """An index directory: the faiss index, the float32 rows for exact re-ranking, paths, labels, meta."""
+
+    directory: Path
+    faiss_index: faiss.Index
+    embeddings: np.ndarray
+    labels: np.ndarray | None
+    paths: list[str]
+    meta: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta["kind"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.embeddings.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    @classmethod
+    def load(cls, directory: str | Path) -> StoredIndex:
+        directory = Path(directory)
+        meta_file = directory / META_FILE
+        if not meta_file.is_file():
+            raise UserInputError(f"{directory} is not a dmlbench index (no {META_FILE}); build one with dmlbench index")
+        meta = json.loads(meta_file.read_text())
+        index = faiss.read_index(str(directory / INDEX_FILE))
+        embeddings = np.load(directory / EMBEDDINGS_FILE, mmap_mode="r", allow_pickle=False)
+        labels = np.load(directory / LABELS_FILE, allow_pickle=False) if (directory / LABELS_FILE).is_file() else None
+        paths = (directory / PATHS_FILE).read_text().splitlines()
+        _configure(index, meta)
+        return cls(directory, index, embeddings, labels, paths, meta)
+
+    def search(self, queries: np.ndarray | Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """Row ids ``[Q, k]`` and Euclidean distances ``[Q, k]`` of the k nearest stored items."""
+        queries = torch.as_tensor(np.asarray(queries, dtype=np.float64))
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise UserInputError(
+                f"queries have dimension {queries.shape[-1] if queries.ndim else 0}, but the index holds "
+                f"{self.dim}-dimensional embeddings"
+            )
+        if not bool(torch.isfinite(queries).all()):
+            raise UserInputError("queries contain NaN or Inf values")
+        check_positive_int("k", k)
+        if k > len(self):
+            raise UserInputError(f"k={k} exceeds the {len(self)} items in the index")
+        return _search(self.faiss_index, self.embeddings, queries, k, certify=self.kind == "exact")
+
+    def hits(self, ids: Tensor, distances: Tensor) -> list[list[Hit]]:
+        return [
+            [
+                Hit(int(i), self.paths[int(i)], None if self.labels is None else int(self.labels[int(i)]), float(d))
+                for i, d in zip(row_ids, row_distances)
+            ]
+            for row_ids, row_distances in zip(ids.tolist(), distances.tolist())
+        ]
+
+
+def build_index(
+    embedding_set: EmbeddingSet,
+    out: str | Path,
+    *,
+    kind: str = "exact",
+    seed: int = 0,
+    nprobe: int | None = None,
+    ef_search: int = 64,
+) -> StoredIndex:
+    """Build and store an index of ``embedding_set``; approximate kinds get their recall@10 measured."""
+    if kind not in KINDS:
+        raise UserInputError(f"--kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserInputError(f"index directory {out} already exists and is not empty")
+    rows = np.asarray(embedding_set.embeddings, dtype=np.float64)
+    if not np.isfinite(rows).all():
+        raise UserInputError(f"embeddings {embedding_set.prefix}.npy contain NaN or Inf values")
+    if len(rows) < 1:
+        raise UserInputError(f"embeddings {embedding_set.prefix}.npy are empty")
+    space = prepare(torch.from_numpy(rows), normalize=True, binarize=False)
+    reference_rows = np.ascontiguousarray(space.reference_rows.numpy())
+    started = time.perf_counter()
+    index, parameters = _new_index(kind, reference_rows, seed=seed, nprobe=nprobe, ef_search=ef_search)
+    meta: dict[str, Any] = {
+        "kind": kind,
+        "items": len(rows),
+        "dim": rows.shape[1],
+        "metric": "euclidean on L2-normalised embeddings",
+        "parameters": parameters,
+        "seed": seed,
+        "build_seconds": round(time.perf_counter() - started, 3),
+        "embeddings": {"prefix": str(embedding_set.prefix.resolve()), **embedding_set.meta},
+        "built": records.now(),
+        "dmlbench": __version__,
+        "faiss": faiss.__version__,
+    }
+    _configure(index, meta)
+    if kind != "exact":
+        meta["recall_at_10"] = _recall_against_exact(index, rows, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    _store(out, index, rows.astype(np.float32), embedding_set, meta)
+    return StoredIndex.load(out)
+
+
+def _new_index(kind: str, rows: np.ndarray, *, seed: int, nprobe: int | None, ef_search: int) -> tuple[faiss.Index, dict[str, Any]]:
+    count, dim = rows.shape
+    if kind == "exact":
+        index = faiss.IndexFlatIP(dim)
+        index.add(rows)
+        return index, {}
+    if kind == "ivf":
+        # sqrt(N) lists, but no fewer than 39 training points per centroid (faiss warns below that).
+        lists = max(1, min(round(math.sqrt(count)), count // 39))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = seed
+        index.train(rows)
+        index.add(rows)
+        return index, {"nlist": lists, "nprobe": nprobe if nprobe is not None else max(1, lists // 8)}
+    check_positive_int("ef_search", ef_search)
+    index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+    threads = faiss.omp_get_max_threads()
+    # A graph built by several threads depends on their timing; one thread makes the index reproducible.
+    faiss.omp_set_num_threads(1)
+    try:
+        index.add(rows)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    return index, {"M": 32, "ef_construction": index.hnsw.efConstruction, "ef_search": ef_search}
+
+
+def _configure(index: faiss.Index, meta: dict[str, Any]) -> None:
+    parameters = meta.get("parameters", {})
+    if meta["kind"] == "ivf":
+        index.nprobe = int(parameters["nprobe"])
+    elif meta["kind"] == "hnsw":
+        index.hnsw.efSearch = int(parameters["ef_search"])
+
+
+def _search(index: faiss.Index, stored: np.ndarray, queries: Tensor, k: int, *, certify: bool) -> tuple[Tensor, Tensor]:
+    """Exact re-ranking of the index's candidates, in one ``KnnIndex`` of the stored rows and the queries."""
+    count = len(stored)
+    space: KnnIndex = prepare(torch.cat([torch.from_numpy(np.asarray(stored, dtype=np.float64)), queries]), normalize=True, binarize=False)
+
+    def candidates(query_ids: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        scores, ids = index.search(np.ascontiguousarray(space.search_rows[query_ids].numpy()), width)
+        found = torch.from_numpy(ids).long()
+        return torch.from_numpy(scores).masked_fill(found < 0, -math.inf), found
+
+    neighbours = nearest_neighbors(
+        space, torch.arange(count, count + len(queries)), torch.arange(count), k,
+        exclude_self=False, searcher=candidates, certify=certify,
+    )
+    return neighbours.ids, neighbours.distances.clamp_min(0.0).sqrt()
+
+
+def _recall_against_exact(index: faiss.Index, rows: np.ndarray, seed: int) -> float:
+    """Mean share of the exact 10 nearest neighbours that the index returns, over up to 1000 stored rows."""
+    generator = np.random.default_rng(seed)
+    sample = np.sort(generator.choice(len(rows), size=min(RECALL_QUERIES, len(rows)), replace=False))
+    k = min(RECALL_K, len(rows))
+    queries = torch.from_numpy(rows[sample])
+    exact = faiss.IndexFlatIP(rows.shape[1])
+    exact.add(np.ascontiguousarray(prepare(torch.from_numpy(rows), normalize=True, binarize=False).reference_rows.numpy()))
+    truth, _ = _search(exact, rows, queries, k, certify=True)
+    found, _ = _search(index, rows, queries, k, certify=False)
+    shared = [len(set(a) & set(b)) for a, b in zip(truth.tolist(), found.tolist())]
+    return float(np.mean(shared) / k)
+
+
+def _store(out: Path, index: faiss.Index, rows: np.ndarray, embedding_set: EmbeddingSet, meta: dict[str, Any]) -> None:
+    atomic_write(out / INDEX_FILE, lambda stream: stream.write(faiss.serialize_index(index).tobytes()))
+    atomic_write(out / EMBEDDINGS_FILE, lambda stream: np.save(stream, rows, allow_pickle=False))
+    if embedding_set.labels is not None:
+        labels = np.asarray(embedding_set.labels, dtype=np.int64)
+        atomic_write(out / LABELS_FILE, lambda stream: np.save(stream, labels, allow_pickle=False))
+    records.atomic_write_text(out / PATHS_FILE, "".join(f"{path}\n" for path in embedding_set.paths))
+    # The meta file last: an index directory without it is incomplete and is refused on load.
+    records.write_json(out / META_FILE, meta)

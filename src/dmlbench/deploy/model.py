@@ -1,0 +1,73 @@
+"""A finished run's embedding model and the inputs it expects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dmlbench import data
+from dmlbench.config import Config
+from dmlbench.data.base import ImageDataset
+from dmlbench.errors import UserInputError
+from dmlbench.training import records
+from dmlbench.training.embed import resolve_device
+from dmlbench.training.runs import load_run_config
+from dmlbench.training.setup import build_model, load_dataset
+
+
+@dataclass
+class RunModel:
+    """The best checkpoint of ``run_dir`` in evaluation mode, with the run's config and record."""
+
+    run_dir: Path
+    config: Config
+    record: dict[str, Any]
+    model: nn.Module
+    device: torch.device
+    epoch: int
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.config.model.embedding_dim)
+
+    def dataset(self) -> ImageDataset:
+        """The run's dataset exactly as trained on (checked by content hash)."""
+        dataset = load_dataset(self.config)
+        if dataset.content_hash != self.record["dataset"]["content_hash"]:
+            raise UserInputError(f"dataset {self.config.data.name!r} differs from the one run {self.run_dir} was trained on")
+        return dataset
+
+    def other_dataset(self, name: str, root: Path | None) -> ImageDataset:
+        """Dataset ``name``: the run's own (checked) when it is the run's and no other root is given;
+        with the run's options when it is the run's dataset at another root."""
+        if name == self.config.data.name and root is None:
+            return self.dataset()
+        options = dict(self.config.data.options) if name == self.config.data.name else {}
+        if root is not None:
+            options["root"] = str(root)
+        return data.build(name, **options)
+
+    @torch.no_grad()
+    def embed(self, images: Tensor) -> Tensor:
+        """Embeddings (float32, CPU) of a batch of model inputs."""
+        return self.model(images.to(self.device)).float().cpu()
+
+
+def load_run_model(run_dir: str | Path, device: str | None = None) -> RunModel:
+    """Load the validation-selected checkpoint of a completed run; ``device`` defaults to the run's."""
+    run_dir = Path(run_dir)
+    record = records.require_run_dir(run_dir)
+    checkpoint = run_dir / records.BEST_CHECKPOINT
+    if not checkpoint.is_file():
+        raise UserInputError(f"run {run_dir} has no checkpoint ({records.BEST_CHECKPOINT}); train it first")
+    config = load_run_config(run_dir)
+    resolved = resolve_device(device or config.training.device)
+    model = build_model(config).to(resolved)
+    state = torch.load(checkpoint, map_location=resolved, weights_only=False)
+    model.load_state_dict(state["model"])
+    model.eval()
+    return RunModel(run_dir, config, record, model, resolved, int(state["epoch"]))

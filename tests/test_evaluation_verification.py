@@ -1,0 +1,79 @@
+"""Verification thresholds (FNMR@FMR) against brute force and scikit-learn's ROC."""
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_curve as sklearn_roc_curve
+
+from dmlbench.errors import UserInputError
+from dmlbench.evaluation import verification
+
+
+def _data(seed: int = 0, count: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    generator = np.random.default_rng(seed)
+    labels = generator.integers(0, 8, size=count)
+    centres = generator.normal(size=(8, 5))
+    return centres[labels] + 0.8 * generator.normal(size=(count, 5)), labels
+
+
+def test_all_pairs_match_a_brute_force_loop() -> None:
+    embeddings, labels = _data()
+    pairs = verification.pair_distances(embeddings, labels)
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    positive, negative = [], []
+    for i in range(len(unit)):
+        for j in range(i + 1, len(unit)):
+            (positive if labels[i] == labels[j] else negative).append(np.sqrt(((unit[i] - unit[j]) ** 2).sum()))
+    assert not pairs.sampled
+    np.testing.assert_allclose(np.sort(pairs.positive), np.sort(positive), atol=1e-12)
+    np.testing.assert_allclose(np.sort(pairs.negative), np.sort(negative), atol=1e-12)
+
+
+@pytest.mark.parametrize("target", [0.3, 0.05, 0.01, 1e-4])
+def test_threshold_is_the_largest_meeting_the_target(target: float) -> None:
+    embeddings, labels = _data(1)
+    pairs = verification.pair_distances(np.round(embeddings, 1), labels)  # rounding creates tied distances
+    point = verification.threshold_at_fmr(pairs, target)
+    assert point["fmr"] <= target
+    assert point["fmr"] == np.mean(pairs.negative <= point["threshold"])
+    assert point["fnmr"] == np.mean(pairs.positive > point["threshold"])
+    larger = pairs.negative[pairs.negative > point["threshold"]]
+    if len(larger):
+        # The next possible threshold (the smallest larger negative distance) would exceed the target.
+        assert np.mean(pairs.negative <= larger.min()) > target
+
+
+def test_roc_matches_scikit_learn() -> None:
+    embeddings, labels = _data(2)
+    pairs = verification.pair_distances(embeddings, labels)
+    fmr, fnmr, thresholds = verification.roc_curve(pairs)
+    scores = -np.concatenate([pairs.positive, pairs.negative])
+    truth = np.concatenate([np.ones(len(pairs.positive)), np.zeros(len(pairs.negative))])
+    false_positive, true_positive, reference = sklearn_roc_curve(truth, scores, drop_intermediate=False)
+    ours = dict(zip(np.round(-thresholds, 12), zip(fmr, 1 - fnmr)))
+    for threshold, fp, tp in zip(np.round(reference[1:], 12), false_positive[1:], true_positive[1:]):
+        assert ours[threshold] == pytest.approx((fp, tp), abs=1e-12)
+    rate = verification.equal_error_rate(pairs)
+    assert 0.0 < rate < 0.5
+
+
+def test_sampled_pairs_are_seeded_and_of_the_right_kind() -> None:
+    embeddings, labels = _data(3, count=400)
+    first = verification.pair_distances(embeddings, labels, max_pairs=500, seed=7)
+    second = verification.pair_distances(embeddings, labels, max_pairs=500, seed=7)
+    assert first.sampled and len(first.positive) == 500
+    np.testing.assert_array_equal(first.positive, second.positive)
+    np.testing.assert_array_equal(first.negative, second.negative)
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    distances = np.sqrt(((unit[:, None] - unit[None]) ** 2).sum(-1))
+    same = labels[:, None] == labels[None]
+    off_diagonal = ~np.eye(len(labels), dtype=bool)
+    # Every sampled distance is the distance of some pair of the right kind.
+    assert np.isin(np.round(first.positive, 10), np.round(distances[same & off_diagonal], 10)).all()
+    assert np.isin(np.round(first.negative, 10), np.round(distances[~same], 10)).all()
+
+
+def test_one_class_or_no_pairs_is_a_user_error() -> None:
+    with pytest.raises(UserInputError, match="negative pairs"):
+        verification.pair_distances(np.eye(3), [1, 1, 1])
+    with pytest.raises(UserInputError, match="positive pairs"):
+        verification.pair_distances(np.eye(3), [0, 1, 2])
