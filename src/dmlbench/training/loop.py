@@ -58,6 +58,7 @@ def train(
     item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
     """
     run_dir = Path(run_dir)
+    clock = records.Clock()
     _check_run_dir(run_dir, resume)
     if resume:
         stored = records.read_json(run_dir / records.RUN_FILE)
@@ -121,16 +122,16 @@ def train(
             if patience is not None and state.epochs_without_improvement >= patience:
                 break
     except TrainingDiverged as error:
-        _finish_record(run_dir, run_record, "failed", reason=f"training diverged: {error}")
+        _finish_record(run_dir, run_record, "failed", clock, reason=f"training diverged: {error}")
         raise
     except KeyboardInterrupt:
-        _finish_record(run_dir, run_record, "interrupted")
+        _finish_record(run_dir, run_record, "interrupted", clock)
         raise RunInterrupted(f"run {run_dir} stopped; continue it with: dmlbench train --resume -o {run_dir}") from None
     except BaseException as error:
-        _finish_record(run_dir, run_record, "failed", reason=f"{type(error).__name__}: {error}".strip())
+        _finish_record(run_dir, run_record, "failed", clock, reason=f"{type(error).__name__}: {error}".strip())
         raise
     _finish_record(
-        run_dir, run_record, "completed",
+        run_dir, run_record, "completed", clock,
         best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
     )
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
@@ -177,7 +178,7 @@ def _train_epoch(
             break
     bar.close()
     return {
-        "epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps,
+        "epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps, "samples": images_seen,
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -273,8 +274,9 @@ def _start_record(run_dir: Path, config: Config, dataset_hash: str, splits: Any,
     return record
 
 
-def _finish_record(run_dir: Path, record: dict[str, Any], status: str, **fields: Any) -> None:
-    record.update(status=status, finished=records.now(), **fields)
+def _finish_record(run_dir: Path, record: dict[str, Any], status: str, clock: records.Clock, **fields: Any) -> None:
+    record.update(status=status, finished=records.now(), cost=clock.cost(run_dir, record.get("cost")), **fields)
+    record["samples_seen"] = record["cost"]["samples_seen"]
     records.write_json(run_dir / records.RUN_FILE, record)
 
 
