@@ -43,9 +43,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from dmlbench.cli import benchmark, data, evaluate, report, toy, train
+    from dmlbench.cli import benchmark, data, evaluate, report, status, toy, train
 
-    for module in (data, train, evaluate, benchmark, report, toy):
+    for module in (data, train, evaluate, benchmark, report, status, toy):
         module.register(app)
 
 

@@ -33,9 +33,7 @@ class ProtocolSpec(BaseModel):
     ``r`` trains with seed ``first_seed + r`` (never the search's seed); ``pruner``: ``none`` or
     ``median`` (a trial is stopped after a fold whose running fold-mean falls below the median);
     ``parallel_trials``: trials of one method suggested from the same history, so that many workers
-    can run them at once (1: every suggestion sees every earlier trial, sequential as in seed 001);
-    ``frozen_trunk``: train only the embedding head on trunk features cached once per fold
-    (``training.features``)."""
+    can run them at once (1: every suggestion sees every earlier trial, sequential as in seed 001)."""
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
@@ -49,7 +47,6 @@ class ProtocolSpec(BaseModel):
     reproductions: int = Field(3, ge=1)
     first_seed: int = Field(1000, ge=0)
     parallel_trials: int = Field(1, ge=1)
-    frozen_trunk: bool = False
 
 
 class BenchmarkSpec(BaseModel):

@@ -386,5 +386,5 @@ def _write_outcome(
                     for name, result in results.items()},
         "failed": failed,
     })
-    write_report(output_dir)
+    write_report(output_dir, prepared.storage)
     return BenchmarkOutcome(output_dir, results, failed)

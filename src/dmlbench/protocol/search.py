@@ -300,6 +300,8 @@ class MethodSearch:
                 sampler=optuna.samplers.RandomSampler(seed=0), pruner=make_pruner(settings), load_if_exists=True,
             )
             _check_or_record_settings(self.study, method, settings, self.layout, self.config, config_hash)
+            if self.study.user_attrs.get("trials") != settings.trials:
+                self.study.set_user_attr("trials", settings.trials)  # the budget ``dmlbench status`` counts against
 
     def step(self) -> str:
         outcome = work.claim(self.study, self.worker, budget=self.settings.trials, ready=self._ready, propose=self._propose)

@@ -6,7 +6,7 @@ Three kinds of storage:
   SQLite's file locking is not safe for several writers, so ``--jobs`` refuses it;
 * ``journal:///PATH``: Optuna's ``JournalStorage`` with a file backend, the default of ``--jobs N``
   (``OUTPUT_DIR/study.journal``): several processes of one machine append to one log;
-* ``postgresql://USER@HOST[:PORT]/DB`` (also ``postgresql+psycopg2://``): any number of workers on
+* ``postgresql://USER@HOST[:PORT]/DB`` (also ``postgresql+psycopg://``): any number of workers on
   any number of machines; the driver is the ``postgres`` extra. A password is never taken from the
   URL into anything stored or printed: libpq reads ``PGPASSWORD`` or ``~/.pgpass`` itself.
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +31,7 @@ from dmlbench.errors import UserInputError
 
 SQLITE_FILE = "study.db"
 JOURNAL_FILE = "study.journal"
-POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg2", "postgres")
+POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
 KINDS = "sqlite:///PATH, journal:///PATH or postgresql://USER@HOST/DB"
 
 
@@ -109,6 +111,10 @@ def open_storage(url: str, *, heartbeat: int | None = None) -> Any:
         return JournalStorage(JournalFileBackend(str(path)))
     if storage_kind == "postgresql":
         _require_driver()
+        # Optuna marks the heartbeat as experimental and expects it inside ``Study.optimize``; here
+        # ``protocol.work.Beating`` sends it around each unit of work instead.
+        warnings.filterwarnings("ignore", message=".*heartbeat", category=Warning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
         if heartbeat is not None:
             return optuna.storages.RDBStorage(
                 url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
@@ -120,12 +126,9 @@ def open_storage(url: str, *, heartbeat: int | None = None) -> Any:
 
 
 def _require_driver() -> None:
-    try:
-        import psycopg2  # noqa: F401
-    except ImportError:
-        raise UserInputError(
-            "a postgresql:// storage needs the PostgreSQL driver: pip install 'dmlbench[postgres]'"
-        ) from None
+    # SQLAlchemy imports the driver itself; only its presence is checked here.
+    if importlib.util.find_spec("psycopg") is None:
+        raise UserInputError("a postgresql:// storage needs the PostgreSQL driver: pip install 'dmlbench[postgres]'")
 
 
 def check_storage(url: str, *, default: bool, jobs: int = 1) -> None:
@@ -205,7 +208,8 @@ class WorkLock:
         path = file_path(self.url)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(str(path) + ".lock", "a+")
+            # Not ``PATH.lock``: Optuna's journal backend locks that one itself.
+            handle = open(str(path) + ".work-lock", "a+")
             fcntl.flock(handle, fcntl.LOCK_EX)
 
             def release_file() -> None:

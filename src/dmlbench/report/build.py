@@ -57,9 +57,10 @@ class ReportData:
     reproduction_curves: dict[str, list[dict[str, list[float]]]] = field(default_factory=dict)
 
 
-def load_report_data(output_dir: Path) -> ReportData:
+def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData:
     """Read a benchmark from its storage (and ``benchmark.json``); a one-line ``UserInputError`` if
-    there is none. Everything comes from the studies, so any worker's directory gives the same report."""
+    there is none. Everything comes from the studies, so any worker's directory gives the same report.
+    ``storage``: the URL to read (by default the one ``benchmark.json`` records, without password)."""
     import optuna
 
     from dmlbench.protocol import storage as storage_module
@@ -72,7 +73,7 @@ def load_report_data(output_dir: Path) -> ReportData:
         raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
     benchmark = records.read_json(path)
     methods = list(benchmark["methods"])
-    url = str(benchmark["storage"])
+    url = storage or str(benchmark["storage"])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         names = set(storage_module.study_names(url))
@@ -155,9 +156,9 @@ def _computed(data: ReportData) -> list[str]:
     return []
 
 
-def write_report(output_dir: Path) -> dict[str, Path]:
+def write_report(output_dir: Path, storage: str | None = None) -> dict[str, Path]:
     """Write every report file of ``output_dir`` (see the module docstring); returns their paths."""
-    data = load_report_data(output_dir)
+    data = load_report_data(output_dir, storage)
     output_dir = Path(output_dir)
     paths: dict[str, Path] = {}
     if data.results:
@@ -318,8 +319,6 @@ def _parameters(data: ReportData) -> list[tuple[str, str]]:
         ("git commit", str(b.get("git_commit"))),
         ("overrides", " ".join(b.get("overrides", [])) or "none"),
         ("storage", str(b.get("storage"))),
-        ("frozen trunk", "yes: only the embedding head was trained, on trunk features cached once per fold"
-                         if protocol.get("frozen_trunk") else "no: every run trained the whole model"),
         ("parallel trials", str(protocol.get("parallel_trials", 1))),
     ]
 
