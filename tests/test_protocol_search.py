@@ -110,13 +110,18 @@ def test_an_interrupted_trial_is_rerun_once_with_the_same_parameters(tmp_path: P
     with pytest.raises(KeyboardInterrupt):
         run_search("m", raw, space, tmp_path, settings)
     (killed,) = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
-    assert killed.state == TrialState.RUNNING
+    assert killed.state == TrialState.FAIL and killed.user_attrs["interrupted"] is True
 
     result = run_search("m", raw, space, tmp_path, settings)
     trials = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
     assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.COMPLETE]
-    assert trials[0].user_attrs["interrupted"] is True and trials[0].value is None
+    assert trials[0].value is None and "fail_reason" not in trials[0].user_attrs
     assert trials[1].params == killed.params and trials[1].user_attrs["retry_of"] == 0
+    assert trials[1].user_attrs["slot"] == trials[0].user_attrs["slot"] == 0
+    # The retry kept the interrupted attempt's finished fold (train returned it as it was) and trained the other.
+    assert calls["count"] == 4
+    fold_0 = json.loads((tmp_path / "m" / "trial_0000" / "fold_0" / "run.json").read_text())
+    assert fold_0["status"] == "completed" and fold_0["resumed"] == [] and fold_0["samples_seen"] > 0
     assert result.completed == 1 and result.failed == 0
     # Resuming again neither re-runs nor re-enqueues anything.
     run_search("m", raw, space, tmp_path, settings)
@@ -124,6 +129,47 @@ def test_an_interrupted_trial_is_rerun_once_with_the_same_parameters(tmp_path: P
     # A study made with another budget is not continued.
     with pytest.raises(UserInputError, match="started with settings"):
         run_search("m", raw, space, tmp_path, SearchSettings(trials=1, folds=2, epochs=2, sampler="gp", seed=3))
+
+
+def test_a_trial_left_running_by_a_dead_process_is_retried_with_its_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed with kill -9 on this machine: its trial stays RUNNING with the dead process's id."""
+    import subprocess
+
+    from dmlbench.protocol.storage import host_id
+    from dmlbench.training.loop import TrainResult
+
+    def scripted_train(config, run_dir, **kwargs):
+        return TrainResult(Path(run_dir), 1, {"map_at_r": config.loss.params["margin"]}, 1)
+
+    monkeypatch.setattr(search_module, "train", scripted_train)
+    raw = base_raw()
+    space = parse_search_space(SEARCH, raw)
+    settings = SearchSettings(trials=2, folds=2, epochs=1, sampler="tpe", seed=0)
+    search = search_module.MethodSearch("m", raw, space, tmp_path, settings)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    study = search.study
+    study.enqueue_trial({"loss.params.margin": 0.25}, user_attrs={"slot": 0})
+    orphan = study.ask()
+    orphan.suggest_float("loss.params.margin", 0.05, 0.5)
+    orphan.set_user_attr("worker", {"host": host_id(), "pid": gone.pid})
+    result = run_search("m", raw, space, tmp_path, settings)
+    trials = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert trials[0].user_attrs["interrupted"] is True
+    assert trials[1].params == {"loss.params.margin": 0.25} and trials[1].user_attrs["retry_of"] == 0
+    assert [t.user_attrs["slot"] for t in trials] == [0, 0, 1]
+    assert result.completed == 2 and search_module.budgeted_trials(study) == 2
+
+
+def test_parallel_trials_lets_a_batch_start_before_the_earlier_slots_finish(tmp_path: Path) -> None:
+    raw = base_raw()
+    space = parse_search_space(SEARCH, raw)
+    for parallel, expected in ((1, [True, False, False]), (2, [True, True, False])):
+        search = search_module.MethodSearch(f"m{parallel}", raw, space, tmp_path,
+                                            SearchSettings(trials=3, folds=2, epochs=1, sampler="tpe", parallel_trials=parallel))
+        assert [search._ready(slot, {}) for slot in range(3)] == expected
+        assert search._ready(2, {0: None, 1: None})  # type: ignore[dict-item]
 
 
 def test_protocol_keys_and_bad_settings_are_refused(tmp_path: Path) -> None:

@@ -43,9 +43,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from dmlbench.cli import benchmark, data, deploy, evaluate, report, toy, train
+    from dmlbench.cli import benchmark, data, deploy, evaluate, report, status, toy, train
 
-    for module in (data, train, evaluate, benchmark, report, toy, deploy):
+    for module in (data, train, evaluate, benchmark, report, status, toy, deploy):
         module.register(app)
 
 

@@ -11,7 +11,15 @@ import typer
 
 from dmlbench.cli.common import Command, OVERRIDES_HELP, config_and_overrides
 
-STORAGE_HELP = "Optuna storage URL (any SQLAlchemy URL; default: sqlite:///OUTPUT/study.db)."
+STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
+                "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: OUTPUT/study.db, "
+                "or OUTPUT/study.journal with --jobs > 1).")
+JOBS_HELP = "Worker processes on this machine, each with training.num_threads torch threads."
+HEARTBEAT_HELP = "Seconds between a PostgreSQL worker's heartbeats; a worker silent for 3 of them is taken for dead."
+
+
+# Measured with benchmarks/jobs.py (README, "Several workers on one machine").
+DEFAULT_JOBS = 1
 
 
 def register(app: typer.Typer) -> None:
@@ -24,13 +32,18 @@ def benchmark_command(
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP + " Applied to every method.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/benchmark-<time>); an existing one is resumed.")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help=JOBS_HELP)] = DEFAULT_JOBS,
+    heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the training runs and epochs the config implies and an estimate of their time; train nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
     """Run the whole protocol: search, reproductions on new seeds, untrained baseline, paired tests, report.
 
-    Every method gets the same trials, epochs and folds. Exit codes: 0 every method completed,
-    1 some method failed (named on stderr), 2 bad input, 130 interrupted (re-run the same command
-    to continue; finished trials and runs are kept).
+    Every method gets the same trials, epochs and folds. Any number of workers (this command on
+    other machines with the same CONFIG and --storage, or --jobs here) share the work; a worker that
+    finds nothing left says so and exits 0. Exit codes: 0 every method completed, 1 some method
+    failed (named on stderr), 2 bad input, 130 interrupted (re-run the same command to continue;
+    finished trials and runs are kept).
     """
     from dmlbench.protocol.benchmark import load_spec
     from dmlbench.protocol.pipeline import prepare, run_benchmark
@@ -39,8 +52,22 @@ def benchmark_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_spec(config_path)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage)
-    outcome = run_benchmark(prepared, progress=not quiet)
+    prepared = prepare(spec, output_dir, overrides, storage, jobs=jobs, heartbeat=heartbeat)
+    if dry_run:
+        from dmlbench.protocol.cost import dry_run as estimate
+
+        typer.echo(estimate(prepared))
+        return
+    if jobs > 1:
+        from dmlbench.protocol.jobs import run_jobs
+
+        outcome = run_jobs(prepared, config_path, overrides, progress=not quiet)
+    else:
+        outcome = run_benchmark(prepared, progress=not quiet)
+    if outcome is None:
+        typer.echo(f"nothing left to do; the report is in the directory of the worker that wrote it "
+                   f"(`dmlbench report {output_dir}` builds it here from the storage)")
+        return
     if not quiet:
         typer.echo((output_dir / "report.md").read_text())
     typer.echo(f"report: {output_dir / 'report.md'} {output_dir / 'report.html'}; results: {output_dir / 'results.csv'}")
@@ -55,6 +82,7 @@ def search_command(
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP, show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/search-<time>); an existing one is resumed.")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
+    heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
     """Run the search stage alone: Bayesian optimisation with class-disjoint k-fold cross-validation.
@@ -68,7 +96,7 @@ def search_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_search_spec(config_path)
     output_dir = output or Path("runs") / f"search-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage)
+    prepared = prepare(spec, output_dir, overrides, storage, heartbeat=heartbeat)
     results = run_search_stage(prepared, progress=not quiet)
     failed = False
     for name, result in results.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
 
 def report_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A benchmark output directory.", show_default=False)],
+    storage: Annotated[Optional[str], typer.Option("--storage", help="Read this storage URL instead of the one DIR/benchmark.json records.")] = None,
 ) -> None:
     """Rebuild report.md, report.html, results.csv, runs.csv, comparisons.csv and results.tex from storage.
 
@@ -25,7 +26,7 @@ def report_command(
     """
     from dmlbench.report import write_report
 
-    paths = write_report(directory)
+    paths = write_report(directory, storage)
     for path in paths.values():
         typer.echo(str(path))
 

@@ -30,6 +30,10 @@ TEST_ACCESS_FILE = "test_access.jsonl"
 def audit(output_dir: Path) -> list[str]:
     """Every problem found in ``output_dir`` (one line each, naming the run); ``[]`` if none."""
     import optuna
+
+    from dmlbench.protocol import storage as storage_module
+    from dmlbench.protocol import work
+    from dmlbench.protocol.reproductions import study_name
     from dmlbench.protocol.search import budgeted_trials
 
     output_dir = Path(output_dir)
@@ -104,16 +108,18 @@ def audit(output_dir: Path) -> list[str]:
                     problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened for {name} before it finished")
     budgets: dict[str, tuple[Any, ...]] = {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = str(benchmark["storage"])
+    names = set(storage_module.study_names(url))
+    storage = storage_module.open_storage(url)
     for method in benchmark["methods"]:
-        try:
-            study = optuna.load_study(study_name=method, storage=benchmark["storage"])
-        except KeyError:
-            problems.append(f"method {method}: no study in {benchmark['storage']}")
+        if method not in names:
+            problems.append(f"method {method}: no study in {storage_module.redact(url)}")
             continue
-        trials = study.get_trials(deepcopy=False)
+        study = optuna.load_study(study_name=method, storage=storage)
         budgeted = budgeted_trials(study)
         settings = study.user_attrs.get("settings", {})
-        reproductions = len({p.parent.name for p in (output_dir / method).glob("reproduction_*/fold_*/" + records.RUN_FILE)})
+        reproductions = (len(work.counted(optuna.load_study(study_name=study_name(method), storage=storage)))
+                         if study_name(method) in names else 0)
         budgets[method] = (budgeted, study.user_attrs.get("epochs"), settings.get("folds"), tuple(sorted(epochs[method])),
                            reproductions, tuple(sorted((k, str(v)) for k, v in settings.items())))
         if budgeted != protocol["trials"]:

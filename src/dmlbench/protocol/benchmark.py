@@ -31,7 +31,9 @@ class ProtocolSpec(BaseModel):
     ``epochs``: every run's maximum epochs (``None``: the methods' common ``training.epochs``);
     ``patience``: early stopping after this many evaluations without improvement; reproduction
     ``r`` trains with seed ``first_seed + r`` (never the search's seed); ``pruner``: ``none`` or
-    ``median`` (a trial is stopped after a fold whose running fold-mean falls below the median)."""
+    ``median`` (a trial is stopped after a fold whose running fold-mean falls below the median);
+    ``parallel_trials``: trials of one method suggested from the same history, so that many workers
+    can run them at once (1: every suggestion sees every earlier trial, sequential as in seed 001)."""
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
@@ -44,6 +46,7 @@ class ProtocolSpec(BaseModel):
     search_seed: int = Field(0, ge=0)
     reproductions: int = Field(3, ge=1)
     first_seed: int = Field(1000, ge=0)
+    parallel_trials: int = Field(1, ge=1)
 
 
 class BenchmarkSpec(BaseModel):

@@ -18,6 +18,8 @@ with the baseline and the failures), ``test_access.jsonl`` (every opening of the
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import sys
 import time
 from collections.abc import Mapping
@@ -29,20 +31,26 @@ from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import FoldLayout, fold_layout
+from dmlbench.protocol import storage as storage_module
+from dmlbench.protocol import work
 from dmlbench.protocol.reproductions import (
     UNTRAINED,
+    MethodReproduction,
     MethodReproductions,
     ReproductionSettings,
-    reproduce_methods,
-    score_untrained,
+    UntrainedBaseline,
+    study_name,
+    write_results,
 )
 from dmlbench.protocol.search import (
+    POLL_SECONDS,
     PROTOCOL_KEYS,
-    apply_budget,
+    MethodSearch,
     SearchSettings,
+    apply_budget,
+    best_trial,
     method_raw_config,
     search_methods,
-    storage_url,
 )
 from dmlbench.protocol.search_space import SearchSpace, parse_search_space
 from dmlbench.training import records
@@ -65,7 +73,22 @@ class Prepared:
     configs: dict[str, config_module.Config]
     layout: FoldLayout
     dataset_hash: str
-    storage: str
+    storage: str  # as given (it may hold a password): never stored or printed, see ``redacted``
+    jobs: int = 1
+    heartbeat: int = 30
+
+    @property
+    def redacted(self) -> str:
+        return storage_module.redact(self.storage)
+
+    @property
+    def config_hash(self) -> str:
+        """Identifies the benchmark in a shared storage: two workers with different configs never mix."""
+        text = json.dumps(self.description(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def study_names(self) -> list[str]:
+        return [*self.configs, *(study_name(name) for name in self.configs), study_name(UNTRAINED)]
 
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically."""
@@ -89,20 +112,31 @@ class BenchmarkOutcome:
 
 
 def prepare(
-    spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None, storage: str | None = None
+    spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None, storage: str | None = None,
+    *, jobs: int = 1, heartbeat: int = 30,
 ) -> Prepared:
-    """Check the whole benchmark; a ``UserInputError`` (one line) names the first problem. Writes nothing."""
+    """Check the whole benchmark; a ``UserInputError`` (one line) names the first problem. Writes nothing.
+
+    ``jobs``: local worker processes (more than one needs a storage for concurrent writers);
+    ``heartbeat``: seconds between a PostgreSQL worker's heartbeats (stale after three missed)."""
     overrides = list(overrides or [])
     output_dir = Path(output_dir)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise UserInputError(f"--jobs must be a positive integer, got {jobs!r}")
+    if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1:
+        raise UserInputError(f"--heartbeat must be a positive number of seconds, got {heartbeat!r}")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UserInputError(f"output {output_dir} is a file, not a directory")
+    url = resolve_storage(output_dir, storage, jobs)
     protocol = spec.protocol
     search = SearchSettings(
         trials=protocol.trials, folds=protocol.folds, fold_mode=protocol.fold_mode, epochs=protocol.epochs,
-        patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed, storage=storage,
-        pruner=protocol.pruner,
+        patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed, storage=url,
+        pruner=protocol.pruner, parallel_trials=protocol.parallel_trials,
     )
     reproduction = ReproductionSettings(
         reproductions=protocol.reproductions, first_seed=protocol.first_seed, folds=protocol.folds,
-        fold_mode=protocol.fold_mode, epochs=protocol.epochs, patience=protocol.patience,
+        fold_mode=protocol.fold_mode, epochs=protocol.epochs, patience=protocol.patience, storage=url,
     )
     search.check()
     reproduction.check()
@@ -137,12 +171,9 @@ def prepare(
         )
     dataset = load_dataset(first)
     layout = fold_layout(dataset, k=protocol.folds, mode=protocol.fold_mode)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UserInputError(f"output {output_dir} is a file, not a directory")
-    url = storage_url(output_dir, storage)
-    check_storage(url, default=storage is None)
+    storage_module.check_storage(url, default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, search, reproduction, spaces, configs, layout,
-                        dataset.content_hash, url)
+                        dataset.content_hash, url, jobs, heartbeat)
     stored_path = output_dir / BENCHMARK_FILE
     if stored_path.exists():
         stored = records.read_json(stored_path)
@@ -152,29 +183,40 @@ def prepare(
                 raise UserInputError(
                     f"{output_dir} holds a benchmark with another {key}: re-run the same command, or use a new output directory"
                 )
+    _check_studies(prepared)
     return prepared
 
 
-def check_storage(url: str, *, default: bool) -> None:
-    """A one-line ``UserInputError`` unless the Optuna storage ``url`` can be reached (nothing is created)."""
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if path.exists() and not path.is_file():
-            raise UserInputError(f"storage {url}: {path} is not a file")
-        if not default and not path.parent.is_dir():
-            raise UserInputError(f"storage {url}: directory {path.parent} does not exist")
-        return
-    try:
-        import optuna
+def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
+    """``--storage``, else the storage an existing benchmark in ``output_dir`` records, else the
+    default for ``jobs`` workers (``storage.default_url``)."""
+    if storage:
+        storage_module.kind(storage)
+        return storage
+    stored = Path(output_dir) / BENCHMARK_FILE
+    if stored.is_file():
+        recorded = records.read_json(stored).get("storage")
+        if recorded:
+            return str(recorded)
+    return storage_module.default_url(output_dir, jobs)
 
-        # No table creation, no version check: only a connection, so a failed check changes nothing.
-        storage = optuna.storages.RDBStorage(url, skip_compatibility_check=True, skip_table_creation=True)
-        with storage.engine.connect():
-            pass
-        storage.engine.dispose()
-    except Exception as error:  # any failure to reach the database is the user's storage URL
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserInputError(f"storage {url} cannot be reached: {first_line}") from None
+
+def _check_studies(prepared: Prepared) -> None:
+    """Refuse a storage whose studies of the same names belong to another benchmark config."""
+    import optuna
+
+    names = set(storage_module.study_names(prepared.storage)) & set(prepared.study_names())
+    if not names:
+        return
+    storage = storage_module.open_storage(prepared.storage)
+    for name in sorted(names):
+        stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get("config_hash")
+        if stored is not None and stored != prepared.config_hash:
+            raise UserInputError(
+                f"storage {prepared.redacted}: study {name!r} belongs to a benchmark with another config "
+                f"(hash {stored}, this one {prepared.config_hash}); start every worker with the same config and "
+                "overrides, or use another storage"
+            )
 
 
 class Progress:
@@ -220,7 +262,8 @@ def _start(prepared: Prepared) -> None:
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
     path = prepared.output_dir / BENCHMARK_FILE
     if not path.exists():
-        records.write_json(path, {**prepared.description(), "storage": prepared.storage,
+        records.write_json(path, {**prepared.description(), "storage": prepared.redacted,
+                                  "config_hash": prepared.config_hash,
                                   "git_commit": records.git_commit(), "created": records.now()})
 
 
@@ -231,49 +274,117 @@ def run_search_stage(prepared: Prepared, *, progress: bool = True) -> dict[str, 
     reporter = Progress(len(prepared.configs) * protocol.trials * protocol.folds, 0, progress)
     try:
         return search_methods(prepared.spec, prepared.output_dir, prepared.search, prepared.overrides,
-                              progress=progress, reporter=reporter)
+                              progress=progress, reporter=reporter,
+                              worker=work.Worker(prepared.storage, heartbeat=prepared.heartbeat),
+                              config_hash=prepared.config_hash)
     except RunInterrupted:
         raise RunInterrupted(f"search {prepared.output_dir} stopped; re-run the same command to continue") from None
 
 
-def run_benchmark(prepared: Prepared, *, progress: bool = True) -> BenchmarkOutcome:
-    """Search, reproductions, baseline and report; see the module docstring. Resumable."""
-    from dmlbench.report import write_report
-
+def run_benchmark(prepared: Prepared, *, progress: bool = True) -> BenchmarkOutcome | None:
+    """Work on the benchmark until every unit is done (search trials, reproductions, the untrained
+    baseline), with any number of other workers on the same storage; then the first worker to find
+    everything done writes the report and gets the outcome. ``None``: another worker wrote it.
+    Resumable; see the module docstring."""
     _start(prepared)
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol
     total = len(prepared.configs) * (protocol.trials + protocol.reproductions) * protocol.folds
     reporter = Progress(total, _completed_runs(output_dir), progress)
-    failed: dict[str, str] = {}
+    worker = work.Worker(prepared.storage, heartbeat=prepared.heartbeat)
+    raws = {name: method_raw_config(prepared.spec, name, prepared.overrides) for name in prepared.configs}
     try:
-        searched = search_methods(prepared.spec, output_dir, prepared.search, prepared.overrides,
-                                  progress=progress, reporter=reporter)
-        best = {}
-        for name, result in searched.items():
-            if result.best_params is None:
-                failed[name] = f"no search trial completed ({result.failed} failed)"
-            else:
-                best[name] = dict(result.best_params)
-        results: dict[str, MethodReproductions] = {}
-        if best:
-            results = reproduce_methods(prepared.spec, best, output_dir, prepared.reproduction, prepared.overrides,
-                                        progress=progress, reporter=reporter, methods=list(best))
-        for name, result in results.items():
-            reasons = [f"reproduction {o.reproduction}: {o.reason}" for o in result.outcomes if o.scores is None]
-            if reasons:
-                failed[name] = "; ".join(reasons)
-        reference = next((result for result in results.values() if any(o.scores for o in result.outcomes)), None)
-        if reference is not None:
-            metrics = prepared.configs[reference.method].evaluation.metrics
-            results[UNTRAINED] = score_untrained(reference, output_dir, metrics)
+        searches = {name: MethodSearch(name, raws[name], prepared.spaces[name], output_dir, prepared.search,
+                                       progress=progress, reporter=reporter, worker=worker,
+                                       config_hash=prepared.config_hash)
+                    for name in prepared.configs}
+        reproductions: dict[str, MethodReproduction] = {}
+        baseline: list[UntrainedBaseline] = []
+        while True:
+            states, worked = [], False
+            for name, search in searches.items():
+                state = search.step()
+                states.append(state)
+                if state not in (work.WAIT, work.DONE):
+                    worked = True
+                    break
+                if state == work.DONE and name not in reproductions and (best := best_trial(search.study)) is not None:
+                    reproductions[name] = MethodReproduction(
+                        name, raws[name], dict(best.params), output_dir, prepared.reproduction, progress=progress,
+                        reporter=reporter, worker=worker, config_hash=prepared.config_hash)
+            if worked:
+                continue
+            if all(state == work.DONE for state in states) and not baseline and reproductions:
+                reference = next(name for name in prepared.configs if name in reproductions)
+                baseline.append(UntrainedBaseline(reference, raws[reference], reproductions[reference].params, output_dir,
+                                                  prepared.reproduction, worker=worker, config_hash=prepared.config_hash))
+            for unit in [*reproductions.values(), *baseline]:
+                state = unit.step()
+                states.append(state)
+                if state not in (work.WAIT, work.DONE):
+                    worked = True
+                    break
+            if worked:
+                continue
+            if all(state == work.DONE for state in states):
+                break
+            time.sleep(POLL_SECONDS)
+        with worker.lock.held():
+            marker = searches[next(iter(searches))].study
+            reported = marker.user_attrs.get("report")
+            if reported is not None and (output_dir / "report.md").exists():
+                print(f"dmlbench: nothing left to do: every trial and reproduction of this benchmark is done; "
+                      f"worker {reported['worker']} wrote the report", file=sys.stderr, flush=True)
+                return None
+            outcome = _write_outcome(prepared, searches, reproductions, baseline)
+            marker.set_user_attr("report", {"worker": worker.id, "time": records.now()})
     except RunInterrupted:
         raise RunInterrupted(f"benchmark {output_dir} stopped; re-run the same command to continue") from None
+    except KeyboardInterrupt:
+        raise RunInterrupted(f"benchmark {output_dir} stopped; re-run the same command to continue") from None
+    return outcome
+
+
+def _write_outcome(
+    prepared: Prepared,
+    searches: Mapping[str, MethodSearch],
+    reproductions: Mapping[str, MethodReproduction],
+    baseline: list[UntrainedBaseline],
+) -> BenchmarkOutcome:
+    """``search.json``, ``reproductions.json``, ``results.json`` and the report, all from storage."""
+    from dmlbench.report import write_report
+
+    output_dir = prepared.output_dir
+    failed: dict[str, str] = {}
+    searched = {name: search.result() for name, search in searches.items()}
+    records.write_json(output_dir / "search.json", {
+        "settings": {**asdict(prepared.search), "storage": prepared.redacted},
+        "methods": {name: {"best_value": r.best_value, "best_params": r.best_params, "completed": r.completed,
+                           "failed": r.failed, "pruned": r.pruned, "fold_layout_hash": r.fold_layout_hash,
+                           "storage": r.storage} for name, r in searched.items()},
+    })
+    for name, result in searched.items():
+        if result.best_params is None:
+            failed[name] = f"no search trial completed ({result.failed} failed)"
+    results: dict[str, MethodReproductions] = {name: unit.result() for name, unit in reproductions.items()}
+    for name, result in results.items():
+        reasons = [f"reproduction {o.reproduction}: {o.reason}" for o in result.outcomes if o.scores is None]
+        if reasons:
+            failed[name] = "; ".join(reasons)
+    if results:
+        write_results(results, output_dir)
+        records.write_json(output_dir / "reproductions.json", {
+            "settings": {**asdict(prepared.reproduction), "storage": prepared.redacted},
+            "methods": {name: {"params": r.params, "fold_layout_hash": r.fold_layout_hash,
+                               "outcomes": [asdict(o) for o in r.outcomes]} for name, r in results.items()},
+        })
+    for unit in baseline:
+        results[UNTRAINED] = unit.result()
     records.write_json(output_dir / RESULTS_FILE, {
         "methods": {name: {"params": result.params, "fold_layout_hash": result.fold_layout_hash,
                            "outcomes": [asdict(outcome) for outcome in result.outcomes]}
                     for name, result in results.items()},
         "failed": failed,
     })
-    write_report(output_dir)
+    write_report(output_dir, prepared.storage)
     return BenchmarkOutcome(output_dir, results, failed)

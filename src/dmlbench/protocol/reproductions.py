@@ -30,16 +30,29 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.trial import TrialState
+
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.evaluation import COUNT_KEYS, evaluate_many
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import DEFAULT_K, fold_layout
-from dmlbench.protocol.search import apply_budget, check_budget, method_raw_config
+from dmlbench.protocol import work
+from dmlbench.protocol.search import (
+    apply_budget,
+    check_budget,
+    method_raw_config,
+    run_samples,
+    run_units,
+    storage_url,
+    validation_curves,
+)
+from dmlbench.protocol.storage import redact
 from dmlbench.protocol.search_space import apply_assignment
 from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
 from dmlbench.training import records, train
-from dmlbench.training.runs import embed_test_split, test_query_mask
+from dmlbench.training.runs import embed_test_split, query_mask, test_query_mask
 from dmlbench.training.setup import load_dataset
 
 STAGE = "reproduction"
@@ -61,6 +74,7 @@ class ReproductionSettings:
     fold_mode: str = "contiguous"
     epochs: int | None = None
     patience: int | None = None
+    storage: str | None = None
 
     def check(self) -> None:
         check_budget("reproduction", counts={"reproductions": self.reproductions, "folds": self.folds},
@@ -95,72 +109,227 @@ def reproduce_method(
     *,
     progress: bool = False,
     reporter: Callable[[dict[str, Any]], None] | None = None,
+    worker: work.Worker | None = None,
 ) -> MethodReproductions:
-    """Train (or finish) every reproduction of one method with ``params`` and score it on the test classes.
+    """Train (or finish, or help other workers finish) every reproduction of one method with
+    ``params`` and score it on the test classes.
 
     ``raw_config``: the method's raw config mapping (``search.method_raw_config``); ``params``: the
     best trial's ``{dotted key: value}`` assignment. Finished runs are kept; an interrupted run resumes
     from its last checkpoint.
     """
-    settings.check()
-    output_dir = Path(output_dir)
-    base = apply_budget(apply_assignment(dict(raw_config), params), settings.epochs, settings.patience)
-    try:
-        base_config = config_module.from_dict(copy.deepcopy(base))
-    except UserInputError as error:
-        raise UserInputError(f"method {method!r}: {error}") from None
-    layout = fold_layout(load_dataset(base_config), k=settings.folds, mode=settings.fold_mode)
-    result = MethodReproductions(method, dict(params), layout.hash)
-    for reproduction in range(settings.reproductions):
-        seed = settings.first_seed + reproduction
-        directory = output_dir / method / f"reproduction_{reproduction:02d}"
-        run_dirs = [directory / f"fold_{fold.index}" for fold in layout.folds]
-        outcome = ReproductionOutcome(reproduction, seed, [str(run_dir) for run_dir in run_dirs])
-        result.outcomes.append(outcome)
+    units = MethodReproduction(method, raw_config, params, output_dir, settings, progress=progress, reporter=reporter,
+                               worker=worker)
+    run_units([units.step])
+    return units.result()
+
+
+def study_name(method: str) -> str:
+    """The study of a method's reproductions (``untrained``: the baseline's)."""
+    return f"reproductions:{method}"
+
+
+class MethodReproduction:
+    """One method's reproductions as units of work (slot ``r``: reproduction ``r``, seed
+    ``first_seed + r``, all folds, then its test scores), shared by any number of workers."""
+
+    def __init__(
+        self,
+        method: str,
+        raw_config: Mapping[str, Any],
+        params: Mapping[str, Any],
+        output_dir: Path,
+        settings: ReproductionSettings,
+        *,
+        progress: bool = False,
+        reporter: Callable[[dict[str, Any]], None] | None = None,
+        worker: work.Worker | None = None,
+        config_hash: str | None = None,
+    ) -> None:
+        settings.check()
+        self.method, self.params, self.settings = method, dict(params), settings
+        self.output_dir = Path(output_dir)
+        self.progress, self.reporter = progress, reporter
+        self.base = apply_budget(apply_assignment(dict(raw_config), params), settings.epochs, settings.patience)
         try:
-            for fold, run_dir in zip(layout.folds, run_dirs):
-                if reporter is not None:
-                    reporter({"method": method, "stage": STAGE, "reproduction": reproduction, "fold": fold.index,
-                              "run_dir": str(run_dir)})
-                config = config_module.from_dict(apply_assignment(base, {
-                    "seed": seed,
-                    "data.train_classes": list(fold.train_classes),
-                    "data.val_classes": list(fold.val_classes),
-                }))
-                _train_once(config, run_dir, progress, {
-                    "method": method, "stage": STAGE, "reproduction": reproduction, "fold": fold.index,
-                    "fold_layout_hash": layout.hash, "params": dict(params),
-                    "test_classes": list(layout.test_classes),
-                })
-        except RunInterrupted:
-            raise
-        except Exception as error:  # one failed reproduction must not lose the others
-            outcome.reason = f"{type(error).__name__}: {error}".strip()
-            if progress:
-                print(f"== {method} reproduction {reproduction}: failed ({outcome.reason})", flush=True)
-            continue
-        outcome.scores = _test_scores(directory, run_dirs, seed, base_config.evaluation.metrics)
+            self.config = config_module.from_dict(copy.deepcopy(self.base))
+        except UserInputError as error:
+            raise UserInputError(f"method {method!r}: {error}") from None
+        self.layout = fold_layout(load_dataset(self.config), k=settings.folds, mode=settings.fold_mode)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.worker = worker or work.Worker(storage_url(self.output_dir, settings.storage))
+        self.study = open_unit_study(self.worker, study_name(method), {
+            "method": method, "params": self.params, "reproductions": settings.reproductions,
+            "first_seed": settings.first_seed, "fold_layout_hash": self.layout.hash, "config_hash": config_hash,
+        })
+
+    def step(self) -> str:
+        outcome = work.claim(self.study, self.worker, budget=self.settings.reproductions,
+                             ready=lambda slot, finished: True,
+                             propose=lambda slot, finished: ({}, {"seed": self.settings.first_seed + slot}))
+        if isinstance(outcome, str):
+            return outcome
+        trial, reproduction = outcome.trial, outcome.slot
+        seed = self.settings.first_seed + reproduction
+        directory = self.output_dir / self.method / f"reproduction_{reproduction:02d}"
+        run_dirs = [directory / f"fold_{fold.index}" for fold in self.layout.folds]
+        started = work.Cost.start()
+        attributes: dict[str, Any] = {"seed": seed, "params": self.params,
+                                      "run_dirs": [str(run_dir.relative_to(self.output_dir)) for run_dir in run_dirs]}
+        with work.Beating(self.study, trial, self.worker):
+            try:
+                curves = []
+                for fold, run_dir in zip(self.layout.folds, run_dirs):
+                    if self.reporter is not None:
+                        self.reporter({"method": self.method, "stage": STAGE, "reproduction": reproduction,
+                                       "fold": fold.index, "run_dir": str(run_dir)})
+                    config = config_module.from_dict(apply_assignment(self.base, {
+                        "seed": seed,
+                        "data.train_classes": list(fold.train_classes),
+                        "data.val_classes": list(fold.val_classes),
+                    }))
+                    _train_once(config, run_dir, self.progress, {
+                        "method": self.method, "stage": STAGE, "reproduction": reproduction, "fold": fold.index,
+                        "fold_layout_hash": self.layout.hash, "params": dict(self.params),
+                        "test_classes": list(self.layout.test_classes),
+                    })
+                    curves.append(validation_curves(run_dir))
+                attributes["curves"] = curves
+                scores = _test_scores(directory, run_dirs, seed, self.config.evaluation.metrics)
+            except (RunInterrupted, KeyboardInterrupt):
+                work.interrupt(self.study, trial)
+                raise
+            except Exception as error:  # one failed reproduction must not lose the others
+                reason = f"{type(error).__name__}: {error}".strip()
+                attributes.update(fail_reason=reason, cost=self._cost(started, run_dirs))
+                work.finish(self.study, trial, state=TrialState.FAIL, attributes=attributes)
+                if self.progress:
+                    print(f"== {self.method} reproduction {reproduction}: failed ({reason})", flush=True)
+                return "worked"
+            attributes.update(scores=scores, cost=self._cost(started, run_dirs))
+            work.finish(self.study, trial, value=_objective(scores), attributes=attributes)
+        return "worked"
+
+    @staticmethod
+    def _cost(started: tuple[float, float], run_dirs: list[Path]) -> dict[str, Any]:
+        return asdict(work.Cost.since(started, sum(run_samples(run_dir) for run_dir in run_dirs)))
+
+    def result(self) -> MethodReproductions:
+        return read_reproductions(self.study, self.method, self.params, self.layout.hash, self.output_dir)
+
+
+class UntrainedBaseline:
+    """The ``untrained`` row as units of work: reproduction ``r`` of the reference method (the first
+    method of the benchmark with best parameters) with its models as initialised (same seeds, no
+    training step), scored on the test classes like every method. Needs no run directory."""
+
+    def __init__(self, reference: str, raw_config: Mapping[str, Any], params: Mapping[str, Any], output_dir: Path,
+                 settings: ReproductionSettings, *, worker: work.Worker, config_hash: str | None = None) -> None:
+        self.reference, self.settings, self.worker = reference, settings, worker
+        self.output_dir = Path(output_dir)
+        self.base = apply_budget(apply_assignment(dict(raw_config), params), settings.epochs, settings.patience)
+        self.config = config_module.from_dict(copy.deepcopy(self.base))
+        self.layout = fold_layout(load_dataset(self.config), k=settings.folds, mode=settings.fold_mode)
+        self.study = open_unit_study(worker, study_name(UNTRAINED), {
+            "method": UNTRAINED, "reference": reference, "params": dict(params), "reproductions": settings.reproductions,
+            "first_seed": settings.first_seed, "fold_layout_hash": self.layout.hash, "config_hash": config_hash,
+        })
+
+    def step(self) -> str:
+        outcome = work.claim(self.study, self.worker, budget=self.settings.reproductions,
+                             ready=lambda slot, finished: True,
+                             propose=lambda slot, finished: ({}, {"seed": self.settings.first_seed + slot}))
+        if isinstance(outcome, str):
+            return outcome
+        trial, reproduction = outcome.trial, outcome.slot
+        seed = self.settings.first_seed + reproduction
+        started = work.Cost.start()
+        with work.Beating(self.study, trial, self.worker):
+            try:
+                scores = _untrained_scores(self, reproduction, seed)
+            except (RunInterrupted, KeyboardInterrupt):
+                work.interrupt(self.study, trial)
+                raise
+            except Exception as error:
+                work.finish(self.study, trial, state=TrialState.FAIL,
+                            attributes={"seed": seed, "fail_reason": f"{type(error).__name__}: {error}".strip()})
+                return "worked"
+            work.finish(self.study, trial, value=_objective(scores), attributes={
+                "seed": seed, "scores": scores, "run_dirs": [], "cost": asdict(work.Cost.since(started, 0))})
+        return "worked"
+
+    def result(self) -> MethodReproductions:
+        return read_reproductions(self.study, UNTRAINED, {}, self.layout.hash, self.output_dir)
+
+
+def open_unit_study(worker: work.Worker, name: str, recorded: Mapping[str, Any]) -> optuna.Study:
+    """Create or load a study of fixed units; refuse one that was made for other work."""
+    with worker.lock.held():
+        study = optuna.create_study(storage=worker.storage, study_name=name, direction="maximize",
+                                    sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
+        stored = study.user_attrs
+        if not any(key in stored for key in recorded):
+            for key, value in recorded.items():
+                study.set_user_attr(key, value)
+            return study
+        for key, value in recorded.items():
+            if stored.get(key) != value:
+                raise UserInputError(f"study {name!r} was started with {key} = {stored.get(key)!r}, now {value!r}: "
+                                     "use a new output directory or storage")
+    return study
+
+
+def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, Any], layout_hash: str,
+                       output_dir: Path) -> MethodReproductions:
+    """A method's reproductions as stored in its study: one outcome per done slot, in order."""
+    result = MethodReproductions(method, dict(params), layout_hash)
+    for trial in work.counted(study):
+        attrs = trial.user_attrs
+        run_dirs = [str(Path(output_dir) / run_dir) for run_dir in attrs.get("run_dirs", [])]
+        scores = attrs.get("scores") if trial.state == TrialState.COMPLETE else None
+        result.outcomes.append(ReproductionOutcome(int(attrs["slot"]), int(attrs["seed"]), run_dirs, scores,
+                                                   None if scores is not None else attrs.get("fail_reason")))
     return result
 
 
-def score_untrained(
-    reference: MethodReproductions, output_dir: Path, metrics: list[str]
-) -> MethodReproductions:
-    """The baseline row: the fold models of ``reference``'s reproductions as initialised (same seeds,
-    no training step), scored on the test classes like every method (concatenated and separated).
-    Stored in ``OUTPUT_DIR/untrained/reproduction_RR/test_metrics.json``."""
-    result = MethodReproductions(UNTRAINED, {}, reference.fold_layout_hash)
-    for outcome in reference.outcomes:
-        baseline = ReproductionOutcome(outcome.reproduction, outcome.seed, list(outcome.run_dirs))
-        result.outcomes.append(baseline)
-        if outcome.scores is None:
-            baseline.reason = f"reproduction {outcome.reproduction} of {reference.method} failed"
-            continue
-        directory = Path(output_dir) / UNTRAINED / f"reproduction_{outcome.reproduction:02d}"
-        baseline.scores = _test_scores(
-            directory, [Path(run_dir) for run_dir in outcome.run_dirs], outcome.seed, metrics, untrained=True
+def _objective(scores: Mapping[str, Mapping[str, float]]) -> float:
+    """The value Optuna shows for a reproduction: concatenated MAP@R (or the first metric)."""
+    concatenated = scores["concatenated"]
+    return float(concatenated.get("map_at_r", next(iter(concatenated.values()))))
+
+
+def _untrained_scores(baseline: UntrainedBaseline, reproduction: int, seed: int) -> dict[str, dict[str, float]]:
+    from dmlbench.training.embed import embed, resolve_device
+    from dmlbench.training.setup import build_model, make_splits
+
+    directory = baseline.output_dir / UNTRAINED / f"reproduction_{reproduction:02d}"
+    record_test_access(baseline.output_dir, {
+        "stage": STAGE, "method": UNTRAINED, "reproduction": directory.name, "model": "untrained",
+        "reference": baseline.reference, "runs": [],
+    })
+    embeddings, labels = {}, None
+    for fold in baseline.layout.folds:
+        config = config_module.from_dict(apply_assignment(baseline.base, {
+            "seed": seed, "data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes),
+        }))
+        dataset = load_dataset(config)
+        device = resolve_device(config.training.device)
+        # The model exactly as reproduction ``r`` of the reference started training it (same seed).
+        model = build_model(config).to(device)
+        test = make_splits(config, dataset).test
+        fold_embeddings, labels = embed(model, dataset.subset(test), config.evaluation.batch_size, device)
+        embeddings[f"fold_{fold.index}"] = fold_embeddings
+        mask = query_mask(dataset, test)  # queries against the gallery for a dataset with roles
+    assert labels is not None
+    scores = {}
+    for mode in MODES:
+        values = evaluate_many(
+            embeddings, labels, mode=mode, metrics=baseline.config.evaluation.metrics, seed=seed, query_mask=mask
         )
-    return result
+        scores[mode] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
+    directory.mkdir(parents=True, exist_ok=True)
+    records.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": records.now(), "scores": scores})
+    return scores
 
 
 def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
@@ -181,14 +350,12 @@ def _train_once(config: config_module.Config, run_dir: Path, progress: bool, rec
 
 
 def _test_scores(
-    directory: Path, run_dirs: list[Path], seed: int, metrics: list[str], *, untrained: bool = False
+    directory: Path, run_dirs: list[Path], seed: int, metrics: list[str]
 ) -> dict[str, dict[str, float]]:
     """Concatenated and separated test metrics of the fold models, computed once and stored; every
     opening of the test data is appended to ``test_access.jsonl`` first."""
     stored_path = directory / records.TEST_METRICS_FILE
     key = {"seed": seed, "run_dirs": [run_dir.name for run_dir in run_dirs], "metrics": list(metrics)}
-    if untrained:
-        key["untrained"] = True
     if stored_path.exists():
         stored = records.read_json(stored_path)
         if stored.get("key") == key:
@@ -196,21 +363,21 @@ def _test_scores(
     output_dir = directory.parent.parent
     record_test_access(output_dir, {
         "stage": STAGE, "method": directory.parent.name, "reproduction": directory.name,
-        "model": "untrained" if untrained else "best_checkpoint",
+        "model": "best_checkpoint",
         "runs": [str(Path(run_dir).resolve().relative_to(output_dir.resolve())) for run_dir in run_dirs],
     })
     embeddings, labels = {}, None
     directory.mkdir(parents=True, exist_ok=True)
     for run_dir in run_dirs:
-        fold_embeddings, fold_labels = embed_test_split(run_dir, untrained=untrained)
+        fold_embeddings, fold_labels = embed_test_split(run_dir)
         if labels is not None and not bool((fold_labels == labels).all()):
             raise RuntimeError(f"{run_dir}: test labels differ between the folds of one reproduction")
         embeddings[run_dir.name], labels = fold_embeddings, fold_labels
     assert labels is not None
-    query_mask = test_query_mask(run_dirs[0])  # queries against the gallery for a dataset with roles
+    mask = test_query_mask(run_dirs[0])  # queries against the gallery for a dataset with roles
     scores = {}
     for mode in MODES:
-        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask)
+        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=mask)
         scores[mode] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
     records.write_json(stored_path, {"evaluated": records.now(), "key": key, "scores": scores})
     return scores
@@ -226,6 +393,8 @@ def reproduce_methods(
     progress: bool = False,
     reporter: Callable[[dict[str, Any]], None] | None = None,
     methods: list[str] | None = None,
+    worker: work.Worker | None = None,
+    config_hash: str | None = None,
 ) -> dict[str, MethodReproductions]:
     """``reproduce_method`` for every method of ``spec`` (``best_params[method]``, ``{}`` when nothing was
     searched; ``search.best_params`` gives them), then ``write_results`` and ``reproductions.json``
@@ -239,14 +408,15 @@ def reproduce_methods(
             config_module.from_dict(apply_assignment(raw, dict(best_params.get(name, {}))))
         except UserInputError as error:
             raise UserInputError(f"method {name!r}: best parameters: {error}") from None
-    results = {
-        name: reproduce_method(name, raw, dict(best_params.get(name, {})), output_dir, settings, progress=progress,
-                               reporter=reporter)
-        for name, raw in raws.items()
-    }
+    worker = worker or work.Worker(storage_url(Path(output_dir), settings.storage))
+    units = [MethodReproduction(name, raw, dict(best_params.get(name, {})), output_dir, settings, progress=progress,
+                                reporter=reporter, worker=worker, config_hash=config_hash)
+             for name, raw in raws.items()]
+    run_units([unit.step for unit in units])
+    results = {unit.method: unit.result() for unit in units}
     write_results(results, output_dir)
     records.write_json(Path(output_dir) / SUMMARY_FILE, {
-        "settings": asdict(settings),
+        "settings": {**asdict(settings), "storage": None if settings.storage is None else redact(settings.storage)},
         "methods": {
             name: {"params": result.params, "fold_layout_hash": result.fold_layout_hash,
                    "outcomes": [asdict(outcome) for outcome in result.outcomes]}

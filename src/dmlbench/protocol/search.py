@@ -4,9 +4,10 @@ Musgrave et al. 2020 (seed 001) §3.3: "we run 50 iterations of bayesian optimiz
 consists of 4-fold cross validation [...] Training stops when validation accuracy plateaus.
 Hyperparameters are optimized to maximize the average validation accuracy." Here:
 
-* one study per method (``study_name`` = method name) in an Optuna RDB storage, by default SQLite
-  ``OUTPUT_DIR/study.db`` (any SQLAlchemy URL works); sampler ``gp`` (``optuna.samplers.GPSampler``,
-  Bayesian optimisation with a Gaussian process, the default) or ``tpe``, both seeded;
+* one study per method (``study_name`` = method name) in an Optuna storage (``protocol.storage``: by
+  default SQLite ``OUTPUT_DIR/study.db``); sampler ``gp`` (``optuna.samplers.GPSampler``, Bayesian
+  optimisation with a Gaussian process, the default) or ``tpe``, seeded per slot (``trial_seed``) and
+  shown only the done trials of the earlier slots (``MethodSearch._propose``);
 * a trial suggests an assignment of the method's search space (``protocol.search_space``) and trains
   one run per fold of ``protocol.folds.fold_layout`` with ``data.train_classes`` / ``data.val_classes``
   set to the fold's classes (the training loop never holds a test image) and early stopping with
@@ -16,13 +17,13 @@ Hyperparameters are optimized to maximize the average validation accuracy." Here
   with its reason in the user attribute ``fail_reason``: it never gets a value;
 * every method gets the same number of trials and epochs; both are recorded in the study's user
   attributes (``settings``), with the fold layout and its hash;
-* resume: calling again continues the study. Finished trials (complete or failed) are kept and count
-  towards the budget; a trial left RUNNING by a killed process is marked FAILED (``interrupted``) and
-  its parameters are enqueued once (``study.enqueue_trial``) to be run again; it does not count.
-  A study therefore has one writer at a time: two processes searching the same study at once would
-  take each other's running trials for interrupted ones.
+* many workers, one study: trials are units of work (``protocol.work``): the budget counts slots, a
+  worker takes the next slot under a lock, a trial of a stopped or killed worker is failed
+  (``interrupted``, or by Optuna's heartbeat) and its slot re-enqueued once with the same parameters;
+  resuming is the same thing as joining late. With ``protocol.parallel_trials: 1`` (the default)
+  slot ``k`` waits for every earlier slot, so the search is what one worker would do, whoever runs it.
 
-Every run directory is ``OUTPUT_DIR/METHOD/trial_NNNN/fold_I`` and its ``run.json`` records ``method``,
+Every run directory is ``OUTPUT_DIR/METHOD/trial_SSSS/fold_I`` (``SSSS``: the slot) and its ``run.json`` records ``method``,
 ``stage`` (``search``), ``trial``, ``fold``, ``fold_layout_hash``, ``train_classes`` and ``val_classes``.
 """
 
@@ -31,18 +32,22 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.protocol import work
 from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, FoldLayout, fold_layout
+from dmlbench.protocol.storage import redact
 from dmlbench.protocol.search_space import SearchSpace, apply_assignment, parse_search_space
 from dmlbench.training import records, train
 from dmlbench.training.setup import load_dataset
@@ -52,6 +57,8 @@ SUMMARY_FILE = "search.json"
 SAMPLERS = ("gp", "tpe")
 PRUNERS = ("none", "median")
 STAGE = "search"
+# How often a worker whose remaining work is running elsewhere looks again (seconds).
+POLL_SECONDS = 1.0
 # Keys the protocol sets for every method alike; a search space may not search them.
 PROTOCOL_KEYS = ("seed", "training.epochs", "training.early_stopping_patience", "data.train_classes", "data.val_classes")
 
@@ -73,10 +80,11 @@ class SearchSettings:
     seed: int = 0
     storage: str | None = None
     pruner: str = "none"
+    parallel_trials: int = 1
 
     def check(self) -> None:
         """One-line ``UserInputError`` for a setting out of range."""
-        check_budget("search", counts={"trials": self.trials, "folds": self.folds}, epochs=self.epochs,
+        check_budget("search", counts={"trials": self.trials, "folds": self.folds, "parallel_trials": self.parallel_trials}, epochs=self.epochs,
                      patience=self.patience, seed=self.seed, fold_mode=self.fold_mode)
         if self.sampler not in SAMPLERS:
             raise UserInputError(f"search sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
@@ -163,8 +171,10 @@ def search_methods(
     *,
     progress: bool = False,
     reporter: Callable[[dict[str, Any]], None] | None = None,
+    worker: work.Worker | None = None,
+    config_hash: str | None = None,
 ) -> dict[str, SearchResult]:
-    """``run_search`` for every method of ``spec``, after checking every method's config and search
+    """``run_search`` for every method of ``spec`` (a worker takes units of any method), after checking every method's config and search
     space (and that all methods train for the same number of epochs) before anything trains.
 
     Writes ``OUTPUT_DIR/search.json``: the settings and, per method, the best value and parameters
@@ -179,12 +189,13 @@ def search_methods(
         epochs = {name: config_module.from_dict(copy.deepcopy(raw)).training.epochs for name, (raw, _) in prepared.items()}
         if len(set(epochs.values())) > 1:
             raise UserInputError(f"methods train for different numbers of epochs {epochs}: set the search epochs")
-    results = {
-        name: run_search(name, raw, space, output_dir, settings, progress=progress, reporter=reporter)
-        for name, (raw, space) in prepared.items()
-    }
+    searches = [MethodSearch(name, raw, space, output_dir, settings, progress=progress, reporter=reporter, worker=worker,
+                             config_hash=config_hash)
+                for name, (raw, space) in prepared.items()]
+    run_units([search.step for search in searches])
+    results = {search.method: search.result() for search in searches}
     records.write_json(Path(output_dir) / SUMMARY_FILE, {
-        "settings": asdict(settings),
+        "settings": {**asdict(settings), "storage": None if settings.storage is None else redact(settings.storage)},
         "methods": {
             name: {"best_value": result.best_value, "best_params": result.best_params, "completed": result.completed,
                    "failed": result.failed, "pruned": result.pruned, "fold_layout_hash": result.fold_layout_hash, "storage": result.storage}
@@ -192,6 +203,22 @@ def search_methods(
         },
     })
     return results
+
+
+def run_units(steps: list[Callable[[], str]]) -> None:
+    """Call the first step that has work until every one is ``work.DONE``; while the only work left
+    runs in other workers, look again every ``POLL_SECONDS`` (a stale one may come back to us)."""
+    while True:
+        states = []
+        for step in steps:
+            state = step()
+            states.append(state)
+            if state not in (work.WAIT, work.DONE):
+                break
+        else:
+            if all(state == work.DONE for state in states):
+                return
+            time.sleep(POLL_SECONDS)
 
 
 def best_params(results: Mapping[str, SearchResult]) -> dict[str, dict[str, Any]]:
@@ -216,56 +243,124 @@ def run_search(
     *,
     progress: bool = False,
     reporter: Callable[[dict[str, Any]], None] | None = None,
+    worker: work.Worker | None = None,
 ) -> SearchResult:
-    """Run (or continue) the study of one method until ``settings.trials`` trials have finished.
+    """Run (or continue, or help other workers with) the study of one method until its
+    ``settings.trials`` slots are done.
 
     ``raw_config`` is the method's raw config mapping (``method_raw_config``); ``space`` its parsed
     search space. Interrupting (Ctrl-C, a killed process) leaves the study resumable.
     """
-    settings.check()
-    taken = sorted(set(space.keys()) & set(PROTOCOL_KEYS))
-    if taken:
-        raise UserInputError(f"method {method!r}: search key {taken[0]!r} is set by the protocol, not searched")
-    output_dir = Path(output_dir)
-    base = apply_budget(raw_config, settings.epochs, settings.patience)
-    try:
-        base_config = config_module.from_dict(copy.deepcopy(base))
-    except UserInputError as error:
-        raise UserInputError(f"method {method!r}: {error}") from None
-    layout = fold_layout(load_dataset(base_config), k=settings.folds, mode=settings.fold_mode)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    url = storage_url(output_dir, settings.storage)
-    study = optuna.create_study(
-        storage=url, study_name=method, direction="maximize", sampler=make_sampler(settings),
-        pruner=make_pruner(settings), load_if_exists=True,
-    )
-    _check_or_record_settings(study, method, settings, layout, base_config)
-    _requeue_interrupted(study)
-    while (index := budgeted_trials(study)) < settings.trials:
-        study.sampler = make_sampler(settings, trial_seed(settings.seed, index))
-        trial = study.ask()
+    search = MethodSearch(method, raw_config, space, output_dir, settings, progress=progress, reporter=reporter,
+                          worker=worker)
+    while (state := search.step()) != work.DONE:
+        if state == work.WAIT:
+            time.sleep(POLL_SECONDS)
+    return search.result()
+
+
+class MethodSearch:
+    """One method's study as units of work: ``step()`` runs one trial this worker took, or says
+    ``work.WAIT`` (the rest is running elsewhere) or ``work.DONE``."""
+
+    def __init__(
+        self,
+        method: str,
+        raw_config: Mapping[str, Any],
+        space: SearchSpace,
+        output_dir: Path,
+        settings: SearchSettings,
+        *,
+        progress: bool = False,
+        reporter: Callable[[dict[str, Any]], None] | None = None,
+        worker: work.Worker | None = None,
+        config_hash: str | None = None,
+    ) -> None:
+        settings.check()
+        taken = sorted(set(space.keys()) & set(PROTOCOL_KEYS))
+        if taken:
+            raise UserInputError(f"method {method!r}: search key {taken[0]!r} is set by the protocol, not searched")
+        self.method, self.space, self.settings = method, space, settings
+        self.output_dir = Path(output_dir)
+        self.progress, self.reporter = progress, reporter
+        self.base = apply_budget(raw_config, settings.epochs, settings.patience)
         try:
-            value, attributes = _cross_validate(trial, method, base, space, layout, output_dir, progress, reporter, index)
-        except RunInterrupted:
-            raise  # Ctrl-C: the trial stays RUNNING and is re-run on resume
-        except optuna.TrialPruned as pruned:
-            trial.set_user_attr("pruned", str(pruned))
-            study.tell(trial, state=TrialState.PRUNED)
-            if progress:
-                print(f"== {method} trial {trial.number}: pruned ({pruned})", flush=True)
-            continue
-        except Exception as error:  # any failure of a trial is a FAILED trial; Ctrl-C / exit propagate
-            trial.set_user_attr("fail_reason", f"{type(error).__name__}: {error}".strip())
-            study.tell(trial, state=TrialState.FAIL)
-            if progress:
-                print(f"== {method} trial {trial.number}: failed ({type(error).__name__}: {error})", flush=True)
-            continue
-        for key, attribute in attributes.items():
-            trial.set_user_attr(key, attribute)
-        study.tell(trial, value)
-        if progress:
-            print(f"== {method} trial {trial.number}: {value:.4f} {trial.params}", flush=True)
-    return _result(study, method, url, layout)
+            self.config = config_module.from_dict(copy.deepcopy(self.base))
+        except UserInputError as error:
+            raise UserInputError(f"method {method!r}: {error}") from None
+        self.layout = fold_layout(load_dataset(self.config), k=settings.folds, mode=settings.fold_mode)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.url = storage_url(self.output_dir, settings.storage)
+        self.worker = worker or work.Worker(self.url)
+        with self.worker.lock.held():
+            # Every suggestion is made in a separate seeded study (``propose``): this one's sampler
+            # never samples, it only hands out the enqueued parameters.
+            self.study = optuna.create_study(
+                storage=self.worker.storage, study_name=method, direction="maximize",
+                sampler=optuna.samplers.RandomSampler(seed=0), pruner=make_pruner(settings), load_if_exists=True,
+            )
+            _check_or_record_settings(self.study, method, settings, self.layout, self.config, config_hash)
+            if self.study.user_attrs.get("trials") != settings.trials:
+                self.study.set_user_attr("trials", settings.trials)  # the budget ``dmlbench status`` counts against
+
+    def step(self) -> str:
+        outcome = work.claim(self.study, self.worker, budget=self.settings.trials, ready=self._ready, propose=self._propose)
+        if isinstance(outcome, str):
+            return outcome
+        trial, slot = outcome.trial, outcome.slot
+        started = work.Cost.start()
+        samples: list[int] = []
+        with work.Beating(self.study, trial, self.worker):
+            try:
+                value, attributes = _cross_validate(trial, self.method, self.base, self.space, self.layout, self.output_dir,
+                                                    self.progress, self.reporter, slot, samples)
+            except (RunInterrupted, KeyboardInterrupt):
+                work.interrupt(self.study, trial)
+                raise
+            except optuna.TrialPruned as pruned:
+                work.finish(self.study, trial, state=TrialState.PRUNED, attributes={
+                    "pruned": str(pruned), "cost": asdict(work.Cost.since(started, sum(samples)))})
+                if self.progress:
+                    print(f"== {self.method} trial {slot}: pruned ({pruned})", flush=True)
+                return "worked"
+            except Exception as error:  # any failure of a trial is a FAILED trial; Ctrl-C / exit propagate
+                work.finish(self.study, trial, state=TrialState.FAIL, attributes={
+                    "fail_reason": f"{type(error).__name__}: {error}".strip(),
+                    "cost": asdict(work.Cost.since(started, sum(samples)))})
+                if self.progress:
+                    print(f"== {self.method} trial {slot}: failed ({type(error).__name__}: {error})", flush=True)
+                return "worked"
+            attributes["cost"] = asdict(work.Cost.since(started, sum(samples)))
+            work.finish(self.study, trial, value=value, attributes=attributes)
+        if self.progress:
+            print(f"== {self.method} trial {slot}: {value:.4f} {trial.params}", flush=True)
+        return "worked"
+
+    def _ready(self, slot: int, finished: Mapping[int, FrozenTrial]) -> bool:
+        """Slot ``k`` waits for every slot before its batch of ``parallel_trials`` (1: for every
+        earlier slot, sequential Bayesian optimisation as in seed 001 §3.3)."""
+        cutoff = slot - slot % self.settings.parallel_trials
+        return all(earlier in finished for earlier in range(cutoff))
+
+    def _propose(self, slot: int, finished: Mapping[int, FrozenTrial]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The parameters of slot ``k``: a sampler seeded with ``trial_seed(seed, k)`` that sees the
+        done trials of the slots before its batch, in slot order, and nothing else, so what it
+        suggests depends neither on timing nor on which worker asks, nor on interruptions."""
+        cutoff = slot - slot % self.settings.parallel_trials
+        history = optuna.create_study(direction="maximize", sampler=make_sampler(self.settings, trial_seed(self.settings.seed, slot)))
+        for earlier in range(cutoff):
+            trial = finished[earlier]
+            history.add_trial(optuna.trial.create_trial(
+                state=trial.state, value=trial.value if trial.state != TrialState.FAIL else None,
+                params=dict(trial.params), distributions=dict(trial.distributions),
+                intermediate_values=dict(trial.intermediate_values),
+            ))
+        suggestion = history.ask()
+        assignment = self.space.suggest(suggestion)
+        return dict(suggestion.params), {"params": assignment}
+
+    def result(self) -> SearchResult:
+        return _result(self.study, self.method, self.url, self.layout)
 
 
 def apply_budget(raw_config: Mapping[str, Any], epochs: int | None, patience: int | None) -> dict[str, Any]:
@@ -305,23 +400,30 @@ def _cross_validate(
     output_dir: Path,
     progress: bool,
     reporter: Callable[[dict[str, Any]], None] | None = None,
-    index: int = 0,
+    slot: int = 0,
+    samples: list[int] | None = None,
 ) -> tuple[float, dict[str, Any]]:
-    """Train one run per fold with the trial's assignment; the fold-mean best validation score."""
+    """Train one run per fold with the trial's assignment; the fold-mean best validation score.
+
+    The run directories are the slot's (``trial_SSSS``): a retried slot continues the fold runs its
+    killed attempt left (completed ones are kept, a partial one resumes from its checkpoint)."""
     assignment = space.suggest(trial)
     raw = apply_assignment(base, assignment)
-    scores, run_dirs, epochs_run = [], [], []
+    scores, run_dirs, epochs_run, curves = [], [], [], []
     for fold in layout.folds:
         fold_raw = apply_assignment(raw, {
             "data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes),
         })
         config = config_module.from_dict(fold_raw)
-        run_dir = output_dir / method / f"trial_{trial.number:04d}" / f"fold_{fold.index}"
-        record = {"method": method, "stage": STAGE, "trial": trial.number, "fold": fold.index,
+        run_dir = output_dir / method / f"trial_{slot:04d}" / f"fold_{fold.index}"
+        record = {"method": method, "stage": STAGE, "trial": slot, "fold": fold.index,
                   "fold_layout_hash": layout.hash}
         if reporter is not None:
-            reporter({"method": method, "stage": STAGE, "trial": index, "fold": fold.index, "run_dir": str(run_dir)})
-        result = train(config, run_dir, progress=progress, record=record)
+            reporter({"method": method, "stage": STAGE, "trial": slot, "fold": fold.index, "run_dir": str(run_dir)})
+        result = train_fold(config, run_dir, progress, record)
+        if samples is not None:
+            samples.append(run_samples(run_dir))
+        curves.append(validation_curves(run_dir))
         key = config.evaluation.selection_metric
         score = None if result.best_validation is None else result.best_validation.get(key)
         if score is None or not math.isfinite(score):
@@ -334,11 +436,37 @@ def _cross_validate(
             if trial.should_prune():
                 raise optuna.TrialPruned(f"fold-mean {sum(scores) / len(scores):.4f} after {len(scores)} fold(s)")
     value = sum(scores) / len(scores)
-    return value, {"fold_values": scores, "run_dirs": run_dirs, "epochs_run": epochs_run}
+    return value, {"fold_values": scores, "run_dirs": run_dirs, "epochs_run": epochs_run, "curves": curves}
+
+
+def train_fold(config: config_module.Config, run_dir: Path, progress: bool, record: dict[str, Any]) -> Any:
+    """Train a fold run, or continue the one an interrupted attempt left, or return a completed one."""
+    if (run_dir / records.RUN_FILE).is_file():
+        return train(config, run_dir, resume=True, progress=progress, record=record)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # killed before its first record: nothing worth keeping
+    return train(config, run_dir, progress=progress, record=record)
+
+
+def run_samples(run_dir: Path) -> int:
+    """Training samples a run has seen (0 for a run that recorded none)."""
+    path = run_dir / records.RUN_FILE
+    return int(records.read_json(path).get("samples_seen", 0)) if path.is_file() else 0
+
+
+def validation_curves(run_dir: Path) -> dict[str, list[float]]:
+    """The run's validation curve of each metric (epoch 0 = untrained), stored with its trial so the
+    report needs no run directory (workers on other machines have their own)."""
+    curves: dict[str, list[float]] = {}
+    for entry in records.read_metrics(run_dir):
+        for metric, value in (entry.get("validation") or {}).items():
+            curves.setdefault(metric, []).append(float(value))
+    return curves
 
 
 def _check_or_record_settings(
-    study: optuna.Study, method: str, settings: SearchSettings, layout: FoldLayout, config: config_module.Config
+    study: optuna.Study, method: str, settings: SearchSettings, layout: FoldLayout, config: config_module.Config,
+    config_hash: str | None = None,
 ) -> None:
     """Record the shared budget and fold layout on a new study; refuse to resume one made differently."""
     recorded = {
@@ -348,8 +476,10 @@ def _check_or_record_settings(
         "selection_metric": config.evaluation.selection_metric,
         "fold_layout_hash": layout.hash,
     }
+    if config_hash is not None:
+        recorded["config_hash"] = config_hash
     stored = study.user_attrs
-    if not stored:
+    if not any(key in stored for key in recorded):
         for key, value in recorded.items():
             study.set_user_attr(key, value)
         study.set_user_attr("fold_layout", layout.as_dict())
@@ -362,39 +492,22 @@ def _check_or_record_settings(
             )
 
 
-def _requeue_interrupted(study: optuna.Study) -> None:
-    """Mark trials a killed process left RUNNING as FAILED (``interrupted``) and enqueue their
-    parameters once, so they are run again with the same values; nothing is enqueued twice."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        optuna.trial.Trial(study, trial._trial_id).set_user_attr("interrupted", True)
-        optuna.trial.Trial(study, trial._trial_id).set_user_attr("fail_reason", "interrupted: the process stopped")
-        study.tell(trial.number, state=TrialState.FAIL)
-    trials = study.get_trials(deepcopy=False)
-    retried = {trial.user_attrs.get("retry_of") for trial in trials}
-    for trial in trials:
-        if trial.state == TrialState.FAIL and trial.user_attrs.get("interrupted") and trial.number not in retried:
-            study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
-
-
 def budgeted_trials(study: optuna.Study) -> int:
-    """Trials that used the budget: complete, pruned and genuinely failed ones (interrupted ones are re-run)."""
-    return sum(
-        1 for trial in study.get_trials(deepcopy=False)
-        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        or (trial.state == TrialState.FAIL and not trial.user_attrs.get("interrupted"))
-    )
+    """Slots that used the budget: complete, pruned and genuinely failed trials (interrupted ones are re-run)."""
+    return len(work.counted(study))
 
 
 def _result(study: optuna.Study, method: str, url: str, layout: FoldLayout) -> SearchResult:
     trials = study.get_trials(deepcopy=False)
-    complete = [trial for trial in trials if trial.state == TrialState.COMPLETE]
-    best = max(complete, key=lambda trial: (trial.value, -trial.number)) if complete else None
+    budgeted = work.counted(study)
+    complete = [trial for trial in budgeted if trial.state == TrialState.COMPLETE]
+    best = best_trial(study)
     return SearchResult(
         method=method,
-        storage=url,
+        storage=redact(url),
         completed=len(complete),
-        failed=sum(1 for trial in trials if trial.state == TrialState.FAIL and not trial.user_attrs.get("interrupted")),
-        pruned=sum(1 for trial in trials if trial.state == TrialState.PRUNED),
+        failed=sum(1 for trial in budgeted if trial.state == TrialState.FAIL),
+        pruned=sum(1 for trial in budgeted if trial.state == TrialState.PRUNED),
         best_value=None if best is None else float(best.value),  # type: ignore[arg-type]
         best_params=None if best is None else dict(best.params),
         fold_layout_hash=layout.hash,
@@ -404,3 +517,10 @@ def _result(study: optuna.Study, method: str, url: str, layout: FoldLayout) -> S
             for trial in trials
         ],
     )
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The counted COMPLETE trial with the highest value; ties go to the earliest slot, so every
+    worker (and any order of finishing) picks the same one."""
+    complete = [trial for trial in work.counted(study) if trial.state == TrialState.COMPLETE]
+    return max(complete, key=lambda trial: (trial.value, -(work.slot_of(trial) or 0))) if complete else None

@@ -1,8 +1,10 @@
 """Build every report file of a benchmark directory from what is stored there; no training, no test data.
 
-Inputs (written by ``protocol.pipeline``): ``benchmark.json`` (spec, protocol, fold layout, dataset
-hash, git commit), the Optuna studies (trial objectives), ``results.json`` (every reproduction's test
-scores, the untrained baseline, failures) and each run's ``metrics.jsonl`` (validation curves).
+Inputs: ``benchmark.json`` (spec, protocol, fold layout, dataset hash, git commit, the storage URL
+without password) and the Optuna studies: per method its search trials (objective, parameters,
+validation curves, cost) and its reproductions (test scores, validation curves, cost), and the
+untrained baseline. Nothing else is read, so the report is the same whichever worker writes it and
+on whichever machine (each worker of a multi-machine benchmark has its own run directories).
 Outputs: ``results.csv`` and ``runs.csv`` (``protocol.reproductions.write_results``: the same bytes
 whoever writes them), ``comparisons.csv``, ``report.md``, ``report.html`` (inline CSS, plots as base64
 PNG), ``results.tex`` (booktabs).
@@ -25,7 +27,6 @@ from dmlbench.protocol.reproductions import (
     MODES,
     UNTRAINED,
     MethodReproductions,
-    ReproductionOutcome,
     compare_reproductions,
     result_rows,
     write_results,
@@ -34,7 +35,6 @@ from dmlbench.protocol.statistics import PairedComparison, mean_lag_one_autocorr
 from dmlbench.training import records
 
 BENCHMARK_FILE = "benchmark.json"
-RESULTS_FILE = "results.json"
 LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
 METRIC_TITLES = {"precision_at_1": "P@1", "r_precision": "R-Precision", "map_at_r": "MAP@R"}
 CURVE_METRICS = ("precision_at_1", "map_at_r")
@@ -53,11 +53,19 @@ class ReportData:
     curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)  # method -> stage -> curves of MAP@R
     autocorrelation: dict[str, dict[str, float]] = field(default_factory=dict)
     comparisons: list[tuple[str, str, list[PairedComparison] | str]] = field(default_factory=list)
+    reproduction_costs: dict[str, list[dict[str, Any] | None]] = field(default_factory=dict)
+    reproduction_curves: dict[str, list[dict[str, list[float]]]] = field(default_factory=dict)
 
 
-def load_report_data(output_dir: Path) -> ReportData:
-    """Read a benchmark directory; a one-line ``UserInputError`` if it holds no study."""
+def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData:
+    """Read a benchmark from its storage (and ``benchmark.json``); a one-line ``UserInputError`` if
+    there is none. Everything comes from the studies, so any worker's directory gives the same report.
+    ``storage``: the URL to read (by default the one ``benchmark.json`` records, without password)."""
     import optuna
+
+    from dmlbench.protocol import storage as storage_module
+    from dmlbench.protocol import work
+    from dmlbench.protocol.reproductions import read_reproductions, study_name
 
     output_dir = Path(output_dir)
     path = output_dir / BENCHMARK_FILE
@@ -65,44 +73,60 @@ def load_report_data(output_dir: Path) -> ReportData:
         raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
     benchmark = records.read_json(path)
     methods = list(benchmark["methods"])
+    url = storage or str(benchmark["storage"])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        names = set(storage_module.study_names(url))
+        storage = storage_module.open_storage(url)
+    except UserInputError:
+        raise
+    except Exception as error:  # an unreachable or foreign storage
+        raise UserInputError(f"storage {storage_module.redact(url)} cannot be read: {storage_module.scrub(str(error).splitlines()[0], url)}") from None
     trials: dict[str, list[dict[str, Any]]] = {}
+    data = ReportData(output_dir, benchmark, methods, trials)
     for method in methods:
-        try:
-            study = optuna.load_study(study_name=method, storage=benchmark["storage"])
-        except KeyError:
+        if method not in names:
             trials[method] = []
             continue
-        except Exception as error:  # an unreachable or foreign storage
-            raise UserInputError(f"storage {benchmark['storage']} cannot be read: {str(error).splitlines()[0]}") from None
+        study = optuna.load_study(study_name=method, storage=storage)
         trials[method] = [
-            {"number": trial.number, "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
-             "interrupted": bool(trial.user_attrs.get("interrupted")), "epochs_run": trial.user_attrs.get("epochs_run")}
-            for trial in study.get_trials(deepcopy=False)
+            {"number": work.slot_of(trial), "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
+             "interrupted": False, "epochs_run": trial.user_attrs.get("epochs_run"),
+             "curves": trial.user_attrs.get("curves", []), "cost": trial.user_attrs.get("cost")}
+            for trial in work.counted(study)
         ]
     if not any(trials.values()):
-        raise UserInputError(f"{output_dir} holds no benchmark study (no trials in {benchmark['storage']})")
-    data = ReportData(output_dir, benchmark, methods, trials)
-    results_path = output_dir / RESULTS_FILE
-    if results_path.is_file():
-        stored = records.read_json(results_path)
-        for name, entry in stored["methods"].items():
-            data.results[name] = MethodReproductions(
-                name, entry["params"], entry["fold_layout_hash"],
-                [ReproductionOutcome(**outcome) for outcome in entry["outcomes"]],
-            )
-        data.failed = dict(stored.get("failed", {}))
+        raise UserInputError(f"{output_dir} holds no benchmark study (no trials in {storage_module.redact(url)})")
+    for method in [*methods, UNTRAINED]:
+        name = study_name(method)
+        if name not in names:
+            continue
+        study = optuna.load_study(study_name=name, storage=storage)
+        attrs = study.user_attrs
+        result = read_reproductions(study, method, attrs.get("params", {}), attrs.get("fold_layout_hash", ""), output_dir)
+        if result.outcomes:
+            data.results[method] = result
+            data.reproduction_costs[method] = [t.user_attrs.get("cost") for t in work.counted(study)]
+            data.reproduction_curves[method] = [curve for t in work.counted(study) for curve in t.user_attrs.get("curves", [])]
+    for method in methods:
+        if not any(t["state"] == "COMPLETE" for t in trials[method]) and trials[method]:
+            data.failed[method] = f"no search trial completed ({sum(t['state'] == 'FAIL' for t in trials[method])} failed)"
+        result = data.results.get(method)
+        reasons = [f"reproduction {o.reproduction}: {o.reason}" for o in result.outcomes if o.scores is None] if result else []
+        if reasons:
+            data.failed[method] = "; ".join(reasons)
     for method in methods:
         series: dict[str, list[list[float]]] = {metric: [] for metric in CURVE_METRICS}
-        data.curves[method] = {"search": [], "reproduction": []}
-        for stage, pattern in (("search", "trial_*/fold_*"), ("reproduction", "reproduction_*/fold_*")):
-            for run_dir in sorted((output_dir / method).glob(pattern)):
-                validation = [entry["validation"] for entry in records.read_metrics(run_dir) if "validation" in entry]
+        search_curves = [curve for t in trials[method] for curve in t["curves"]]
+        reproduction_curves = data.reproduction_curves.get(method, [])
+        for curve_set in (search_curves, reproduction_curves):
+            for curves in curve_set:
                 for metric in CURVE_METRICS:
-                    curve = [float(v[metric]) for v in validation if metric in v]
+                    curve = [float(v) for v in curves.get(metric, [])]
                     if len(curve) >= 3:
                         series[metric].append(curve)
-                data.curves[method][stage].append([float(v.get("map_at_r", math.nan)) for v in validation])
+        data.curves[method] = {"search": [c.get("map_at_r", []) for c in search_curves],
+                               "reproduction": [c.get("map_at_r", []) for c in reproduction_curves]}
         data.autocorrelation[method] = {
             metric: mean_lag_one_autocorrelation(curves) if curves else math.nan for metric, curves in series.items()
         }
@@ -132,9 +156,9 @@ def _computed(data: ReportData) -> list[str]:
     return []
 
 
-def write_report(output_dir: Path) -> dict[str, Path]:
+def write_report(output_dir: Path, storage: str | None = None) -> dict[str, Path]:
     """Write every report file of ``output_dir`` (see the module docstring); returns their paths."""
-    data = load_report_data(output_dir)
+    data = load_report_data(output_dir, storage)
     output_dir = Path(output_dir)
     paths: dict[str, Path] = {}
     if data.results:
@@ -216,7 +240,7 @@ def _budget_rows(data: ReportData) -> list[list[str]]:
     rows = []
     for method in data.methods:
         trials = data.trials.get(method, [])
-        budgeted = [t for t in trials if not t["interrupted"] and t["state"] in ("COMPLETE", "PRUNED", "FAIL")]
+        budgeted = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED", "FAIL")]
         complete = [t for t in trials if t["state"] == "COMPLETE"]
         result = data.results.get(method)
         scored = sum(1 for o in result.outcomes if o.scores) if result else 0
@@ -231,6 +255,39 @@ def _budget_rows(data: ReportData) -> list[list[str]]:
             "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["map_at_r"]),
         ])
     return rows
+
+
+def _cost_rows(data: ReportData) -> list[list[str]]:
+    """Per method and in total: training runs, samples seen, wall and CPU hours, the largest peak memory."""
+    rows = []
+    totals = {"units": 0, "samples": 0, "wall": 0.0, "cpu": 0.0, "memory": 0}
+    for method in [*data.methods, UNTRAINED]:
+        costs = [t.get("cost") for t in data.trials.get(method, [])] + list(data.reproduction_costs.get(method, []))
+        costs = [cost for cost in costs if cost]
+        if not costs:
+            continue
+        row = {"units": len(costs), "samples": sum(c["samples_seen"] for c in costs),
+               "wall": sum(c["wall_seconds"] for c in costs), "cpu": sum(c["cpu_seconds"] for c in costs),
+               "memory": max(c["peak_memory_kib"] for c in costs)}
+        for key in ("units", "samples", "wall", "cpu"):
+            totals[key] += row[key]
+        totals["memory"] = max(totals["memory"], row["memory"])
+        rows.append([method, *_cost_cells(row)])
+    if rows:
+        rows.append(["total", *_cost_cells(totals)])
+    return rows
+
+
+def _cost_cells(row: dict[str, Any]) -> list[str]:
+    return [str(row["units"]), f"{row['samples']:,}", f"{row['wall'] / 3600:.3f}", f"{row['cpu'] / 3600:.3f}",
+            f"{row['memory'] / 1024:.0f}"]
+
+
+COST_HEADER = ["method", "trials + reproductions", "training samples seen", "wall hours", "CPU hours",
+               "peak memory (MiB)"]
+COST_NOTE = ("Summed over the units of work, whichever worker ran them: wall time, CPU time of the worker "
+             "process (all its threads) and the worker's peak resident memory (`ru_maxrss`) at the end of "
+             "each unit; interrupted attempts are not counted.")
 
 
 BUDGET_HEADER = ["method", "trials", "failed / pruned trials", "best val. MAP@R (%)", "best parameters",
@@ -262,6 +319,7 @@ def _parameters(data: ReportData) -> list[tuple[str, str]]:
         ("git commit", str(b.get("git_commit"))),
         ("overrides", " ".join(b.get("overrides", [])) or "none"),
         ("storage", str(b.get("storage"))),
+        ("parallel trials", str(protocol.get("parallel_trials", 1))),
     ]
 
 
@@ -288,6 +346,8 @@ def _markdown(data: ReportData) -> str:
                   "each mode and metric; Cohen's d_z of the differences.", ""]
         lines += _markdown_table(COMPARISON_HEADER, _comparison_rows(data)) + [""]
     lines += ["## Budget and search", ""] + _markdown_table(BUDGET_HEADER, _budget_rows(data)) + [""]
+    if _cost_rows(data):
+        lines += ["## Cost", "", COST_NOTE, ""] + _markdown_table(COST_HEADER, _cost_rows(data)) + [""]
     lines += ["## Protocol", ""] + _markdown_table(["parameter", "value"], [list(p) for p in _parameters(data)])
     return "\n".join(lines) + "\n"
 
@@ -329,6 +389,8 @@ def _html(data: ReportData) -> str:
     if data.comparisons:
         parts.append("<h2>Paired comparisons</h2>" + _html_table(COMPARISON_HEADER, _comparison_rows(data)))
     parts.append("<h2>Budget and search</h2>" + _html_table(BUDGET_HEADER, _budget_rows(data)))
+    if _cost_rows(data):
+        parts.append(f"<h2>Cost</h2><p>{html.escape(COST_NOTE)}</p>" + _html_table(COST_HEADER, _cost_rows(data)))
     parts.append("<h2>Protocol</h2>" + _html_table(["parameter", "value"], [list(p) for p in _parameters(data)]))
     parts.append("<h2>Plots</h2>")
     for title, image in _plots(data):

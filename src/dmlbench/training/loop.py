@@ -62,6 +62,7 @@ def train(
     item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
     """
     run_dir = Path(run_dir)
+    clock = records.Clock()
     group = distributed.current()
     main = group.is_main
     distributed.check_batch(config.training.batch_size, group)
@@ -151,16 +152,16 @@ def train(
             if patience is not None and state.epochs_without_improvement >= patience:
                 break
     except TrainingDiverged as error:
-        _finish_record(run_dir, run_record, "failed", group, reason=f"training diverged: {error}")
+        _finish_record(run_dir, run_record, "failed", group, clock, reason=f"training diverged: {error}")
         raise
     except KeyboardInterrupt:
-        _finish_record(run_dir, run_record, "interrupted", group)
+        _finish_record(run_dir, run_record, "interrupted", group, clock)
         raise RunInterrupted(f"run {run_dir} stopped; continue it with: dmlbench train --resume -o {run_dir}") from None
     except BaseException as error:
-        _finish_record(run_dir, run_record, "failed", group, reason=f"{type(error).__name__}: {error}".strip())
+        _finish_record(run_dir, run_record, "failed", group, clock, reason=f"{type(error).__name__}: {error}".strip())
         raise
     _finish_record(
-        run_dir, run_record, "completed", group,
+        run_dir, run_record, "completed", group, clock,
         best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
     )
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
@@ -280,6 +281,7 @@ def _train_epoch(
     bar.close()
     return {
         "epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps, "learning_rates": rates,
+        "samples": images_seen,
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -398,8 +400,11 @@ def _start_record(
     return record
 
 
-def _finish_record(run_dir: Path, record: dict[str, Any], status: str, group: ProcessGroup, **fields: Any) -> None:
-    record.update(status=status, finished=records.now(), **fields)
+def _finish_record(
+    run_dir: Path, record: dict[str, Any], status: str, group: ProcessGroup, clock: records.Clock, **fields: Any
+) -> None:
+    record.update(status=status, finished=records.now(), cost=clock.cost(run_dir, record.get("cost")), **fields)
+    record["samples_seen"] = record["cost"]["samples_seen"]
     if group.is_main:
         records.write_json(run_dir / records.RUN_FILE, record)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
 import subprocess
+import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -105,3 +107,23 @@ def require_run_dir(run_dir: Path) -> dict[str, Any]:
     if not (run_dir / RUN_FILE).is_file() or not (run_dir / CONFIG_FILE).is_file():
         raise UserInputError(f"{run_dir} is not a dmlbench run directory (no {RUN_FILE} or {CONFIG_FILE})")
     return read_json(run_dir / RUN_FILE)
+
+
+class Clock:
+    """A run's cost in this process: wall and CPU time since it started, added to what earlier
+    (interrupted) sessions of the run recorded."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def cost(self, run_dir: Path, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``wall_seconds``, ``cpu_seconds`` (``time.process_time``: every thread of this process),
+        ``peak_memory_kib`` (``getrusage(RUSAGE_SELF).ru_maxrss``: the process's peak resident set,
+        KiB on Linux) and ``samples_seen`` (training images of the epochs in ``metrics.jsonl``)."""
+        previous = previous or {}
+        return {
+            "wall_seconds": round(previous.get("wall_seconds", 0.0) + time.perf_counter() - self.wall, 3),
+            "cpu_seconds": round(previous.get("cpu_seconds", 0.0) + time.process_time() - self.cpu, 3),
+            "peak_memory_kib": max(int(previous.get("peak_memory_kib", 0)), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss),
+            "samples_seen": sum(int(entry.get("samples", 0)) for entry in read_metrics(run_dir)),
+        }

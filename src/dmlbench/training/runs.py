@@ -69,6 +69,15 @@ def test_query_mask(run_dir: str | Path) -> Tensor | None:
     return run.test_query_mask()
 
 
+def query_mask(dataset: ImageDataset, indices: Any) -> Tensor | None:
+    """``True`` for the queries among ``dataset``'s items at ``indices``, ``False`` for the gallery;
+    ``None`` when the dataset declares no roles (every item queries all others)."""
+    roles = getattr(dataset, "roles", None)
+    if roles is None:
+        return None
+    return torch.from_numpy(roles[indices] == "query")
+
+
 def embed_run(run_dir: str | Path, split: Literal["train", "validation"] = "train") -> tuple[Tensor, Tensor]:
     """Embeddings and labels of a non-test split under the run's best checkpoint (for the embedding-space
     analysis, which Roth et al. 2020 compute on the training data). The test split goes only through
@@ -96,10 +105,7 @@ class _CompletedRun:
         return self.dataset.subset(getattr(self.splits, name))
 
     def test_query_mask(self) -> Tensor | None:
-        roles = getattr(self.dataset, "roles", None)
-        if roles is None:
-            return None
-        return torch.from_numpy(roles[self.splits.test] == "query")
+        return query_mask(self.dataset, self.splits.test)
 
     def untrained_model(self) -> nn.Module:
         """The model exactly as training started (same seed, same initialisation)."""

@@ -1,0 +1,68 @@
+"""``dmlbench benchmark --jobs N``: N worker processes on this machine, one of them this process.
+
+The other N - 1 are started with ``multiprocessing``'s *spawn* method (a fresh interpreter: no
+torch state copied by ``fork``), each preparing the same benchmark and working on the same storage
+as any worker on any machine would (``pipeline.run_benchmark``); the storage URL reaches them through
+the spawn pipe, never on a command line. Each sets its own torch thread count from
+``training.num_threads`` when it trains. Ctrl-C stops every worker (the terminal signals the whole
+process group); this process waits for them before it returns.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from pathlib import Path
+
+from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.protocol.pipeline import RESULTS_FILE, BenchmarkOutcome, Prepared, _start, run_benchmark
+from dmlbench.training import records
+
+
+def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool) -> BenchmarkOutcome | None:
+    """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it)."""
+    _start(prepared)
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
+            config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
+            prepared.heartbeat, progress))
+        for index in range(1, prepared.jobs)
+    ]
+    for process in workers:
+        process.start()
+    try:
+        outcome = run_benchmark(prepared, progress=progress)
+    finally:
+        for process in workers:
+            process.join()
+    failures = [f"{process.name} exited with code {process.exitcode}" for process in workers if process.exitcode not in (0,)]
+    if any(process.exitcode == 130 for process in workers):
+        raise RunInterrupted(f"benchmark {prepared.output_dir} stopped; re-run the same command to continue")
+    for failure in failures:
+        print(f"dmlbench: warning: {failure}", file=sys.stderr, flush=True)
+    if outcome is None and (prepared.output_dir / RESULTS_FILE).is_file():
+        stored = records.read_json(prepared.output_dir / RESULTS_FILE)
+        return BenchmarkOutcome(prepared.output_dir, {}, dict(stored.get("failed", {})))
+    return outcome
+
+
+def _worker(config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
+            heartbeat: int, progress: bool) -> None:
+    """One spawned worker: the same checks and the same loop as the parent; exit codes as the CLI's."""
+    import logging
+
+    import optuna
+
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.pipeline import prepare
+
+    optuna.logging.set_verbosity(logging.WARNING)
+    try:
+        prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat)
+        run_benchmark(prepared, progress=progress)
+    except UserInputError as error:
+        print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except (RunInterrupted, KeyboardInterrupt):
+        sys.exit(130)

@@ -1,0 +1,94 @@
+"""``dmlbench status``: how far a benchmark is, read from its storage while workers run.
+
+Per method: search trials done / running / failed / left, reproductions done, then the workers seen
+in the last ``RECENT_SECONDS`` (each claim and each heartbeat records one) and an estimate of the
+time left: the mean wall time of the finished units times the units left, shared by the workers seen.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import storage as storage_module
+from dmlbench.protocol import work
+from dmlbench.protocol.reproductions import UNTRAINED, study_name
+from dmlbench.training import records
+
+RECENT_SECONDS = 300
+PREFIX = study_name("")
+
+
+def status_lines(directory: Path | None, storage: str | None) -> list[str]:
+    """The report of ``dmlbench status DIR`` or ``dmlbench status --storage URL``."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if storage is None:
+        if directory is None:
+            raise UserInputError("give a benchmark directory or --storage URL")
+        path = Path(directory) / "benchmark.json"
+        if not path.is_file():
+            raise UserInputError(f"{directory} holds no benchmark study (no benchmark.json)")
+        storage = str(records.read_json(path)["storage"])
+    storage_module.check_storage(storage, default=False)
+    names = storage_module.study_names(storage)
+    if not names:
+        raise UserInputError(f"storage {storage_module.redact(storage)} holds no study")
+    backend = storage_module.open_storage(storage)
+    studies = {name: optuna.load_study(study_name=name, storage=backend) for name in names}
+    lines = [f"storage {storage_module.redact(storage)}"]
+    now = time.time()
+    workers: dict[str, float] = {}
+    durations: list[float] = []
+    left_units = 0
+    header = f"{'method':<28} {'done':>5} {'running':>7} {'failed':>6} {'left':>5} {'reproductions':>13}"
+    lines.append(header)
+    for name, study in studies.items():
+        for key, value in study.user_attrs.items():
+            if key.startswith("worker:"):
+                workers[key[len("worker:"):]] = max(workers.get(key[len("worker:"):], 0.0), float(value["last_seen"]))
+        trials = study.get_trials(deepcopy=False)
+        for trial in trials:
+            owner = trial.user_attrs.get("worker")
+            if trial.state == TrialState.RUNNING and owner and "heartbeat" in trial.user_attrs:
+                workers[owner["id"]] = max(workers.get(owner["id"], 0.0), float(trial.user_attrs["heartbeat"]))
+        durations += [t.user_attrs["cost"]["wall_seconds"] for t in work.counted(study) if t.user_attrs.get("cost")]
+    for name, study in studies.items():
+        if name.startswith(PREFIX):
+            continue
+        counted = work.counted(study)
+        budget = int(study.user_attrs.get("trials", len(counted)))
+        running = sum(1 for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING)
+        failed = sum(1 for t in counted if t.state == TrialState.FAIL)
+        left = max(budget - len(counted), 0)
+        reproduction_study = studies.get(study_name(name))
+        wanted = int((reproduction_study.user_attrs.get("reproductions") if reproduction_study else None) or 0)
+        done_reproductions = len(work.counted(reproduction_study)) if reproduction_study is not None else 0
+        left_units += left + max(wanted - done_reproductions, 0)
+        shown = f"{done_reproductions}/{wanted}" if reproduction_study is not None else "not started"
+        lines.append(f"{name:<28} {len(counted):>5} {running:>7} {failed:>6} {left:>5} {shown:>13}")
+    baseline = studies.get(study_name(UNTRAINED))
+    if baseline is not None:
+        lines.append(f"untrained baseline: {len(work.counted(baseline))}/{baseline.user_attrs.get('reproductions')} scored")
+    recent = sorted(worker for worker, seen in workers.items() if now - seen <= RECENT_SECONDS)
+    lines.append(f"workers seen in the last {RECENT_SECONDS // 60} minutes: {len(recent)}"
+                 + (f" ({', '.join(recent)})" if recent else ""))
+    if left_units == 0:
+        lines.append("time left: none, every search trial and reproduction is done")
+    elif durations:
+        seconds = sum(durations) / len(durations) * left_units / max(len(recent), 1)
+        lines.append(f"time left: about {_clock(seconds)} (estimate: {left_units} units left x mean "
+                     f"{sum(durations) / len(durations):.1f} s per finished unit / {max(len(recent), 1)} worker(s))")
+    else:
+        lines.append(f"time left: unknown until a unit finishes ({left_units} units left)")
+    return lines
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -1,0 +1,239 @@
+"""Where a benchmark's Optuna studies live, how workers share them safely, and how a URL is shown.
+
+Three kinds of storage:
+
+* ``sqlite:///PATH``: the default of a single worker (``OUTPUT_DIR/study.db``); one process at a time,
+  SQLite's file locking is not safe for several writers, so ``--jobs`` refuses it;
+* ``journal:///PATH``: Optuna's ``JournalStorage`` with a file backend, the default of ``--jobs N``
+  (``OUTPUT_DIR/study.journal``): several processes of one machine append to one log;
+* ``postgresql://USER@HOST[:PORT]/DB`` (also ``postgresql+psycopg://``): any number of workers on
+  any number of machines; the driver is the ``postgres`` extra. A password is never taken from the
+  URL into anything stored or printed: libpq reads ``PGPASSWORD`` or ``~/.pgpass`` itself.
+
+``WorkLock`` serialises the short claim step of every worker (count what is done, decide, take one
+unit): a PostgreSQL session advisory lock, or ``flock`` on a file beside a file storage; both vanish
+with the process that held them, so a worker killed with ``kill -9`` never blocks the others.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dmlbench.errors import UserInputError
+
+SQLITE_FILE = "study.db"
+JOURNAL_FILE = "study.journal"
+POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
+KINDS = "sqlite:///PATH, journal:///PATH or postgresql://USER@HOST/DB"
+
+
+def kind(url: str) -> str:
+    """``sqlite``, ``journal`` or ``postgresql``; a one-line ``UserInputError`` for anything else."""
+    if url.startswith("sqlite:///"):
+        return "sqlite"
+    if url.startswith("journal:///"):
+        return "journal"
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme in POSTGRES_SCHEMES:
+        return "postgresql"
+    raise UserInputError(f"storage {redact(url)}: unsupported kind of storage URL; use {KINDS}")
+
+
+def default_url(output_dir: Path, jobs: int) -> str:
+    """SQLite for one worker, the journal file for several (SQLite is not safe for concurrent writers)."""
+    directory = Path(output_dir).resolve()
+    return f"journal:///{directory / JOURNAL_FILE}" if jobs > 1 else f"sqlite:///{directory / SQLITE_FILE}"
+
+
+def file_path(url: str) -> Path | None:
+    """The file of a file storage (SQLite, journal); ``None`` for a database server."""
+    for prefix in ("sqlite:///", "journal:///"):
+        if url.startswith(prefix):
+            return Path(url[len(prefix):])
+    return None
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (``postgresql://user:secret@host/db`` -> ``postgresql://user@host/db``).
+
+    The password is dropped, not masked: the redacted URL is what benchmark.json stores and later
+    commands connect with, and libpq then takes the password from ``PGPASSWORD`` or ``~/.pgpass``."""
+    if "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    authority, slash, tail = rest.partition("/")
+    if "@" not in authority:
+        return url
+    credentials, host = authority.rsplit("@", 1)
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}@{host}{slash}{tail}"
+
+
+def password(url: str) -> str | None:
+    """The password written in ``url``, if any (so that error messages can be scrubbed of it)."""
+    if "://" not in url:
+        return None
+    authority = url.split("://", 1)[1].partition("/")[0]
+    if "@" not in authority:
+        return None
+    credentials = authority.rsplit("@", 1)[0]
+    return credentials.split(":", 1)[1] if ":" in credentials else None
+
+
+def scrub(message: str, url: str) -> str:
+    """``message`` with any password of ``url`` and the URL itself replaced by the redacted URL."""
+    secret = password(url)
+    message = message.replace(url, redact(url))
+    return message.replace(secret, "***") if secret else message
+
+
+def open_storage(url: str, *, heartbeat: int | None = None) -> Any:
+    """The Optuna storage behind ``url``. ``heartbeat`` (seconds; database servers only): trials of a
+    worker that stops beating for ``3 * heartbeat`` seconds are failed by the next worker that looks
+    and re-enqueued with the same parameters (Optuna's ``RetryHeartbeatStaleTrialCallback``, the
+    current name of ``RetryFailedTrialCallback``)."""
+    import optuna
+
+    storage_kind = kind(url)
+    if storage_kind == "journal":
+        path = file_path(url)
+        assert path is not None
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        return JournalStorage(JournalFileBackend(str(path)))
+    if storage_kind == "postgresql":
+        _require_driver()
+        # Optuna marks the heartbeat as experimental and expects it inside ``Study.optimize``; here
+        # ``protocol.work.Beating`` sends it around each unit of work instead.
+        warnings.filterwarnings("ignore", message=".*heartbeat", category=Warning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+        if heartbeat is not None:
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(),
+                engine_kwargs={"pool_pre_ping": True},
+            )
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+    return optuna.storages.RDBStorage(url)
+
+
+def _require_driver() -> None:
+    # SQLAlchemy imports the driver itself; only its presence is checked here.
+    if importlib.util.find_spec("psycopg") is None:
+        raise UserInputError("a postgresql:// storage needs the PostgreSQL driver: pip install 'dmlbench[postgres]'")
+
+
+def check_storage(url: str, *, default: bool, jobs: int = 1) -> None:
+    """A one-line ``UserInputError`` unless ``url`` is a supported storage that can be reached and
+    shared by ``jobs`` local workers. Creates nothing (no file, no table)."""
+    storage_kind = kind(url)
+    if jobs > 1 and storage_kind == "sqlite":
+        raise UserInputError(
+            f"storage {redact(url)}: SQLite is not safe for {jobs} concurrent workers; "
+            "leave out --storage (a journal file is used) or give a postgresql:// URL"
+        )
+    path = file_path(url)
+    if path is not None:
+        if path.exists() and not path.is_file():
+            raise UserInputError(f"storage {redact(url)}: {path} is not a file")
+        if not default and not path.parent.is_dir():
+            raise UserInputError(f"storage {redact(url)}: directory {path.parent} does not exist")
+        return
+    _require_driver()
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as error:  # any failure to reach the database is the user's storage URL or password
+        text = str(getattr(error, "orig", None) or error).strip()
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # libpq puts the server's reason last ("password authentication failed for user ...").
+        reason = lines[-1] if lines else type(error).__name__
+        raise UserInputError(f"storage {redact(url)} cannot be reached: {scrub(reason, url)}") from None
+
+
+def study_names(url: str) -> list[str]:
+    """The studies already in ``url``; ``[]`` for a storage not created yet (nothing is created)."""
+    import optuna
+
+    path = file_path(url)
+    if path is not None and not path.exists():
+        return []
+    if kind(url) == "postgresql":
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        try:
+            with engine.connect() as connection:
+                if not sqlalchemy.inspect(connection).has_table("studies"):
+                    return []
+        finally:
+            engine.dispose()
+    return [summary.study_name for summary in optuna.get_all_study_summaries(open_storage(url))]
+
+
+class WorkLock:
+    """One lock per storage for the claim step; re-entrant within a process."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.depth = 0
+        self._release: Any = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        if self.depth == 0:
+            self._release = self._acquire()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self._release()
+                self._release = None
+
+    def _acquire(self) -> Any:
+        path = file_path(self.url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Not ``PATH.lock``: Optuna's journal backend locks that one itself.
+            handle = open(str(path) + ".work-lock", "a+")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+
+            def release_file() -> None:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+
+            return release_file
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
+        connection = engine.connect()
+        key = int.from_bytes(hashlib.sha256(b"dmlbench-work-lock").digest()[:8], "big", signed=True)
+        connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+
+        def release_database() -> None:
+            try:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+            finally:
+                connection.close()
+                engine.dispose()
+
+        return release_database
+
+
+def host_id() -> str:
+    """This machine's name, as workers record it."""
+    return os.uname().nodename

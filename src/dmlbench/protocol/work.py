@@ -1,0 +1,275 @@
+"""Units of work shared by any number of workers through Optuna studies.
+
+Every unit is an Optuna trial with a ``slot`` user attribute: slot ``k`` of a method's search study is
+its ``k``-th budgeted trial, slot ``r`` of a reproduction study its reproduction ``r``. A slot is
+
+* *done* when one of its trials is COMPLETE, PRUNED or FAILED for a reason of its own
+  (``fail_reason``): it used the budget and is never run again;
+* *taken* while one of its trials is RUNNING or WAITING (enqueued);
+* *interrupted* when all its trials FAILED without a reason of their own: a worker was stopped
+  (Ctrl-C: ``interrupted``), killed (its heartbeat went stale, or, for a file storage on this machine,
+  its process is gone). Such a slot is enqueued again with the same parameters (``retry_of``), once.
+
+Workers decide what to take under ``storage.WorkLock`` (count, decide, enqueue, ``study.ask()``), so
+a budget of ``n`` trials never gets trial ``n + 1`` because another worker's trial is still running,
+and a slot is never taken twice. Only the retried slot is ever evaluated twice, with the same
+parameters and seed, and only one of its trials counts.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from dmlbench.protocol import storage as storage_module
+from dmlbench.training import records
+
+WAIT, DONE = "wait", "done"
+# Trial ids this process is running now: a RUNNING trial of this very process that is not among
+# them was left by an earlier call that was stopped (an in-process Ctrl-C).
+_ACTIVE: set[int] = set()
+
+
+@dataclass
+class Worker:
+    """This process as the studies record it: id, machine, process id; ``heartbeat`` seconds (or None)."""
+
+    url: str
+    heartbeat: int | None = None
+    id: str = field(default_factory=lambda: f"{storage_module.host_id()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
+    host: str = field(default_factory=storage_module.host_id)
+    pid: int = field(default_factory=os.getpid)
+
+    def __post_init__(self) -> None:
+        self.kind = storage_module.kind(self.url)
+        self.lock = storage_module.WorkLock(self.url)
+        self.storage = storage_module.open_storage(self.url, heartbeat=self.heartbeat if self.kind == "postgresql" else None)
+
+    def stamp(self) -> dict[str, Any]:
+        return {"id": self.id, "host": self.host, "pid": self.pid, "last_seen": time.time()}
+
+
+def slot_of(trial: FrozenTrial) -> int | None:
+    slot = trial.user_attrs.get("slot")
+    return None if slot is None else int(slot)
+
+
+def interrupted(trial: FrozenTrial) -> bool:
+    """FAILED without a reason of its own: the worker stopped, the trial did not fail."""
+    return trial.state == TrialState.FAIL and (bool(trial.user_attrs.get("interrupted")) or "fail_reason" not in trial.user_attrs)
+
+
+def done(trial: FrozenTrial) -> bool:
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or (trial.state == TrialState.FAIL and not interrupted(trial))
+
+
+def slots(trials: Iterable[FrozenTrial]) -> dict[int, list[FrozenTrial]]:
+    grouped: dict[int, list[FrozenTrial]] = {}
+    for trial in trials:
+        slot = slot_of(trial)
+        if slot is not None:
+            grouped.setdefault(slot, []).append(trial)
+    return grouped
+
+
+def done_trial(attempts: list[FrozenTrial]) -> FrozenTrial | None:
+    """The attempt of a slot that counts (the first one that is done), if any."""
+    return next((trial for trial in sorted(attempts, key=lambda t: t.number) if done(trial)), None)
+
+
+def counted(study: optuna.Study) -> list[FrozenTrial]:
+    """One trial per done slot, in slot order: what the budget, the report and the audit count."""
+    chosen = (done_trial(attempts) for _, attempts in sorted(slots(study.get_trials(deepcopy=False)).items()))
+    return [trial for trial in chosen if trial is not None]
+
+
+def release_stale(study: optuna.Study, worker: Worker) -> None:
+    """Fail the RUNNING trials whose worker is gone (under the work lock).
+
+    Database servers: Optuna's heartbeat (``fail_stale_trials``; its callback enqueues the retry).
+    File storages, used on one machine only: a RUNNING trial whose process no longer exists, or one
+    of this process that it is not running now."""
+    if worker.kind == "postgresql" and worker.heartbeat is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("worker") or {}
+        if owner.get("host") != worker.host:
+            continue
+        mine_but_idle = owner.get("pid") == worker.pid and trial._trial_id not in _ACTIVE
+        if mine_but_idle or (worker.kind != "postgresql" and not _process_exists(int(owner.get("pid", -1)))):
+            _mark_interrupted(study, trial._trial_id, "interrupted: the worker process stopped")
+
+
+def _process_exists(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
+    try:
+        study._storage.set_trial_user_attr(trial_id, "interrupted", True)
+        study._storage.set_trial_user_attr(trial_id, "interrupted_reason", reason)
+        study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass  # another worker finished or failed it first
+
+
+def repair_interrupted(study: optuna.Study) -> None:
+    """Enqueue once, with the same parameters, every slot that only has interrupted attempts."""
+    for slot, attempts in sorted(slots(study.get_trials(deepcopy=False)).items()):
+        if any(done(t) or t.state in (TrialState.RUNNING, TrialState.WAITING) for t in attempts):
+            continue
+        last = max(attempts, key=lambda t: t.number)
+        attributes = {key: value for key, value in last.user_attrs.items() if key in ("slot", "params")}
+        study.enqueue_trial(dict(last.params), user_attrs={**attributes, "retry_of": last.number})
+
+
+@dataclass
+class Claim:
+    """A unit this worker took: the live trial and its slot."""
+
+    trial: optuna.Trial
+    slot: int
+
+
+def claim(
+    study: optuna.Study,
+    worker: Worker,
+    *,
+    budget: int,
+    ready: Callable[[int, dict[int, FrozenTrial]], bool],
+    propose: Callable[[int, dict[int, FrozenTrial]], tuple[dict[str, Any], dict[str, Any]]],
+) -> Claim | str:
+    """Take one unit of ``study``, or say ``WAIT`` (all left is running elsewhere, or not ready yet)
+    or ``DONE`` (every slot of the budget is done).
+
+    ``ready(k, finished)``: may slot ``k`` start, given the done trial of every finished slot;
+    ``propose(k, finished)``: the fixed parameters and user attributes of slot ``k``."""
+    with worker.lock.held():
+        release_stale(study, worker)
+        repair_interrupted(study)
+        trials = study.get_trials(deepcopy=False)
+        grouped = slots(trials)
+        finished = {slot: trial for slot, attempts in grouped.items() if (trial := done_trial(attempts)) is not None}
+        waiting = [t for t in trials if t.state == TrialState.WAITING]
+        if not waiting:
+            slot = len(grouped)
+            if slot >= budget or not ready(slot, finished):
+                complete = len(finished) >= budget and slot >= budget
+                return DONE if complete else WAIT
+            params, attributes = propose(slot, finished)
+            study.enqueue_trial(params, user_attrs={**attributes, "slot": slot})
+        trial = study.ask()
+        _ACTIVE.add(trial._trial_id)
+        stamp = worker.stamp()
+        trial.set_user_attr("worker", stamp)
+        trial.set_user_attr("started", records.now())
+        study.set_user_attr(f"worker:{worker.id}", stamp)
+        slot = trial.user_attrs.get("slot")
+        assert slot is not None, "every enqueued unit carries its slot"
+        return Claim(trial, int(slot))
+
+
+def note_worker(study: optuna.Study, worker: Worker) -> None:
+    """Record that ``worker`` looked at ``study`` (``dmlbench status`` lists recent workers)."""
+    study.set_user_attr(f"worker:{worker.id}", worker.stamp())
+
+
+class Beating:
+    """While a unit runs: Optuna's heartbeat (database servers) and a ``heartbeat`` time in the
+    trial's user attributes (what ``dmlbench status`` reads), every ``interval`` seconds."""
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial, worker: Worker) -> None:
+        self.study, self.trial, self.worker = study, trial, worker
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> "Beating":
+        if self.worker.kind != "sqlite":  # SQLite: one worker, and a second writer thread would lock it
+            self.thread = threading.Thread(target=self._beat, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        _ACTIVE.discard(self.trial._trial_id)
+
+    def _beat(self) -> None:
+        interval = self.worker.heartbeat or 30
+        storage = self.study._storage
+        while True:
+            try:
+                if self.worker.kind == "postgresql" and self.worker.heartbeat is not None:
+                    storage.record_heartbeat(self.trial._trial_id)
+                storage.set_trial_user_attr(self.trial._trial_id, "heartbeat", time.time())
+            except Exception:  # a finished trial or a lost connection: the main thread will see it
+                return
+            if self.stop.wait(interval):
+                return
+
+
+@dataclass
+class Cost:
+    """Wall time, CPU time (``time.process_time``: this process, all threads), the worker's peak
+    resident memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux: the process's peak
+    so far, not the unit's own) and the training samples seen."""
+
+    wall_seconds: float
+    cpu_seconds: float
+    peak_memory_kib: int
+    samples_seen: int
+
+    @staticmethod
+    def start() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    @classmethod
+    def since(cls, started: tuple[float, float], samples_seen: int) -> "Cost":
+        return cls(round(time.perf_counter() - started[0], 3), round(time.process_time() - started[1], 3),
+                   int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss), int(samples_seen))
+
+
+def finish(study: optuna.Study, trial: optuna.Trial, *, value: float | None = None, state: TrialState = TrialState.COMPLETE,
+           attributes: dict[str, Any] | None = None) -> bool:
+    """Record and tell a unit's outcome; ``False`` (nothing counted) if another worker already
+    failed it as stale: its retry computes the same result and counts instead."""
+    try:
+        for key, attribute in (attributes or {}).items():
+            trial.set_user_attr(key, attribute)
+        if state == TrialState.COMPLETE:
+            study.tell(trial, value)
+        else:
+            study.tell(trial, state=state)
+        return True
+    except optuna.exceptions.UpdateFinishedTrialError:
+        print(f"dmlbench: note: trial {trial.number} of {study.study_name} was taken over by another worker; "
+              "its result is not counted twice", file=sys.stderr, flush=True)
+        return False
+
+
+def interrupt(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Ctrl-C during a unit: fail it as interrupted so that the next claim re-enqueues its slot."""
+    _mark_interrupted(study, trial._trial_id, "interrupted: stopped by the user")
+    _ACTIVE.discard(trial._trial_id)
