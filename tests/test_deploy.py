@@ -13,7 +13,6 @@ from PIL import Image
 from cli_runner import run_cli
 from dmlbench import config as config_module
 from dmlbench.deploy.embeddings import EmbeddingSet, dataset_collection, embed_collection
-from dmlbench.deploy.images import InputSpec
 from dmlbench.deploy.model import load_run_model
 from dmlbench.evaluation.knn_index import prepare
 from dmlbench.evaluation.neighbors import nearest_neighbors
@@ -93,13 +92,13 @@ def test_interrupted_embedding_resumes_to_the_same_rows(run_dir: Path, embedded:
     from dmlbench.errors import RunInterrupted
 
     with pytest.raises(RunInterrupted):
-        embed_collection(model, collection, tmp_path / "e", spec=InputSpec.of(dataset), batch_size=100, progress=False)
+        embed_collection(model, collection, tmp_path / "e", spec=model.input_spec(dataset), batch_size=100, progress=False)
     assert not (tmp_path / "e.npy").exists() and (tmp_path / "e.npy.partial").exists()
     collection.inputs = inputs
-    resumed, computed = embed_collection(model, collection, tmp_path / "e", spec=InputSpec.of(dataset), batch_size=100, progress=False)
+    resumed, computed = embed_collection(model, collection, tmp_path / "e", spec=model.input_spec(dataset), batch_size=100, progress=False)
     assert computed == len(dataset) - 200
     np.testing.assert_array_equal(resumed.embeddings, EmbeddingSet.load(embedded).embeddings)
-    _, again = embed_collection(model, collection, tmp_path / "e", spec=InputSpec.of(dataset), batch_size=100, progress=False)
+    _, again = embed_collection(model, collection, tmp_path / "e", spec=model.input_spec(dataset), batch_size=100, progress=False)
     assert again == 0
 
 
@@ -283,3 +282,33 @@ def test_diagnostic_options_need_a_run(run_dir: Path, tmp_path: Path, capsys: py
     assert code == 2 and "RUN's test split" in err
     code, _, err = run_cli(["evaluate", str(run_dir), "--worst", "3"], capsys)
     assert code == 2 and "go together" in err
+
+
+def test_a_run_on_image_files_embeds_queries_and_diagnoses_queries_against_the_gallery(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import replicas
+
+    root = replicas.csv(tmp_path / "data", extra_train=3)
+    run = tmp_path / "run"
+    code, _, err = run_cli([
+        "train", "configs/glyphs.yaml", "--output", str(run), "-q", "data.name=csv", f"data.root={root}", "data.image_size=16",
+        "data.validation_fraction=0.4", "model.options={in_channels: 3, width: 4}", "model.embedding_dim=8", "training.epochs=1",
+        "training.batch_size=4", "sampler.params={samples_per_class: 2}", "training.max_steps_per_epoch=1",
+        "evaluation.metrics=[precision_at_1, map_at_r]",
+    ], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["embed", str(run), "--data", "csv", "-o", str(tmp_path / "emb"), "-q"], capsys)
+    assert code == 0, err
+    stored = EmbeddingSet.load(tmp_path / "emb")
+    assert all(Path(path).is_file() for path in stored.paths)
+    assert run_cli(["index", str(tmp_path / "emb"), "-o", str(tmp_path / "idx")], capsys)[0] == 0
+    # A stored file as a query image goes through the file datasets' evaluation view: it finds itself.
+    code, _, err = run_cli(["query", str(tmp_path / "idx"), "--image", stored.paths[4], "-k", "2", "--json", str(tmp_path / "q.json")], capsys)
+    assert code == 0, err
+    first = json.loads((tmp_path / "q.json").read_text())[0]["neighbors"][0]
+    assert first["distance"] < 1e-5 and stored.embeddings[first["index"]] == pytest.approx(stored.embeddings[4], abs=1e-5)
+    code, _, err = run_cli(["evaluate", str(run), "--per-query", str(tmp_path / "pq.csv"), "--json", str(tmp_path / "r.json")], capsys)
+    assert code == 0, err
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "pq.csv").open()))
+    assert len(rows) == json.loads((tmp_path / "r.json").read_text())["num_queries"] == 2  # queries only

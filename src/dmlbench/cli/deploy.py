@@ -31,7 +31,7 @@ def embed_command(
     """Embed every image with the run's best checkpoint and evaluation transform (resumable: rerun
     the same command after an interruption)."""
     from dmlbench.deploy import embeddings as store
-    from dmlbench.deploy.images import InputSpec, list_images
+    from dmlbench.deploy.images import list_images
     from dmlbench.deploy.model import load_run_model
 
     if (data is None) == (images is None):
@@ -42,9 +42,9 @@ def embed_command(
     if data is not None:
         dataset = model.other_dataset(data, root)
         collection = store.dataset_collection(dataset, {"data": data, "root": None if root is None else str(root.resolve())})
-        spec = InputSpec.of(dataset)
+        spec = model.input_spec(dataset)
     else:
-        spec = InputSpec.of(model.dataset())
+        spec = model.input_spec(model.dataset())
         files = list_images(images)
         collection = store.image_collection(files, spec, {"images": str(images.resolve())})
     result, computed = store.embed_collection(model, collection, output, spec=spec, batch_size=batch_size, progress=not quiet)
@@ -59,7 +59,6 @@ def export_command(
 ) -> None:
     """Export trunk + head + normalisation with a dynamic batch dimension, checked against PyTorch."""
     from dmlbench.deploy.export import FORMATS, TOLERANCE, export_model
-    from dmlbench.deploy.images import InputSpec
     from dmlbench.deploy.model import load_run_model
     from dmlbench.training.setup import make_splits
 
@@ -69,7 +68,7 @@ def export_command(
     dataset = model.dataset()
     # The check batch comes from the training classes: an export never needs to open the test split.
     sample, _, _ = dataset.batch(make_splits(model.config, dataset).train[:8])
-    meta = export_model(model, InputSpec.of(dataset), sample, output, format=format)
+    meta = export_model(model, model.input_spec(dataset), sample, output, format=format)
     opset = f", opset {meta['opset']}" if "opset" in meta else ""
     typer.echo(
         f"{output}: {format}{opset}, input [batch, {', '.join(str(v) for v in meta['input']['shape'][1:])}], "

@@ -138,7 +138,7 @@ def _diagnose(
     split = diagnostics.embed_test_split(run)
     added: dict[str, Any] = {}
     if per_query_path is not None or worst is not None:
-        found = per_query(split.embeddings, split.labels)
+        found = per_query(split.embeddings, split.labels, query_mask=split.query_mask)
         if per_query_path is not None:
             diagnostics.write_per_query_csv(per_query_path, found, split.names)
             typer.echo(f"per-query results: {per_query_path} ({len(found.query_ids)} queries)")

@@ -18,6 +18,7 @@ from dmlbench.evaluation import verification
 from dmlbench.evaluation.per_query import PerQuery, per_query
 from dmlbench.files import atomic_write
 from dmlbench.training.embed import embed
+from dmlbench.training.runs import query_mask
 from dmlbench.training.setup import make_splits
 
 CSV_COLUMNS = ("query", "path", "label", "relevant", "first_correct_rank", "average_precision_at_r")
@@ -31,15 +32,18 @@ class TestSplit:
     names: list[str]
     embeddings: Tensor
     labels: Tensor
+    query_mask: Tensor | None
 
 
 def embed_test_split(run_dir: str | Path) -> TestSplit:
-    """Embed the standard test split with the run's validation-selected checkpoint."""
+    """Embed the standard test split with the run's validation-selected checkpoint (with its
+    query/gallery roles, when the dataset declares them)."""
     run = load_run_model(run_dir)
     dataset = run.dataset()
-    test = dataset.subset(make_splits(run.config, dataset).test)
+    indices = make_splits(run.config, dataset).test
+    test = dataset.subset(indices)
     embeddings, labels = embed(run.model, test, run.config.evaluation.batch_size, run.device)
-    return TestSplit(test, item_names(dataset, test), embeddings, labels)
+    return TestSplit(test, item_names(dataset, test), embeddings, labels, query_mask(dataset, indices))
 
 
 def item_names(dataset: ImageDataset, subset: ImageDataset) -> list[str]:

@@ -56,7 +56,11 @@ class Collection:
 
 
 def dataset_collection(dataset: ImageDataset, source: dict[str, Any]) -> Collection:
-    """Every item of ``dataset``; items without a file are named ``<dataset>:<index>``."""
+    """Every readable item of ``dataset`` (``load_dataset`` warned about the others); items without
+    a file are named ``<dataset>:<index>``."""
+    unreadable = dataset.metadata.get("unreadable_items", [])
+    if unreadable:
+        dataset = dataset.subset(np.setdiff1d(np.arange(len(dataset)), unreadable))
     paths = getattr(dataset, "paths", None)
     names = [str(path) for path in paths] if paths is not None else [f"{dataset.name}:{i}" for i in range(len(dataset))]
     return Collection(

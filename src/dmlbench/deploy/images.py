@@ -13,7 +13,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
+from dmlbench.data.files import FileDataset
 from dmlbench.errors import UserInputError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -22,18 +24,25 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 @dataclass(frozen=True)
 class InputSpec:
     """What the model takes: ``channels`` x ``height`` x ``width`` floats in [0, 1], then
-    ``(x - mean) / std`` per channel when given (the run's evaluation transform)."""
+    ``(x - mean) / std`` per channel when given (the run's evaluation transform). ``file_format``
+    holds the ``image_size`` and ``augmentation`` of a run on image files: a new file then goes
+    through exactly the file datasets' evaluation view."""
 
     channels: int
     height: int
     width: int
     mean: list[float] | None = None
     std: list[float] | None = None
+    file_format: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, dataset: ImageDataset) -> InputSpec:
+    def of(cls, dataset: ImageDataset | FileDataset, config: Config) -> InputSpec:
         height, width = dataset.image_size
-        return cls(dataset.num_channels, height, width, dataset.mean, dataset.std)
+        file_format = None
+        if isinstance(dataset, FileDataset):
+            file_format = {"image_size": config.data.image_size, "augmentation": config.data.augmentation}
+        return cls(dataset.num_channels, height, width, getattr(dataset, "mean", None), getattr(dataset, "std", None),
+                   file_format)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> InputSpec:
@@ -78,9 +87,22 @@ def decode(path: Path, channels: int) -> Tensor:
 
 
 def model_inputs(paths: Sequence[Path], spec: InputSpec) -> Tensor:
-    """Decode, resize the shorter side, centre-crop to the spec's size, scale to [0, 1], normalise."""
+    """Model inputs of image files: the file datasets' evaluation view for a run on files, else
+    decode, resize the shorter side, centre-crop to the spec's size, scale to [0, 1], normalise."""
     from torchvision.transforms.v2 import functional
 
+    if spec.file_format is not None:
+        for path in paths:
+            if not Path(path).is_file():
+                raise UserInputError(f"image {path} does not exist")
+        files = FileDataset(
+            Path("/"), [str(Path(path).resolve()) for path in paths], torch.zeros(len(paths), dtype=torch.int64),
+            ["unlabelled"], name="images", **spec.file_format,
+        )
+        try:
+            return spec.normalize(files.batch(range(len(paths)))[0])
+        except UserInputError as error:
+            raise UserInputError(f"{error} (it cannot be decoded)") from None
     batch = []
     for path in paths:
         image = decode(path, spec.channels)

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dmlbench import data
 from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
+from dmlbench.deploy.images import InputSpec
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
 from dmlbench.training.embed import resolve_device
@@ -47,9 +47,13 @@ class RunModel:
         if name == self.config.data.name and root is None:
             return self.dataset()
         options = dict(self.config.data.options) if name == self.config.data.name else {}
-        if root is not None:
-            options["root"] = str(root)
-        return data.build(name, **options)
+        settings = self.config.data.model_copy(
+            update={"name": name, "root": None if root is None else str(root), "options": options}
+        )
+        return load_dataset(self.config.model_copy(update={"data": settings}))
+
+    def input_spec(self, dataset: ImageDataset) -> InputSpec:
+        return InputSpec.of(dataset, self.config)
 
     @torch.no_grad()
     def embed(self, images: Tensor) -> Tensor:
