@@ -2,6 +2,7 @@
 the dashboard, credentials and bad storage input."""
 
 import json
+import re
 import os
 import signal
 import socket
@@ -134,7 +135,10 @@ def test_jobs_2_on_the_journal_file_gives_the_single_worker_results(reference: P
         assert (output / name).read_bytes() == (reference / name).read_bytes(), name
     code, out, err = run_cli(["status", str(output)], capsys)
     assert code == 0, err
-    assert "time left: none" in out and "workers seen in the last 5 minutes: 2" in out
+    assert "time left: none" in out
+    # A worker is seen once it has run a unit; on a loaded machine the first can run every unit of
+    # this small protocol before the second is up, so one or two workers are seen, never more.
+    assert re.search(r"workers seen in the last 5 minutes: [12] ", out), out
     code, out, err = run_cli(["audit", str(output)], capsys)
     assert code == 0, err
     # A late worker finds nothing left, says so and exits 0.
