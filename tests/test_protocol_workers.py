@@ -2,8 +2,8 @@
 the dashboard, credentials and bad storage input."""
 
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
