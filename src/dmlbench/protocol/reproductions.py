@@ -164,9 +164,7 @@ class MethodReproduction:
         })
 
     def step(self) -> str:
-        outcome = work.claim(self.study, self.worker, budget=self.settings.reproductions,
-                             ready=lambda slot, finished: True,
-                             propose=lambda slot, finished: ({}, {"seed": self.settings.first_seed + slot}))
+        outcome = _claim_reproduction(self.study, self.worker, self.settings)
         if isinstance(outcome, str):
             return outcome
         trial, reproduction = outcome.trial, outcome.slot
@@ -236,9 +234,7 @@ class UntrainedBaseline:
         })
 
     def step(self) -> str:
-        outcome = work.claim(self.study, self.worker, budget=self.settings.reproductions,
-                             ready=lambda slot, finished: True,
-                             propose=lambda slot, finished: ({}, {"seed": self.settings.first_seed + slot}))
+        outcome = _claim_reproduction(self.study, self.worker, self.settings)
         if isinstance(outcome, str):
             return outcome
         trial, reproduction = outcome.trial, outcome.slot
@@ -330,6 +326,12 @@ def _untrained_scores(baseline: UntrainedBaseline, reproduction: int, seed: int)
     directory.mkdir(parents=True, exist_ok=True)
     records.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": records.now(), "scores": scores})
     return scores
+
+
+def _claim_reproduction(study: optuna.Study, worker: work.Worker, settings: ReproductionSettings) -> Any:
+    """Reproduction slot ``r`` (seed ``first_seed + r``) for this worker, or ``work.WAIT`` / ``work.DONE``."""
+    return work.claim(study, worker, budget=settings.reproductions, ready=lambda slot, finished: True,
+                      propose=lambda slot, finished: ({}, {"seed": settings.first_seed + slot}))
 
 
 def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
