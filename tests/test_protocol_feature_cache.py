@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -101,7 +102,7 @@ def test_frozen_trunk_search_trains_one_trunk_per_fold_and_reuses_its_features(t
     result = search_methods(spec, tmp_path, SETTINGS)["triplet"]
     assert result.completed == 2 and result.failed == 0
     assert len(extractions) == 2  # once per fold, not once per trial
-    assert sorted(path.name for path in (tmp_path / "features").iterdir()) == ["fold_0.pt", "fold_1.pt"]
+    assert sorted(path.name for path in (tmp_path / "features").glob("*.pt")) == ["fold_0.pt", "fold_1.pt"]
 
     layout = fold_layout(load_dataset(config_module.from_dict(base_raw())), k=2)
     test_classes = set(layout.test_classes)
@@ -122,13 +123,42 @@ def test_frozen_trunk_search_trains_one_trunk_per_fold_and_reuses_its_features(t
     assert set(payload["train_labels"].tolist()) == set(layout.folds[0].train_classes)
 
     # A later worker (a new process: nothing in memory) reuses the stored features and trunks.
-    more = search_methods(spec, tmp_path, SearchSettings(**{**SETTINGS.__dict__, "trials": 3}))["triplet"]
+    more = search_methods(spec, tmp_path, replace(SETTINGS, trials=3))["triplet"]
     assert more.completed == 3 and len(extractions) == 2
     # A changed key (another trunk) recomputes them.
     payload["key"]["trunk_sha256"] = "0" * 64
     torch.save(payload, tmp_path / "features" / "fold_0.pt")
-    search_methods(spec, tmp_path, SearchSettings(**{**SETTINGS.__dict__, "trials": 4}))
+    search_methods(spec, tmp_path, replace(SETTINGS, trials=4))
     assert len(extractions) == 3
+
+
+def test_a_pretrained_trunk_is_used_as_is_and_keys_the_features_by_its_file(tmp_path: Path) -> None:
+    from dmlbench.models.trunks import build_trunk
+
+    trunk, _ = build_trunk("small_cnn", width=8)
+    weights = tmp_path / "trunk.pt"
+    torch.save(trunk.state_dict(), weights)
+    raw = config_module.apply_overrides(base_raw(), [f"model.pretrained={weights}"])
+    spec = BenchmarkSpec.model_validate({"base": raw, "methods": [
+        {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]})
+    result = search_methods(spec, tmp_path / "out", replace(SETTINGS, trials=1))["triplet"]
+    assert result.completed == 1
+    assert not (tmp_path / "out" / "trunks").exists()  # nothing trained: the pre-trained trunk as is
+    payload = torch.load(tmp_path / "out" / "features" / "fold_1.pt", weights_only=True)
+    assert payload["key"]["trunk_sha256"] == feature_cache.file_sha256(weights)
+    # The cached features are exactly the pre-trained trunk's output on the fold's validation items.
+    config = feature_cache.FeatureCache(raw, tmp_path, "").trunk_config(fold_layout(load_dataset(config_module.from_dict(raw)), k=2).folds[1])
+    dataset = load_dataset(config)
+    from dmlbench.training.setup import make_splits
+
+    images, labels, _ = dataset.batch(make_splits(config, dataset).validation[:5])
+    trunk.load_state_dict(torch.load(weights, weights_only=True))
+    with torch.no_grad():
+        expected = trunk.eval()(images)
+    torch.testing.assert_close(payload["validation"][:5], expected)
+    assert payload["validation_labels"][:5].tolist() == labels.tolist()
+    run = json.loads((tmp_path / "out" / "triplet" / "trial_0000" / "fold_1" / "run.json").read_text())
+    assert run["frozen_trunk"]["trunk_run"] is None
 
 
 def test_benchmark_with_frozen_trunk_reports_it_and_passes_the_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,15 +5,18 @@ Per fold, one trunk: the pre-trained one as is (``model.pretrained``), or on a d
 on its validation classes, in ``OUTPUT_DIR/trunks/fold_K`` (``run.json``: ``stage`` ``trunk``). Its
 features of the fold's train and validation items (never the test split) are computed once, in
 evaluation mode, into ``OUTPUT_DIR/features/fold_K.pt``, keyed by the trunk's sha256 and the
-dataset's content hash (recomputed when either differs). Every trial then trains only heads on them
+dataset's content hash (recomputed when either differs), under a file lock so that local workers
+sharing the directory do this once. Every trial then trains only heads on them
 (``training.features.train_head``). The reproductions train full models.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +57,24 @@ class FeatureCache:
         return config_module.from_dict(apply_assignment(self.trunk_raw, {
             "data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes)}))
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Workers sharing this output directory train and extract each fold once: the others wait."""
+        path = self.output_dir / FEATURES_DIR / ".lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def features(self, fold: ClassFold) -> FoldFeatures:
         """The fold's cached features, after training its trunk if it has none yet."""
+        with self._locked():
+            return self._features(fold)
+
+    def _features(self, fold: ClassFold) -> FoldFeatures:
         config = self.trunk_config(fold)
         trunk_run, trunk_sha, state = self._trunk(config, fold)
         key = {"trunk_sha256": trunk_sha, "dataset_hash": self.dataset_hash}
