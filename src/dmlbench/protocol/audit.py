@@ -9,7 +9,9 @@ line per problem (empty: the audit passed):
   other than validation, or a test opening of a run that was not a finished reproduction run
   (or that happened before the run finished);
 * train, validation and test classes not disjoint within a run;
-* methods with different budgets (trials, epochs, folds, reproductions, search settings).
+* methods with different budgets (trials, epochs, folds, reproductions, search settings);
+* a frozen-trunk run (``trunks/fold_K``) whose train or validation classes are not exactly its
+  fold's or that is not recorded as stage ``trunk`` of its fold; a head trained on another fold's trunk.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def audit(output_dir: Path) -> list[str]:
                     problems.append(f"{name}: checkpoint selected on {selection!r}")
                 if record.get("status") == "completed":
                     epochs[method].add(int((config.get("training") or {}).get("epochs", 0)))
+    problems += _audit_trunks(output_dir, benchmark, test_classes, runs)
     accesses = output_dir / TEST_ACCESS_FILE
     if accesses.is_file():
         for number, line in enumerate(accesses.read_text().splitlines(), start=1):
@@ -128,4 +131,38 @@ def audit(output_dir: Path) -> list[str]:
         detail = "; ".join(f"{m}: trials {b[0]}, epochs {b[1]}, folds {b[2]}, run epochs {list(b[3])}, reproductions {b[4]}"
                            for m, b in budgets.items())
         problems.append(f"methods used different budgets ({detail})")
+    return problems
+
+
+def _audit_trunks(
+    output_dir: Path, benchmark: dict[str, Any], test_classes: set[int], runs: dict[str, dict[str, Any]]
+) -> list[str]:
+    """The frozen-trunk runs: each trained on exactly its fold's train classes, selected on its val classes."""
+    from dmlbench.protocol.feature_cache import TRUNK_STAGE, TRUNKS_DIR
+
+    problems: list[str] = []
+    folds = {int(fold["index"]): fold for fold in benchmark["fold_layout"]["folds"]}
+    for run_file in sorted((output_dir / TRUNKS_DIR).glob("*/" + records.RUN_FILE)):
+        name = str(run_file.parent.relative_to(output_dir))
+        try:
+            record = records.read_json(run_file)
+        except (OSError, ValueError) as error:
+            problems.append(f"{name}: run.json cannot be read ({error})")
+            continue
+        fold = folds.get(record.get("fold")) if isinstance(record.get("fold"), int) else None
+        if record.get("stage") != TRUNK_STAGE or fold is None or run_file.parent.name != f"fold_{record.get('fold')}":
+            problems.append(f"{name}: not recorded as the trunk run of a fold (stage {record.get('stage')!r}, fold {record.get('fold')!r})")
+            continue
+        train, val = set(record.get("train_classes") or []), set(record.get("val_classes") or [])
+        seen = sorted((train | val) & test_classes)
+        if seen:
+            problems.append(f"{name}: trunk run saw test classes {seen[:10]}")
+        if train != set(fold["train_classes"]):
+            problems.append(f"{name}: trunk run's train classes are not exactly fold {fold['index']}'s train classes")
+        if val != set(fold["val_classes"]):
+            problems.append(f"{name}: trunk run's validation classes are not exactly fold {fold['index']}'s")
+    for name, record in runs.items():
+        trunk_run = (record.get("frozen_trunk") or {}).get("trunk_run")
+        if trunk_run is not None and Path(trunk_run).parts[-2:] != (TRUNKS_DIR, f"fold_{record.get('fold')}"):
+            problems.append(f"{name}: head trained on the features of another fold's trunk ({trunk_run})")
     return problems

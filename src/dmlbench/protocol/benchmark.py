@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from dmlbench import config as config_module
 from dmlbench.errors import UserInputError
@@ -33,7 +33,9 @@ class ProtocolSpec(BaseModel):
     ``r`` trains with seed ``first_seed + r`` (never the search's seed); ``pruner``: ``none`` or
     ``median`` (a trial is stopped after a fold whose running fold-mean falls below the median);
     ``parallel_trials``: trials of one method suggested from the same history, so that many workers
-    can run them at once (1: every suggestion sees every earlier trial, sequential as in seed 001)."""
+    can run them at once (1: every suggestion sees every earlier trial, sequential as in seed 001);
+    ``frozen_trunk``: the search trains only heads on cached trunk features (``protocol.feature_cache``);
+    the reproductions still train full models."""
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
@@ -47,6 +49,7 @@ class ProtocolSpec(BaseModel):
     reproductions: int = Field(3, ge=1)
     first_seed: int = Field(1000, ge=0)
     parallel_trials: int = Field(1, ge=1)
+    frozen_trunk: StrictBool = False
 
 
 class BenchmarkSpec(BaseModel):
@@ -74,6 +77,9 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
         raise UserInputError(f"benchmark method names must be unique; repeated: {', '.join(duplicates)}")
     if "untrained" in names:
         raise UserInputError("benchmark method name 'untrained' is reserved for the baseline row")
+    reserved = sorted({"trunks", "features"} & set(names))
+    if reserved:
+        raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for the frozen-trunk feature cache")
     return spec
 
 

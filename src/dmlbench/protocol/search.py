@@ -23,6 +23,9 @@ Hyperparameters are optimized to maximize the average validation accuracy." Here
   resuming is the same thing as joining late. With ``protocol.parallel_trials: 1`` (the default)
   slot ``k`` waits for every earlier slot, so the search is what one worker would do, whoever runs it.
 
+With ``protocol.frozen_trunk`` a fold run trains only the head on the fold's cached trunk features
+(``protocol.feature_cache``; the trunks in ``OUTPUT_DIR/trunks``, the features in ``OUTPUT_DIR/features``).
+
 Every run directory is ``OUTPUT_DIR/METHOD/trial_SSSS/fold_I`` (``SSSS``: the slot) and its ``run.json`` records ``method``,
 ``stage`` (``search``), ``trial``, ``fold``, ``fold_layout_hash``, ``train_classes`` and ``val_classes``.
 """
@@ -47,9 +50,11 @@ from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol import work
 from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, FoldLayout, fold_layout
+from dmlbench.protocol.feature_cache import FeatureCache
 from dmlbench.protocol.storage import redact
 from dmlbench.protocol.search_space import SearchSpace, apply_assignment, parse_search_space
 from dmlbench.training import records, train
+from dmlbench.training.features import train_head
 from dmlbench.training.setup import load_dataset
 
 STUDY_FILE = "study.db"
@@ -81,6 +86,7 @@ class SearchSettings:
     storage: str | None = None
     pruner: str = "none"
     parallel_trials: int = 1
+    frozen_trunk: bool = False
 
     def check(self) -> None:
         """One-line ``UserInputError`` for a setting out of range."""
@@ -90,6 +96,8 @@ class SearchSettings:
             raise UserInputError(f"search sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         if self.pruner not in PRUNERS:
             raise UserInputError(f"search pruner must be one of {', '.join(PRUNERS)}, got {self.pruner!r}")
+        if not isinstance(self.frozen_trunk, bool):
+            raise UserInputError(f"protocol.frozen_trunk must be true or false, got {self.frozen_trunk!r}")
 
     def recorded(self) -> dict[str, Any]:
         """What must not change when a study is resumed (everything but ``trials`` and ``storage``)."""
@@ -189,8 +197,11 @@ def search_methods(
         epochs = {name: config_module.from_dict(copy.deepcopy(raw)).training.epochs for name, (raw, _) in prepared.items()}
         if len(set(epochs.values())) > 1:
             raise UserInputError(f"methods train for different numbers of epochs {epochs}: set the search epochs")
+    trunk_raw = apply_budget(next(iter(prepared.values()))[0], settings.epochs, settings.patience)
+    if settings.frozen_trunk:
+        _check_one_trunk({name: raw for name, (raw, _) in prepared.items()})
     searches = [MethodSearch(name, raw, space, output_dir, settings, progress=progress, reporter=reporter, worker=worker,
-                             config_hash=config_hash)
+                             config_hash=config_hash, trunk_raw=trunk_raw)
                 for name, (raw, space) in prepared.items()]
     run_units([search.step for search in searches])
     results = {search.method: search.result() for search in searches}
@@ -203,6 +214,18 @@ def search_methods(
         },
     })
     return results
+
+
+def _check_one_trunk(raws: Mapping[str, Mapping[str, Any]]) -> None:
+    """With a frozen trunk every method trains its head on the same trunk: their trunk settings must agree."""
+    def trunk_of(raw: Mapping[str, Any]) -> tuple[Any, ...]:
+        model = config_module.from_dict(copy.deepcopy(dict(raw))).model
+        return model.trunk, model.options, model.pretrained, model.pooling, model.freeze_bn
+    (first, first_raw), *others = raws.items()
+    for name, raw in others:
+        if trunk_of(raw) != trunk_of(first_raw):
+            raise UserInputError(f"protocol.frozen_trunk: method {name!r} uses another trunk than {first!r} "
+                                 "(model.trunk, options, pretrained, pooling and freeze_bn must agree)")
 
 
 def run_units(steps: list[Callable[[], str]]) -> None:
@@ -275,6 +298,7 @@ class MethodSearch:
         reporter: Callable[[dict[str, Any]], None] | None = None,
         worker: work.Worker | None = None,
         config_hash: str | None = None,
+        trunk_raw: Mapping[str, Any] | None = None,
     ) -> None:
         settings.check()
         taken = sorted(set(space.keys()) & set(PROTOCOL_KEYS))
@@ -288,7 +312,13 @@ class MethodSearch:
             self.config = config_module.from_dict(copy.deepcopy(self.base))
         except UserInputError as error:
             raise UserInputError(f"method {method!r}: {error}") from None
-        self.layout = fold_layout(load_dataset(self.config), k=settings.folds, mode=settings.fold_mode)
+        dataset = load_dataset(self.config)
+        self.layout = fold_layout(dataset, k=settings.folds, mode=settings.fold_mode)
+        # The search's trunks (one per fold, shared by every method): the first method's config by default.
+        self.features = (FeatureCache(trunk_raw if trunk_raw is not None else self.base, self.output_dir, dataset.content_hash,
+                                      progress) if settings.frozen_trunk else None)
+        if self.features is not None and self.config.model.ensemble != 1:
+            raise UserInputError(f"method {method!r}: protocol.frozen_trunk needs a single trunk (model.ensemble=1)")
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.url = storage_url(self.output_dir, settings.storage)
         self.worker = worker or work.Worker(self.url)
@@ -313,7 +343,7 @@ class MethodSearch:
         with work.Beating(self.study, trial, self.worker):
             try:
                 value, attributes = _cross_validate(trial, self.method, self.base, self.space, self.layout, self.output_dir,
-                                                    self.progress, self.reporter, slot, samples)
+                                                    self.progress, self.reporter, slot, samples, self.features)
             except (RunInterrupted, KeyboardInterrupt):
                 work.interrupt(self.study, trial)
                 raise
@@ -402,6 +432,7 @@ def _cross_validate(
     reporter: Callable[[dict[str, Any]], None] | None = None,
     slot: int = 0,
     samples: list[int] | None = None,
+    features: FeatureCache | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """Train one run per fold with the trial's assignment; the fold-mean best validation score.
 
@@ -420,7 +451,10 @@ def _cross_validate(
                   "fold_layout_hash": layout.hash}
         if reporter is not None:
             reporter({"method": method, "stage": STAGE, "trial": slot, "fold": fold.index, "run_dir": str(run_dir)})
-        result = train_fold(config, run_dir, progress, record)
+        if features is None:
+            result = train_fold(config, run_dir, progress, record)
+        else:
+            result = train_head(config, run_dir, features.features(fold), record)
         if samples is not None:
             samples.append(run_samples(run_dir))
         curves.append(validation_curves(run_dir))

@@ -320,6 +320,8 @@ def _parameters(data: ReportData) -> list[tuple[str, str]]:
         ("overrides", " ".join(b.get("overrides", [])) or "none"),
         ("storage", str(b.get("storage"))),
         ("parallel trials", str(protocol.get("parallel_trials", 1))),
+        ("frozen-trunk feature cache", "used: the search trained only heads on cached trunk features (one trunk per fold); "
+                                       "the reproductions trained full models" if protocol.get("frozen_trunk") else "not used"),
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -140,6 +141,13 @@ def build_sampler(config: Config, train_labels: np.ndarray) -> Sampler[list[int]
 
 def build_components(config: Config, num_classes: int, device: torch.device) -> Components:
     model = build_model(config).to(device)
+    loss, miner = build_loss_and_miner(config, num_classes, device)
+    optimizer = build_optimizer(config, model, loss)
+    return Components(model=model, loss=loss, miner=miner, optimizer=optimizer)
+
+
+def build_loss_and_miner(config: Config, num_classes: int, device: torch.device) -> tuple[MetricLoss, Miner | None]:
+    """The seeded loss (on ``device``) and miner of ``config`` (shared by the loop and ``training.features``)."""
     loss_params = dict(config.loss.params)
     if "seed" in (accepted_parameters(losses.LOSSES.get(config.loss.name)) or set()):
         loss_params["seed"] = config.seed
@@ -150,13 +158,10 @@ def build_components(config: Config, num_classes: int, device: torch.device) -> 
     if config.miner.name is not None:
         generator = torch.Generator().manual_seed(config.seed + 1)
         miner = mining.build(config.miner.name, generator=generator, p_switch=config.miner.p_switch, **config.miner.params)
-    optimizer = build_optimizer(config, model, loss)
-    return Components(model=model, loss=loss, miner=miner, optimizer=optimizer)
+    return loss, miner
 
 
-def build_optimizer(
-    config: Config, model: models.EmbeddingModel | models.EnsembleModel, loss: nn.Module
-) -> torch.optim.Optimizer:
+def build_optimizer(config: Config, model: Any, loss: nn.Module) -> torch.optim.Optimizer:
     """Parameter groups ``trunk`` (``trunk_lr``), ``head`` (``head_lr``) and, if the loss has its own
     parameters, ``loss`` (``loss_lr``); each keeps its ``base_lr`` for the schedule."""
     settings = config.optimizer

@@ -1,0 +1,208 @@
+"""The frozen-trunk feature cache (``protocol.frozen_trunk``): trunks per fold, cached features, head-only trials."""
+
+import json
+import logging
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+
+from cli_runner import run_cli
+from dmlbench import config as config_module
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import feature_cache
+from dmlbench.protocol.benchmark import BenchmarkSpec, load_spec
+from dmlbench.protocol.folds import fold_layout
+from dmlbench.protocol.search import SearchSettings, search_methods
+from dmlbench.training import TrainingDiverged
+from dmlbench.training.features import FoldFeatures, train_head
+from dmlbench.training.setup import load_dataset
+from training_fixtures import TINY
+
+torch.set_num_threads(1)
+optuna.logging.set_verbosity(logging.WARNING)
+
+FAST = [*TINY, "sampler.params={samples_per_class: 4}", "training.max_steps_per_epoch=2"]
+SEARCH = {"loss.params.margin": {"low": 0.05, "high": 0.5}}
+SETTINGS = SearchSettings(trials=2, folds=2, epochs=1, patience=1, sampler="tpe", seed=0, frozen_trunk=True)
+
+
+def base_raw() -> dict:
+    return config_module.apply_overrides({}, list(FAST))
+
+
+def clustered_features(seed: int = 0) -> FoldFeatures:
+    """Noisy class centres in 24 dimensions: 12 training and 6 validation classes, 8 items each."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def split(classes: range) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = torch.tensor(classes).repeat_interleave(8)
+        centres = torch.randn(max(classes) + 1, 24, generator=generator)
+        return centres[labels] + 0.3 * torch.randn(len(labels), 24, generator=generator), labels
+
+    train, train_labels = split(range(0, 12))
+    validation, validation_labels = split(range(12, 18))
+    return FoldFeatures(train, train_labels, validation, validation_labels, {"trunk_run": None, "features": "synthetic"})
+
+
+def head_config(*overrides: str) -> config_module.Config:
+    return config_module.from_dict(base_raw(), ["loss.name=triplet", "miner.name=semihard", "training.epochs=3",
+                                                "training.max_steps_per_epoch=null", *overrides])
+
+
+def test_head_training_on_features_is_finite_deterministic_and_not_retrained(tmp_path: Path) -> None:
+    features = clustered_features()
+    config = head_config()
+    first = train_head(config, tmp_path / "a", features, {"stage": "search", "fold": 0})
+    second = train_head(config, tmp_path / "b", features, {"stage": "search", "fold": 0})
+    assert first.best_validation is not None and all(math.isfinite(v) for v in first.best_validation.values())
+    assert (first.best_epoch, first.best_validation, first.epochs_run) == (second.best_epoch, second.best_validation, 3)
+    metrics = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [entry["epoch"] for entry in metrics] == [0, 1, 2, 3]
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]  # noqa: E731
+    assert strip(metrics) == strip([json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()])
+    # Training improved on the untrained head, which is recorded as epoch 0.
+    assert first.best_validation["map_at_r"] >= metrics[0]["validation"]["map_at_r"]
+    record = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert record["status"] == "completed" and record["best_epoch"] == first.best_epoch and record["epochs_run"] == 3
+    assert record["frozen_trunk"] == {"trunk_run": None, "features": "synthetic"}
+    assert record["samples_seen"] == sum(entry.get("samples", 0) for entry in metrics) > 0
+    assert record["train_classes"] == list(range(12)) and record["val_classes"] == list(range(12, 18))
+    assert (tmp_path / "a" / "config.yaml").is_file()
+    # A completed run is returned as recorded, not trained again.
+    before = (tmp_path / "a" / "metrics.jsonl").stat().st_mtime_ns
+    again = train_head(config, tmp_path / "a", features, {"stage": "search", "fold": 0})
+    assert again.already_complete and again.best_validation == first.best_validation
+    assert (tmp_path / "a" / "metrics.jsonl").stat().st_mtime_ns == before
+
+
+def test_a_diverging_head_raises_training_diverged_and_is_recorded_failed(tmp_path: Path) -> None:
+    config = head_config("optimizer.name=sgd", "optimizer.lr=1e30", "loss.name=contrastive", "miner.name=null")
+    with pytest.raises(TrainingDiverged):
+        train_head(config, tmp_path / "run", clustered_features(), {})
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["status"] == "failed" and "diverged" in record["reason"]
+
+
+def test_frozen_trunk_search_trains_one_trunk_per_fold_and_reuses_its_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    extractions: list[int] = []
+    original = feature_cache.FeatureCache._extract
+
+    def counted(self, config, state, key):  # type: ignore[no-untyped-def]
+        extractions.append(len(config.data.train_classes))
+        return original(self, config, state, key)
+
+    monkeypatch.setattr(feature_cache.FeatureCache, "_extract", counted)
+    spec = BenchmarkSpec.model_validate({"base": base_raw(), "methods": [
+        {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]})
+    result = search_methods(spec, tmp_path, SETTINGS)["triplet"]
+    assert result.completed == 2 and result.failed == 0
+    assert len(extractions) == 2  # once per fold, not once per trial
+    assert sorted(path.name for path in (tmp_path / "features").glob("*.pt")) == ["fold_0.pt", "fold_1.pt"]
+
+    layout = fold_layout(load_dataset(config_module.from_dict(base_raw())), k=2)
+    test_classes = set(layout.test_classes)
+    for fold in layout.folds:
+        trunk = json.loads((tmp_path / "trunks" / f"fold_{fold.index}" / "run.json").read_text())
+        assert (trunk["stage"], trunk["fold"], trunk["status"]) == ("trunk", fold.index, "completed")
+        assert trunk["train_classes"] == sorted(fold.train_classes)
+        assert trunk["val_classes"] == sorted(fold.val_classes)
+        assert not (set(trunk["train_classes"]) | set(trunk["val_classes"])) & test_classes
+        for trial in range(2):
+            run = json.loads((tmp_path / "triplet" / f"trial_{trial:04d}" / f"fold_{fold.index}" / "run.json").read_text())
+            assert run["frozen_trunk"]["trunk_run"] == str(tmp_path / "trunks" / f"fold_{fold.index}")
+            assert run["frozen_trunk"]["features"] == str(tmp_path / "features" / f"fold_{fold.index}.pt")
+            assert run["train_classes"] == sorted(fold.train_classes) and run["val_classes"] == sorted(fold.val_classes)
+    payload = torch.load(tmp_path / "features" / "fold_0.pt", weights_only=True)
+    assert payload["key"]["dataset_hash"] == load_dataset(config_module.from_dict(base_raw())).content_hash
+    assert payload["key"]["trunk_sha256"] == feature_cache.file_sha256(tmp_path / "trunks" / "fold_0" / "checkpoint_best.pt")
+    assert set(payload["train_labels"].tolist()) == set(layout.folds[0].train_classes)
+
+    # A later worker (a new process: nothing in memory) reuses the stored features and trunks.
+    more = search_methods(spec, tmp_path, replace(SETTINGS, trials=3))["triplet"]
+    assert more.completed == 3 and len(extractions) == 2
+    # A changed key (another trunk) recomputes them.
+    payload["key"]["trunk_sha256"] = "0" * 64
+    torch.save(payload, tmp_path / "features" / "fold_0.pt")
+    search_methods(spec, tmp_path, replace(SETTINGS, trials=4))
+    assert len(extractions) == 3
+
+
+def test_a_pretrained_trunk_is_used_as_is_and_keys_the_features_by_its_file(tmp_path: Path) -> None:
+    from dmlbench.models.trunks import build_trunk
+
+    trunk, _ = build_trunk("small_cnn", width=8)
+    weights = tmp_path / "trunk.pt"
+    torch.save(trunk.state_dict(), weights)
+    raw = config_module.apply_overrides(base_raw(), [f"model.pretrained={weights}"])
+    spec = BenchmarkSpec.model_validate({"base": raw, "methods": [
+        {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]})
+    result = search_methods(spec, tmp_path / "out", replace(SETTINGS, trials=1))["triplet"]
+    assert result.completed == 1
+    assert not (tmp_path / "out" / "trunks").exists()  # nothing trained: the pre-trained trunk as is
+    payload = torch.load(tmp_path / "out" / "features" / "fold_1.pt", weights_only=True)
+    assert payload["key"]["trunk_sha256"] == feature_cache.file_sha256(weights)
+    # The cached features are exactly the pre-trained trunk's output on the fold's validation items.
+    config = feature_cache.FeatureCache(raw, tmp_path, "").trunk_config(fold_layout(load_dataset(config_module.from_dict(raw)), k=2).folds[1])
+    dataset = load_dataset(config)
+    from dmlbench.training.setup import make_splits
+
+    images, labels, _ = dataset.batch(make_splits(config, dataset).validation[:5])
+    trunk.load_state_dict(torch.load(weights, weights_only=True))
+    with torch.no_grad():
+        expected = trunk.eval()(images)
+    torch.testing.assert_close(payload["validation"][:5], expected)
+    assert payload["validation_labels"][:5].tolist() == labels.tolist()
+    run = json.loads((tmp_path / "out" / "triplet" / "trial_0000" / "fold_1" / "run.json").read_text())
+    assert run["frozen_trunk"]["trunk_run"] is None
+
+
+def test_benchmark_with_frozen_trunk_reports_it_and_passes_the_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = {"base": base_raw(), "protocol": {"folds": 2, "trials": 1, "reproductions": 1, "epochs": 1, "sampler": "tpe",
+                                             "first_seed": 100, "frozen_trunk": True},
+            "methods": [{"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]}
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))
+    code, _, err = run_cli(["benchmark", str(tmp_path / "bench.yaml"), "-o", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    out = tmp_path / "out"
+    assert "| frozen-trunk feature cache | used: the search trained only heads" in (out / "report.md").read_text()
+    # The reproductions trained full models (trunk and head), not heads on features.
+    reproduction = next(out.glob("triplet/repro*/fold_0/run.json"))
+    assert "frozen_trunk" not in json.loads(reproduction.read_text())
+    code, _, err = run_cli(["audit", str(out)], capsys)
+    assert code == 0, err
+    trunk_file = out / "trunks" / "fold_0" / "run.json"
+    record = json.loads(trunk_file.read_text())
+    record["train_classes"] = record["train_classes"][1:]
+    trunk_file.write_text(json.dumps(record))
+    code, _, err = run_cli(["audit", str(out)], capsys)
+    assert code == 1 and "trunks/fold_0: trunk run's train classes are not exactly fold 0's train classes" in err
+
+
+def test_frozen_trunk_keys_are_validated(tmp_path: Path) -> None:
+    path = tmp_path / "bench.yaml"
+    method = {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}
+    path.write_text(yaml.safe_dump({"base": base_raw(), "protocol": {"frozen_trunk": "maybe"}, "methods": [method]}))
+    with pytest.raises(UserInputError, match="protocol.frozen_trunk"):
+        load_spec(path)
+    path.write_text(yaml.safe_dump({"base": base_raw(), "protocol": {"frozen_trunk": 1}, "methods": [method]}))
+    with pytest.raises(UserInputError, match="protocol.frozen_trunk"):
+        load_spec(path)
+    path.write_text(yaml.safe_dump({"base": base_raw(), "methods": [{**method, "name": "trunks"}]}))
+    with pytest.raises(UserInputError, match="reserved for the frozen-trunk feature cache"):
+        load_spec(path)
+    with pytest.raises(UserInputError, match="frozen_trunk must be true or false"):
+        SearchSettings(frozen_trunk="yes").check()  # type: ignore[arg-type]
+    other_trunk = BenchmarkSpec.model_validate({"base": base_raw(), "methods": [
+        method, {"name": "wide", "overrides": {"loss.name": "contrastive", "model.options": {"width": 16}}, "search": {}}]})
+    with pytest.raises(UserInputError, match="method 'wide' uses another trunk than 'triplet'"):
+        search_methods(other_trunk, tmp_path / "a", SETTINGS)
+    ensemble = BenchmarkSpec.model_validate({"base": base_raw(), "methods": [
+        {"name": "dreml", "overrides": {"loss.name": "triplet", "model.ensemble": 2}, "search": SEARCH}]})
+    with pytest.raises(UserInputError, match="single trunk"):
+        search_methods(ensemble, tmp_path / "b", SETTINGS)
+    assert not (tmp_path / "a" / "trunks").exists() and not (tmp_path / "b" / "trunks").exists()
