@@ -312,3 +312,15 @@ def test_a_run_on_image_files_embeds_queries_and_diagnoses_queries_against_the_g
 
     rows = list(csv.DictReader((tmp_path / "pq.csv").open()))
     assert len(rows) == json.loads((tmp_path / "r.json").read_text())["num_queries"] == 2  # queries only
+
+
+def test_nan_embeddings_are_refused_and_no_set_is_written(run_dir: Path, tmp_path: Path) -> None:
+    from dmlbench.errors import UserInputError
+
+    model = load_run_model(run_dir)
+    dataset = model.dataset()
+    collection = dataset_collection(dataset, {"data": "glyphs", "root": None})
+    model.embed = lambda images: torch.full((len(images), model.embedding_dim), float("nan"))  # type: ignore[method-assign]
+    with pytest.raises(UserInputError, match="NaN or infinite embeddings for rows 0..99"):
+        embed_collection(model, collection, tmp_path / "e", spec=model.input_spec(dataset), batch_size=100, progress=False)
+    assert not (tmp_path / "e.npy").exists()

@@ -3,6 +3,7 @@ results), and ``.npy`` arrays read with one-line errors."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import tempfile
@@ -80,3 +81,12 @@ def load_array(path: Path, what: str) -> np.ndarray:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as error:
         raise UserInputError(f"{what} file {path} is not a valid .npy array: {error}") from None
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (checkpoints and images can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

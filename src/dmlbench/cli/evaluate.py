@@ -135,7 +135,7 @@ def _diagnose(
     from dmlbench.evaluation.per_query import per_query
     from dmlbench.evaluation.table import format_table
 
-    split = diagnostics.embed_test_split(run)
+    split = diagnostics.load_test_split(run)
     added: dict[str, Any] = {}
     if per_query_path is not None or worst is not None:
         found = per_query(split.embeddings, split.labels, query_mask=split.query_mask)

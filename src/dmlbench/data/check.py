@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from dmlbench.data.base import ImageDataset, as_index_tensor
 from dmlbench.data.splits import standard_splits, train_test_split
 from dmlbench.distances import squared_euclidean
 from dmlbench.errors import UserInputError
+from dmlbench.files import file_sha256
 
 # Above this many multiply-adds (queries x references x pixels) the raw-pixel baseline is skipped:
 # it would take more than a few seconds on a laptop CPU.
@@ -299,14 +299,11 @@ def _duplicate_files(paths: list[Path], skip: set[int]) -> list[list[int]]:
     for index, path in enumerate(paths):
         if index in skip:
             continue
-        digest = hashlib.sha256()
         try:
-            with path.open("rb") as stream:
-                for chunk in iter(lambda: stream.read(1 << 20), b""):
-                    digest.update(chunk)
+            digest = file_sha256(path)
         except OSError:
             continue
-        by_digest.setdefault(digest.hexdigest(), []).append(index)
+        by_digest.setdefault(digest, []).append(index)
     return [group for group in by_digest.values() if len(group) > 1]
 
 

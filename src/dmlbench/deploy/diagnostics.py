@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor
 
 from dmlbench.data.base import ImageDataset
+from dmlbench.deploy.images import thumbnail_data_uri
 from dmlbench.deploy.model import load_run_model
 from dmlbench.deploy.pages import Row, Thumbnails, Tile, write_page
 from dmlbench.evaluation import verification
@@ -35,7 +36,7 @@ class TestSplit:
     query_mask: Tensor | None
 
 
-def embed_test_split(run_dir: str | Path) -> TestSplit:
+def load_test_split(run_dir: str | Path) -> TestSplit:
     """Embed the standard test split with the run's validation-selected checkpoint (with its
     query/gallery roles, when the dataset declares them)."""
     run = load_run_model(run_dir)
@@ -91,8 +92,6 @@ def write_worst_page(path: Path, diagnostics: PerQuery, split: TestSplit, count:
 
 def _thumbnail(thumbnails: Thumbnails, split: TestSplit, row: int) -> str | None:
     """Files by path; in-memory items straight from the split's own images."""
-    from dmlbench.deploy.images import thumbnail_data_uri
-
     found = thumbnails(split.names[row])
     if found is None and hasattr(split.items, "images"):
         return thumbnail_data_uri(split.items.images[row])

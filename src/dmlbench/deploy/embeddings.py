@@ -27,7 +27,7 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.deploy.images import InputSpec, model_inputs
 from dmlbench.deploy.model import RunModel
 from dmlbench.errors import RunInterrupted, UserInputError
-from dmlbench.files import atomic_write
+from dmlbench.files import atomic_write, file_sha256
 from dmlbench.training import records
 from dmlbench.validation import check_positive_int
 
@@ -149,7 +149,10 @@ def embed_collection(
     try:
         for first in range(start, len(collection), batch_size):
             last = min(first + batch_size, len(collection))
-            rows[first:last] = run.embed(collection.inputs(first, last)).numpy()
+            batch = run.embed(collection.inputs(first, last)).numpy()
+            if not np.isfinite(batch).all():
+                raise UserInputError(f"the model produced NaN or infinite embeddings for rows {first}..{last - 1}; no EMB.npy was written")
+            rows[first:last] = batch
             rows.flush()
             # The count moves only after the rows are on disk: a crash repeats at most one batch.
             records.write_json(progress_file, {"fingerprint": meta["fingerprint"], "rows_done": last})
@@ -160,8 +163,6 @@ def embed_collection(
     finally:
         bar.close()
     del rows
-    if not np.isfinite(np.load(partial_file, mmap_mode="r")).all():
-        raise UserInputError("the model produced NaN or infinite embeddings; nothing was written")
     _finish(prefix, collection, meta)
     os.replace(partial_file, array_file)
     progress_file.unlink(missing_ok=True)
@@ -172,7 +173,7 @@ def _meta(run: RunModel, collection: Collection, spec: InputSpec, batch_size: in
     checkpoint = run.run_dir / records.BEST_CHECKPOINT
     identity = {
         "run": str(run.run_dir.resolve()),
-        "checkpoint_sha256": _sha256(checkpoint),
+        "checkpoint_sha256": file_sha256(checkpoint),
         "source": collection.source,
         "items": len(collection),
         "paths_sha256": hashlib.sha256("\n".join(collection.paths).encode()).hexdigest(),
@@ -211,11 +212,3 @@ def _finish(prefix: Path, collection: Collection, meta: dict[str, Any]) -> None:
         atomic_write(side_file(prefix, ".labels.npy"), lambda stream: np.save(stream, labels, allow_pickle=False))
     records.atomic_write_text(side_file(prefix, ".paths.txt"), "".join(f"{path}\n" for path in collection.paths))
     records.write_json(side_file(prefix, ".json"), meta)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -15,8 +15,8 @@ from dmlbench.deploy.images import InputSpec
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
 from dmlbench.training.embed import resolve_device
-from dmlbench.training.runs import load_run_config
-from dmlbench.training.setup import build_model, load_dataset
+from dmlbench.training.runs import best_model, load_run_config, trained_dataset
+from dmlbench.training.setup import load_dataset
 
 
 @dataclass
@@ -36,10 +36,7 @@ class RunModel:
 
     def dataset(self) -> ImageDataset:
         """The run's dataset exactly as trained on (checked by content hash)."""
-        dataset = load_dataset(self.config)
-        if dataset.content_hash != self.record["dataset"]["content_hash"]:
-            raise UserInputError(f"dataset {self.config.data.name!r} differs from the one run {self.run_dir} was trained on")
-        return dataset
+        return trained_dataset(self.run_dir, self.config, self.record)
 
     def other_dataset(self, name: str, root: Path | None) -> ImageDataset:
         """Dataset ``name``: the run's own (checked) when it is the run's and no other root is given;
@@ -70,8 +67,6 @@ def load_run_model(run_dir: str | Path, device: str | None = None) -> RunModel:
         raise UserInputError(f"run {run_dir} has no checkpoint ({records.BEST_CHECKPOINT}); train it first")
     config = load_run_config(run_dir)
     resolved = resolve_device(device or config.training.device)
-    model = build_model(config).to(resolved)
-    state = torch.load(checkpoint, map_location=resolved, weights_only=False)
-    model.load_state_dict(state["model"])
+    model, epoch = best_model(run_dir, config, resolved)
     model.eval()
-    return RunModel(run_dir, config, record, model, resolved, int(state["epoch"]))
+    return RunModel(run_dir, config, record, model, resolved, epoch)

@@ -25,6 +25,7 @@ import torch
 from dmlbench import config as config_module
 from dmlbench.protocol.folds import ClassFold
 from dmlbench.protocol.search_space import apply_assignment
+from dmlbench.files import file_sha256
 from dmlbench.training import records
 from dmlbench.training.features import FoldFeatures, trunk_features
 from dmlbench.training.setup import build_model, load_dataset, make_splits, training_view
@@ -32,14 +33,6 @@ from dmlbench.training.setup import build_model, load_dataset, make_splits, trai
 TRUNKS_DIR = "trunks"
 FEATURES_DIR = "features"
 TRUNK_STAGE = "trunk"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class FeatureCache:

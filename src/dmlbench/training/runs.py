@@ -96,9 +96,7 @@ class _CompletedRun:
         self.config = load_run_config(run_dir)
         self.device = resolve_device(self.config.training.device)
         self.batch_size = self.config.evaluation.batch_size
-        self.dataset = load_dataset(self.config)
-        if self.dataset.content_hash != record["dataset"]["content_hash"]:
-            raise UserInputError(f"dataset {self.config.data.name!r} differs from the one run {run_dir} was trained on")
+        self.dataset = trained_dataset(run_dir, self.config, record)
         self.splits = make_splits(self.config, self.dataset)
 
     def split(self, name: str) -> ImageDataset:
@@ -112,10 +110,23 @@ class _CompletedRun:
         return build_model(self.config).to(self.device)
 
     def trained_model(self) -> nn.Module:
-        model = build_model(self.config).to(self.device)
-        state = torch.load(self.run_dir / records.BEST_CHECKPOINT, map_location=self.device, weights_only=False)
-        model.load_state_dict(state["model"])
-        return model
+        return best_model(self.run_dir, self.config, self.device)[0]
+
+
+def trained_dataset(run_dir: Path, config: config_module.Config, record: dict[str, Any]) -> ImageDataset:
+    """The run's dataset, refused unless its content hash is the one the run was trained on."""
+    dataset = load_dataset(config)
+    if dataset.content_hash != record["dataset"]["content_hash"]:
+        raise UserInputError(f"dataset {config.data.name!r} differs from the one run {run_dir} was trained on")
+    return dataset
+
+
+def best_model(run_dir: Path, config: config_module.Config, device: torch.device) -> tuple[nn.Module, int]:
+    """The run's model with its validation-selected checkpoint loaded, and that checkpoint's epoch."""
+    model = build_model(config).to(device)
+    state = torch.load(run_dir / records.BEST_CHECKPOINT, map_location=device, weights_only=False)
+    model.load_state_dict(state["model"])
+    return model, int(state["epoch"])
 
 
 def _completed_record(run_dir: Path) -> dict[str, Any]:
