@@ -52,11 +52,26 @@ class ProtocolSpec(BaseModel):
     frozen_trunk: StrictBool = False
 
 
+class AnalysisSpec(BaseModel):
+    """What the report compares beyond the leaderboard; read by ``dmlbench report`` only, so it may
+    change after the runs without touching the config hash.
+
+    ``references``: every other method is compared with each of these (paired by reproduction seed,
+    Holm-corrected per reference, mode and metric), e.g. the classic losses of seed 001's claim;
+    ``pairs``: ``[treated, control]`` comparisons reported on their own, e.g. a rho-regularised loss
+    against the same loss without (seed 003 §5.1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    references: list[str] = Field(default_factory=list)
+    pairs: list[tuple[str, str]] = Field(default_factory=list)
+
+
 class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     base: dict[str, Any] = Field(default_factory=dict)
     methods: list[MethodSpec] = Field(min_length=1)
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
 
 def load_spec(path: Path | None) -> BenchmarkSpec:
@@ -80,7 +95,18 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
     reserved = sorted({"trunks", "features"} & set(names))
     if reserved:
         raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for the frozen-trunk feature cache")
+    _check_analysis(spec.analysis, names)
     return spec
+
+
+def _check_analysis(analysis: AnalysisSpec, names: list[str]) -> None:
+    mentioned = [*analysis.references, *(name for pair in analysis.pairs for name in pair)]
+    unknown = [name for name in mentioned if name not in names]
+    if unknown:
+        raise UserInputError(f"benchmark analysis names {unknown[0]!r}, which is not a method; methods: {', '.join(names)}")
+    same = [pair for pair in analysis.pairs if pair[0] == pair[1]]
+    if same:
+        raise UserInputError(f"benchmark analysis pair [{same[0][0]}, {same[0][1]}] compares a method with itself")
 
 
 def method_configs(spec: BenchmarkSpec, overrides: list[str]) -> dict[str, config_module.Config]:

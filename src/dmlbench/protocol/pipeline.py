@@ -93,7 +93,7 @@ class Prepared:
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically."""
         return {
-            "spec": self.spec.model_dump(mode="json"),
+            "spec": self.spec.model_dump(mode="json", exclude={"analysis"}),
             "overrides": list(self.overrides),
             "protocol": self.spec.protocol.model_dump(mode="json"),
             "methods": [method.name for method in self.spec.methods],
@@ -261,10 +261,15 @@ def _completed_runs(output_dir: Path) -> int:
 def _start(prepared: Prepared) -> None:
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
     path = prepared.output_dir / BENCHMARK_FILE
+    analysis = prepared.spec.analysis.model_dump(mode="json")
     if not path.exists():
-        records.write_json(path, {**prepared.description(), "storage": prepared.redacted,
+        records.write_json(path, {**prepared.description(), "analysis": analysis, "storage": prepared.redacted,
                                   "config_hash": prepared.config_hash,
                                   "git_commit": records.git_commit(), "created": records.now()})
+        return
+    stored = records.read_json(path)
+    if stored.get("analysis") != analysis:  # report-only settings: the latest config's apply
+        records.write_json(path, {**stored, "analysis": analysis})
 
 
 def run_search_stage(prepared: Prepared, *, progress: bool = True) -> dict[str, Any]:

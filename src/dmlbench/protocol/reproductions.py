@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
-from dmlbench.evaluation import COUNT_KEYS, evaluate_many
+from dmlbench.evaluation import COUNT_KEYS, embedding_space, evaluate_many
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import DEFAULT_K, fold_layout
 from dmlbench.protocol import work
@@ -52,7 +52,7 @@ from dmlbench.protocol.storage import redact
 from dmlbench.protocol.search_space import apply_assignment
 from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
 from dmlbench.training import records, train
-from dmlbench.training.runs import embed_test_split, query_mask, test_query_mask
+from dmlbench.training.runs import embed_run, embed_test_split, query_mask, test_query_mask
 from dmlbench.training.setup import load_dataset
 
 STAGE = "reproduction"
@@ -90,6 +90,8 @@ class ReproductionOutcome:
     run_dirs: list[str]
     scores: dict[str, dict[str, float]] | None = None  # mode -> metric -> value
     reason: str | None = None
+    # Per fold model: rho, pi_intra, pi_inter, pi_ratio on its training classes (``training_space``).
+    embedding_space: list[dict[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -193,6 +195,7 @@ class MethodReproduction:
                     })
                     curves.append(validation_curves(run_dir))
                 attributes["curves"] = curves
+                attributes["embedding_space"] = [training_space(run_dir) for run_dir in run_dirs]
                 scores = _test_scores(directory, run_dirs, seed, self.config.evaluation.metrics)
             except (RunInterrupted, KeyboardInterrupt):
                 work.interrupt(self.study, trial)
@@ -284,7 +287,8 @@ def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, An
         run_dirs = [str(Path(output_dir) / run_dir) for run_dir in attrs.get("run_dirs", [])]
         scores = attrs.get("scores") if trial.state == TrialState.COMPLETE else None
         result.outcomes.append(ReproductionOutcome(int(attrs["slot"]), int(attrs["seed"]), run_dirs, scores,
-                                                   None if scores is not None else attrs.get("fail_reason")))
+                                                   None if scores is not None else attrs.get("fail_reason"),
+                                                   list(attrs.get("embedding_space", []))))
     return result
 
 
@@ -349,6 +353,14 @@ def _train_once(config: config_module.Config, run_dir: Path, progress: bool, rec
     if run_file.exists() and records.read_json(run_file).get("status") == "completed":
         return
     train(config, run_dir, resume=run_file.exists(), progress=progress, record=record)
+
+
+def training_space(run_dir: Path) -> dict[str, float]:
+    """rho and the pi ratios of a fold model's best checkpoint on its own training classes (Roth et
+    al. 2020 §5 compute them on the embedded training data, not the test data; ``drop=1``, no centring)."""
+    embeddings, labels = embed_run(run_dir, "train")
+    space = embedding_space.analyze(embeddings, labels)
+    return {key: float(space[key]) for key in ("rho", "pi_intra", "pi_inter", "pi_ratio")}
 
 
 def _test_scores(
