@@ -28,6 +28,8 @@ class MethodSpec(BaseModel):
 class ProtocolSpec(BaseModel):
     """The budget and machinery of the protocol, the same for every method.
 
+    ``startup_trials``: trials drawn at random before the sampler models the objective (``None``:
+    Optuna's default, 10; with a budget of 10 trials or fewer the search would otherwise be random);
     ``epochs``: every run's maximum epochs (``None``: the methods' common ``training.epochs``);
     ``patience``: early stopping after this many evaluations without improvement; reproduction
     ``r`` trains with seed ``first_seed + r`` (never the search's seed); ``pruner``: ``none`` or
@@ -44,6 +46,7 @@ class ProtocolSpec(BaseModel):
     epochs: int | None = Field(None, ge=1)
     patience: int | None = Field(None, ge=1)
     sampler: str = "gp"
+    startup_trials: int | None = Field(None, ge=1)
     pruner: str = "none"
     search_seed: int = Field(0, ge=0)
     reproductions: int = Field(3, ge=1)

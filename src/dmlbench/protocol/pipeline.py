@@ -132,7 +132,8 @@ def prepare(
     search = SearchSettings(
         trials=protocol.trials, folds=protocol.folds, fold_mode=protocol.fold_mode, epochs=protocol.epochs,
         patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed, storage=url,
-        pruner=protocol.pruner, parallel_trials=protocol.parallel_trials, frozen_trunk=protocol.frozen_trunk,
+        pruner=protocol.pruner, startup_trials=protocol.startup_trials, parallel_trials=protocol.parallel_trials,
+        frozen_trunk=protocol.frozen_trunk,
     )
     reproduction = ReproductionSettings(
         reproductions=protocol.reproductions, first_seed=protocol.first_seed, folds=protocol.folds,

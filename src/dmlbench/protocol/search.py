@@ -85,6 +85,7 @@ class SearchSettings:
     seed: int = 0
     storage: str | None = None
     pruner: str = "none"
+    startup_trials: int | None = None
     parallel_trials: int = 1
     frozen_trunk: bool = False
 
@@ -132,9 +133,10 @@ def make_sampler(settings: SearchSettings, seed: int | None = None) -> optuna.sa
     """The seeded sampler: ``GPSampler`` (Bayesian optimisation, seed 001 §3.3) or ``TPESampler``;
     ``seed`` replaces ``settings.seed`` (``run_search`` seeds one sampler per trial, ``trial_seed``)."""
     seed = settings.seed if seed is None else seed
+    startup = {} if settings.startup_trials is None else {"n_startup_trials": settings.startup_trials}
     if settings.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
-    return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False, **startup)
+    return optuna.samplers.TPESampler(seed=seed, **startup)
 
 
 def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:

@@ -310,7 +310,8 @@ def _parameters(data: ReportData) -> list[tuple[str, str]]:
         ("budget per method", f"{protocol['trials']} trials x {protocol['folds']} folds, then "
                               f"{protocol['reproductions']} reproductions x {protocol['folds']} folds; at most {epochs} epochs per run"),
         ("folds", f"{protocol['folds']} class-disjoint ({protocol['fold_mode']}) on the development classes"),
-        ("search", f"Optuna {protocol['sampler']} sampler, seed {protocol['search_seed']}, objective fold-mean "
+        ("search", f"Optuna {protocol['sampler']} sampler, seed {protocol['search_seed']}, "
+                   f"{_startup(protocol.get('startup_trials'))} random start-up trials, objective fold-mean "
                    f"validation MAP@R, pruning: {protocol.get('pruner', 'none')}"),
         ("early stopping patience", str(protocol["patience"])),
         ("reproduction seeds", f"{protocol['first_seed']}..{protocol['first_seed'] + protocol['reproductions'] - 1}"),
@@ -323,6 +324,10 @@ def _parameters(data: ReportData) -> list[tuple[str, str]]:
         ("frozen-trunk feature cache", "used: the search trained only heads on cached trunk features (one trunk per fold); "
                                        "the reproductions trained full models" if protocol.get("frozen_trunk") else "not used"),
     ]
+
+
+def _startup(startup_trials: int | None) -> str:
+    return "Optuna's default number of" if startup_trials is None else str(startup_trials)
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
