@@ -33,6 +33,9 @@ METHODS = [
 ]
 
 
+ANALYSIS = {"references": ["contrastive"], "pairs": [["triplet", "contrastive"]]}
+
+
 def write_spec(path: Path, **changes: object) -> Path:
     spec = {"base": BASE, "protocol": PROTOCOL, "methods": METHODS, **changes}
     path.write_text(yaml.safe_dump(spec))
@@ -43,7 +46,7 @@ def write_spec(path: Path, **changes: object) -> Path:
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny benchmark, run once for the tests of this module."""
     directory = tmp_path_factory.mktemp("bench")
-    spec = write_spec(directory / "bench.yaml")
+    spec = write_spec(directory / "bench.yaml", analysis=ANALYSIS)
     result = subprocess.run([console_script(), "benchmark", str(spec), "-o", str(directory / "out")],
                             capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -74,13 +77,62 @@ def test_benchmark_writes_the_report_and_records_every_run(finished: Path) -> No
     assert len(accesses) == 3 * PROTOCOL["reproductions"]  # two methods and the untrained baseline
 
 
+def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
+    report = (finished / "report.md").read_text()
+    for text in ("## Saturation: every method against the references", "## Treated against control",
+                 "| triplet − contrastive | concatenated | P@1 | 2 |", "## Embedding space against test P@1",
+                 "## Concatenated against separated", "this report was written by git commit",
+                 "(references in red, the untrained baseline in grey)](forest.png)"):
+        assert text in report, text
+    for name in ("forest.png", "rho_vs_precision_at_1.png", "search.png", "validation_curves.png"):
+        assert (finished / name).read_bytes().startswith(b"\x89PNG"), name
+    rows = (finished / "embedding_space.csv").read_text().splitlines()
+    assert rows[0] == "method,reproduction,seed,fold,rho,pi_intra,pi_inter,pi_ratio"
+    # two methods x two reproductions x two fold models; the untrained baseline has none
+    assert len(rows) == 1 + 2 * 2 * 2
+    for row in rows[1:]:
+        method, _, seed, _, rho, _, _, pi_ratio = row.split(",")
+        assert method in ("triplet", "contrastive") and int(seed) in (100, 101)
+        assert 0.0 < float(rho) < 5.0 and 0.0 < float(pi_ratio) < 5.0
+    comparisons = (finished / "claim_comparisons.csv").read_text().splitlines()
+    assert comparisons[0].startswith("family,mode,metric,a,b,n,mean_difference,difference_ci_low")
+    assert {line.split(",")[0] for line in comparisons[1:]} == {"reference:contrastive", "pairs"}
+
+
 def test_report_rebuilds_the_same_csv_bytes_from_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = {name: (finished / name).read_bytes() for name in ("results.csv", "runs.csv", "comparisons.csv")}
+    before = {name: (finished / name).read_bytes() for name in ("results.csv", "runs.csv", "comparisons.csv",
+                                                                 "claim_comparisons.csv", "correlations.csv",
+                                                                 "embedding_space.csv", "rankings.csv")}
     for name in before:
         (finished / name).unlink()
     code, _, err = run_cli(["report", str(finished)], capsys)
     assert code == 0, err
     assert {name: (finished / name).read_bytes() for name in before} == before
+    published = tmp_path / "published"
+    code, _, err = run_cli(["report", str(finished), "-o", str(published)], capsys)
+    assert code == 0, err
+    assert {name: (published / name).read_bytes() for name in before} == before
+    assert not list(published.glob("*.pt")) and not (published / "study.db").exists() and (published / "report.html").is_file()
+    for name in ("benchmark.json", "test_access.jsonl"):
+        assert (published / name).read_bytes() == (finished / name).read_bytes()
+
+
+def test_a_changed_analysis_section_resumes_and_is_used(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
+    benchmark = json.loads((copy / "benchmark.json").read_text())
+    benchmark["storage"] = f"sqlite:///{copy.resolve() / 'study.db'}"
+    (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    spec = write_spec(tmp_path / "bench.yaml", analysis={"references": ["triplet"]})
+    code, _, err = run_cli(["benchmark", str(spec), "-o", str(copy), "-q"], capsys)
+    assert code == 0, err  # report-only settings are outside the config hash: nothing is re-run
+    assert json.loads((copy / "benchmark.json").read_text())["analysis"] == {"references": ["triplet"], "pairs": []}
+    code, _, err = run_cli(["report", str(copy)], capsys)
+    assert code == 0, err
+    report = (copy / "report.md").read_text()
+    assert "Every method against `triplet`" in report and "Treated against control" not in report
 
 
 def test_audit_passes_then_names_a_planted_leak(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,6 +168,9 @@ def test_report_and_audit_of_a_directory_without_a_study_exit_2(tmp_path: Path, 
         ({"methods": [{**METHODS[0], "search": {"loss.params.nope": {"low": 0.1, "high": 0.5}}}]}, [], "nope"),
         ({"protocol": {**PROTOCOL, "folds": 30}}, [], "30 folds need at least 30 development classes"),
         ({"protocol": {**PROTOCOL, "first_seed": 0}}, [], "first_seed"),
+        ({"analysis": {"references": ["nosuch"]}}, [], "benchmark analysis names 'nosuch', which is not a method"),
+        ({"analysis": {"pairs": [["triplet", "triplet"]]}}, [], "compares a method with itself"),
+        ({"protocol": {**PROTOCOL, "startup_trials": 0}}, [], "protocol.startup_trials"),
         ({}, ["--storage", "sqlite:////nonexistent-dir/x.db"], "does not exist"),
         ({}, ["--storage", "postgresql://127.0.0.1:1/none"], "cannot be reached"),
     ],

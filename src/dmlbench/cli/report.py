@@ -19,14 +19,15 @@ def register(app: typer.Typer) -> None:
 def report_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A benchmark output directory.", show_default=False)],
     storage: Annotated[Optional[str], typer.Option("--storage", help="Read this storage URL instead of the one DIR/benchmark.json records.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report files here instead of DIR (a folder to publish: no checkpoints, no database).")] = None,
 ) -> None:
-    """Rebuild report.md, report.html, results.csv, runs.csv, comparisons.csv and results.tex from storage.
+    """Rebuild report.md, report.html, results.csv, runs.csv, comparisons.csv, the claim CSVs, the plots and results.tex from storage.
 
     Exit codes: 0 written, 2 no benchmark study in DIR.
     """
     from dmlbench.report import write_report
 
-    paths = write_report(directory, storage)
+    paths = write_report(directory, storage, output)
     for path in paths.values():
         typer.echo(str(path))
 

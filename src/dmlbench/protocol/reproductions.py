@@ -471,6 +471,12 @@ def compare_reproductions(
     """Every pair of methods on one mode and metric, reproductions paired by seed (``statistics.compare_methods``:
     paired t-test, Wilcoxon signed-rank, Holm across the pairs, Cohen's d_z). Only seeds that every
     method scored are compared, so a failed reproduction removes its seed from all methods."""
+    return compare_methods(seed_scores(results, mode, metric))
+
+
+def seed_scores(results: Mapping[str, MethodReproductions], mode: str, metric: str) -> dict[str, dict[int, float]]:
+    """``method -> seed -> score`` on one mode and metric, for the seeds that every method scored
+    (a failed reproduction removes its seed from all methods, so every comparison stays paired)."""
     if mode not in MODES:
         raise UserInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     scores: dict[str, dict[int, float]] = {}
@@ -483,7 +489,7 @@ def compare_reproductions(
                 raise UserInputError(f"metric {metric!r} was not computed; computed: {', '.join(outcome.scores[mode])}")
             scores[method][outcome.seed] = outcome.scores[mode][metric]
     common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
-    return compare_methods({method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()})
+    return {method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()}
 
 
 def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) -> tuple[Path, Path]:

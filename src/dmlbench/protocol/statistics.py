@@ -1,5 +1,5 @@
 """Statistics over reproductions: t-intervals, paired tests with Holm correction, effect sizes,
-lag-one autocorrelation.
+lag-one autocorrelation, correlations with bootstrap intervals, rank agreement.
 
 Musgrave et al. 2020 (seed 001) §3.3-§4 report the mean of 10 reproductions with a 95% confidence
 interval; this module computes that interval with the Student-t distribution
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,8 @@ class PairedComparison:
     """Method ``a`` against method ``b`` on reproductions paired by seed (``difference = a - b``).
 
     ``t_pvalue_holm`` / ``wilcoxon_pvalue_holm`` are Holm-adjusted across every pair compared in the
-    same call of ``compare_methods`` (equal to the raw p-values from ``paired_comparison`` alone).
+    same call of ``compare_methods`` / ``compare_pairs`` (equal to the raw p-values from
+    ``paired_comparison`` alone).
     """
 
     a: str
@@ -59,6 +61,8 @@ class PairedComparison:
     cohen_dz: float
     t_pvalue_holm: float
     wilcoxon_pvalue_holm: float
+    difference_low: float  # the 95% Student-t interval of the mean difference
+    difference_high: float
 
 
 def _values(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
@@ -157,10 +161,12 @@ def paired_comparison(
         w_statistic, w_pvalue = float(w_result.statistic), float(w_result.pvalue)
         if math.isnan(t_pvalue):  # constant non-zero differences: infinitely strong evidence for the t-test
             t_statistic, t_pvalue = math.copysign(math.inf, float(differences.mean())), 0.0
+    interval = mean_interval(differences)
     return PairedComparison(
         a=names[0], b=names[1], n=int(x.size), mean_difference=float(differences.mean()),
         t_statistic=t_statistic, t_pvalue=t_pvalue, wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
         cohen_dz=cohen_dz(differences), t_pvalue_holm=t_pvalue, wilcoxon_pvalue_holm=w_pvalue,
+        difference_low=interval.low, difference_high=interval.high,
     )
 
 
@@ -173,13 +179,112 @@ def compare_methods(scores: Mapping[str, Mapping[int, float]]) -> list[PairedCom
     names = list(scores)
     if len(names) < 2:
         raise UserInputError("comparing methods needs at least two methods")
-    raw = [paired_comparison(scores[a], scores[b], (a, b)) for a, b in itertools.combinations(names, 2)]
+    return compare_pairs(scores, list(itertools.combinations(names, 2)))
+
+
+def compare_pairs(scores: Mapping[str, Mapping[int, float]], pairs: Sequence[tuple[str, str]]) -> list[PairedComparison]:
+    """The given ``(a, b)`` pairs of methods, each paired by seed; Holm's correction across exactly these
+    pairs, separately for the t-test and for Wilcoxon (a smaller family than ``compare_methods``'s,
+    e.g. every method against one reference)."""
+    unknown = sorted({name for pair in pairs for name in pair} - set(scores))
+    if unknown:
+        raise UserInputError(f"no scores for method {unknown[0]!r}")
+    if not pairs:
+        return []
+    raw = [paired_comparison(scores[a], scores[b], (a, b)) for a, b in pairs]
     t_holm = holm([comparison.t_pvalue for comparison in raw])
     w_holm = holm([comparison.wilcoxon_pvalue for comparison in raw])
     return [
         PairedComparison(**{**vars(comparison), "t_pvalue_holm": t_adj, "wilcoxon_pvalue_holm": w_adj})
         for comparison, t_adj, w_adj in zip(raw, t_holm, w_holm)
     ]
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """A correlation coefficient of ``n`` points, its p-value (no correlation, two-sided, from
+    ``scipy.stats``) and a percentile bootstrap interval over resampled points."""
+
+    kind: str  # "pearson" | "spearman"
+    n: int
+    estimate: float
+    pvalue: float
+    low: float
+    high: float
+    confidence: float = DEFAULT_CONFIDENCE
+
+
+def _pearson(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    x = x - x.mean(axis=axis, keepdims=True)
+    y = y - y.mean(axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a constant resample has no correlation: NaN
+        return (x * y).sum(axis=axis) / np.sqrt((x * x).sum(axis=axis) * (y * y).sum(axis=axis))
+
+
+def _spearman(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return _pearson(stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis), axis=axis)
+
+
+def correlation(
+    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, kind: str = "pearson", *,
+    resamples: int = 9999, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
+) -> Correlation:
+    """Pearson or Spearman correlation of paired points with a seeded percentile bootstrap interval
+    (``scipy.stats.bootstrap``, points resampled in pairs). Resamples whose values are all equal have
+    no correlation and are left out of the percentiles."""
+    first, second = _values(x, "x"), _values(y, "y")
+    if first.size != second.size:
+        raise UserInputError(f"x and y must have the same length, got {first.size} and {second.size}")
+    if first.size < 3:
+        raise UserInputError(f"a correlation needs at least 3 points, got {first.size}")
+    if kind not in ("pearson", "spearman"):
+        raise UserInputError(f"correlation kind must be pearson or spearman, got {kind!r}")
+    if np.ptp(first) == 0.0 or np.ptp(second) == 0.0:
+        raise UserInputError("a correlation needs points that are not all equal in x and in y")
+    test = stats.pearsonr(first, second) if kind == "pearson" else stats.spearmanr(first, second)
+    statistic = _pearson if kind == "pearson" else _spearman
+    rng = np.random.default_rng(seed)
+    # The resampling distribution, drawn the way scipy.stats.bootstrap draws it (paired indices),
+    # so that degenerate resamples can be dropped instead of turning the interval into NaN.
+    with warnings.catch_warnings():  # scipy's note on degenerate resamples: handled below
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        distribution = stats.bootstrap((first, second), statistic, paired=True, vectorized=True, n_resamples=resamples,
+                                       confidence_level=confidence, method="percentile",
+                                       random_state=rng).bootstrap_distribution
+    finite = distribution[np.isfinite(distribution)]
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = (float(v) for v in np.percentile(finite, [tail, 100.0 - tail])) if finite.size else (math.nan, math.nan)
+    return Correlation(kind, int(first.size), float(test.statistic), float(test.pvalue), low, high, confidence)
+
+
+@dataclass(frozen=True)
+class RankAgreement:
+    """Kendall's tau between two rankings of the same methods, its p-value, and each method's ranks."""
+
+    tau: float
+    pvalue: float
+    ranks: dict[str, tuple[int, int]]  # method -> (rank in the first, rank in the second), 1 = best
+
+    @property
+    def changed(self) -> list[str]:
+        return [name for name, (first, second) in self.ranks.items() if first != second]
+
+
+def rank_agreement(first: Mapping[str, float], second: Mapping[str, float]) -> RankAgreement:
+    """How far two scorings of the same methods rank them alike (higher is better; ties by name order)."""
+    if set(first) != set(second):
+        raise UserInputError(f"rankings must cover the same methods; unmatched: {sorted(set(first) ^ set(second))}")
+    names = list(first)
+    if len(names) < 2:
+        raise UserInputError("a ranking needs at least two methods")
+
+    def ranks(scores: Mapping[str, float]) -> dict[str, int]:
+        order = sorted(range(len(names)), key=lambda index: (-scores[names[index]], index))
+        return {names[index]: rank + 1 for rank, index in enumerate(order)}
+
+    a, b = ranks(first), ranks(second)
+    result = stats.kendalltau([first[name] for name in names], [second[name] for name in names])
+    return RankAgreement(float(result.statistic), float(result.pvalue), {name: (a[name], b[name]) for name in names})
 
 
 def lag_one_autocorrelation(series: Sequence[float] | np.ndarray) -> float:

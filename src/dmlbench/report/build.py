@@ -6,8 +6,10 @@ validation curves, cost) and its reproductions (test scores, validation curves, 
 untrained baseline. Nothing else is read, so the report is the same whichever worker writes it and
 on whichever machine (each worker of a multi-machine benchmark has its own run directories).
 Outputs: ``results.csv`` and ``runs.csv`` (``protocol.reproductions.write_results``: the same bytes
-whoever writes them), ``comparisons.csv``, ``report.md``, ``report.html`` (inline CSS, plots as base64
-PNG), ``results.tex`` (booktabs).
+whoever writes them), ``comparisons.csv`` (every pair of methods), the claim files of
+``report.analysis`` (``claim_comparisons.csv``, ``embedding_space.csv``, ``correlations.csv``,
+``rankings.csv``), the figures of ``report.plots`` as PNG files, ``report.md`` (linking them),
+``report.html`` (inline CSS, the figures embedded as base64 PNG), ``results.tex`` (booktabs).
 """
 
 from __future__ import annotations
@@ -22,16 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.reproductions import (
     MODES,
+    TEST_ACCESS_FILE,
     UNTRAINED,
     MethodReproductions,
     compare_reproductions,
     result_rows,
     write_results,
 )
-from dmlbench.protocol.statistics import PairedComparison, mean_lag_one_autocorrelation
+from dmlbench.protocol.statistics import Correlation, PairedComparison, mean_lag_one_autocorrelation
+from dmlbench.report import plots
+from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, analyse
 from dmlbench.training import records
 
 BENCHMARK_FILE = "benchmark.json"
@@ -39,7 +46,7 @@ LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
 METRIC_TITLES = {"precision_at_1": "P@1", "r_precision": "R-Precision", "map_at_r": "MAP@R"}
 CURVE_METRICS = ("precision_at_1", "map_at_r")
 COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
-                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz")
+                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high")
 
 
 @dataclass
@@ -55,6 +62,7 @@ class ReportData:
     comparisons: list[tuple[str, str, list[PairedComparison] | str]] = field(default_factory=list)
     reproduction_costs: dict[str, list[dict[str, Any] | None]] = field(default_factory=dict)
     reproduction_curves: dict[str, list[dict[str, list[float]]]] = field(default_factory=dict)
+    claims: Claims = field(default_factory=Claims)
 
 
 def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData:
@@ -145,6 +153,7 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
                 except UserInputError as error:
                     comparisons = str(error)
                 data.comparisons.append((mode, metric, comparisons))
+    data.claims = analyse(data.results, benchmark.get("analysis", {}), data.autocorrelation, _computed(data))
     return data
 
 
@@ -156,21 +165,40 @@ def _computed(data: ReportData) -> list[str]:
     return []
 
 
-def write_report(output_dir: Path, storage: str | None = None) -> dict[str, Path]:
-    """Write every report file of ``output_dir`` (see the module docstring); returns their paths."""
+def write_report(output_dir: Path, storage: str | None = None, destination: Path | None = None) -> dict[str, Path]:
+    """Write every report file of the benchmark in ``output_dir`` (see the module docstring) into
+    ``destination`` (default ``output_dir``, e.g. a folder to publish without checkpoints or the
+    database); returns their paths."""
     data = load_report_data(output_dir, storage)
-    output_dir = Path(output_dir)
+    source, output_dir = Path(output_dir), Path(destination or output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UserInputError(f"report destination {output_dir} is a file, not a directory")
+    output_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
+    if output_dir.resolve() != source.resolve():
+        # The records that make a published report checkable: the spec, fold layout and dataset hash,
+        # and every opening of the test data.
+        for name in (BENCHMARK_FILE, TEST_ACCESS_FILE):
+            if (source / name).is_file():
+                paths[name] = output_dir / name
+                records.atomic_write_text(paths[name], (source / name).read_text())
     if data.results:
         paths["results.csv"], paths["runs.csv"] = write_results(data.results, output_dir)
         paths["comparisons.csv"] = output_dir / "comparisons.csv"
         records.atomic_write_text(paths["comparisons.csv"], _comparisons_csv(data))
         paths["results.tex"] = output_dir / "results.tex"
         records.atomic_write_text(paths["results.tex"], _latex(data))
+    for name, text in _claim_csvs(data).items():
+        paths[name] = output_dir / name
+        records.atomic_write_text(paths[name], text)
+    figures = _figures(data)
+    for _, name, png in figures:
+        paths[name] = output_dir / name
+        records.atomic_write(paths[name], lambda stream, png=png: stream.write(png))
     paths["report.md"] = output_dir / "report.md"
-    records.atomic_write_text(paths["report.md"], _markdown(data))
+    records.atomic_write_text(paths["report.md"], _markdown(data, figures))
     paths["report.html"] = output_dir / "report.html"
-    records.atomic_write_text(paths["report.html"], _html(data))
+    records.atomic_write_text(paths["report.html"], _html(data, figures))
     return paths
 
 
@@ -217,6 +245,22 @@ COMPARISON_HEADER = ["mode", "metric", "pair", "n", "mean difference (%)", "pair
                      "Wilcoxon p (Holm)", "Cohen's d_z"]
 
 
+COMPARISON_NOTE = ("Reproductions paired by seed; Holm correction across the pairs of each mode and metric; "
+                   "Cohen's d_z of the differences.")
+SHOWN_PAIRS = 15  # more pairs than this are left to comparisons.csv: the page stays readable
+
+
+def _all_pairs_shown(data: ReportData) -> bool:
+    methods = len([name for name in data.results if name != UNTRAINED])
+    return methods * (methods - 1) // 2 <= SHOWN_PAIRS
+
+
+def _pairs_in_csv(data: ReportData) -> str:
+    methods = len([name for name in data.results if name != UNTRAINED])
+    return (f"All {methods * (methods - 1) // 2} pairs of the {methods} methods, per mode and metric, are in "
+            "`comparisons.csv` (Holm across all of them); the sections above compare with the references.")
+
+
 def _p(value: float) -> str:
     return "nan" if math.isnan(value) else f"{value:.3g}"
 
@@ -231,7 +275,7 @@ def _comparisons_csv(data: ReportData) -> str:
         for c in comparisons:
             writer.writerow([mode, metric, c.a, c.b, c.n, repr(c.mean_difference), repr(c.t_statistic),
                              repr(c.t_pvalue_holm), repr(c.wilcoxon_statistic), repr(c.wilcoxon_pvalue_holm),
-                             repr(c.cohen_dz)])
+                             repr(c.cohen_dz), repr(c.difference_low), repr(c.difference_high)])
     return stream.getvalue()
 
 
@@ -337,8 +381,8 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def _markdown(data: ReportData) -> str:
-    lines = ["# dmlbench benchmark report", ""]
+def _markdown(data: ReportData, figures: list[plots.Figure]) -> str:
+    lines = ["# dmlbench benchmark report", "", _provenance(data), ""]
     lines += ["Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); "
               "con. = concatenated fold models, sep. = separated (seed 001 §3.3). "
               "`untrained` is the baseline: the same models before any training step.", ""]
@@ -348,15 +392,29 @@ def _markdown(data: ReportData) -> str:
         lines += ["No reproduction has been scored yet (search stage only).", ""]
     if data.failed:
         lines += ["## Failed methods", ""] + [f"- {name}: {reason}" for name, reason in data.failed.items()] + [""]
+    for title, paragraphs, tables in _claim_sections(data):
+        lines += [f"## {title}", ""]
+        for paragraph in paragraphs:
+            lines += [paragraph, ""]
+        for header, rows in tables:
+            lines += _markdown_table(header, rows) + [""]
     if data.comparisons:
-        lines += ["## Paired comparisons", "", "Reproductions paired by seed; Holm correction across the pairs of "
-                  "each mode and metric; Cohen's d_z of the differences.", ""]
-        lines += _markdown_table(COMPARISON_HEADER, _comparison_rows(data)) + [""]
+        lines += ["## Paired comparisons", "", COMPARISON_NOTE, ""]
+        lines += _markdown_table(COMPARISON_HEADER, _comparison_rows(data)) + [""] if _all_pairs_shown(data) else [
+            _pairs_in_csv(data), ""]
     lines += ["## Budget and search", ""] + _markdown_table(BUDGET_HEADER, _budget_rows(data)) + [""]
     if _cost_rows(data):
         lines += ["## Cost", "", COST_NOTE, ""] + _markdown_table(COST_HEADER, _cost_rows(data)) + [""]
-    lines += ["## Protocol", ""] + _markdown_table(["parameter", "value"], [list(p) for p in _parameters(data)])
-    return "\n".join(lines) + "\n"
+    lines += ["## Protocol", ""] + _markdown_table(["parameter", "value"], [list(p) for p in _parameters(data)]) + [""]
+    lines += ["## Plots", ""] + [f"![{title}]({name})\n" for title, name, _ in figures]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _provenance(data: ReportData) -> str:
+    b = data.benchmark
+    return (f"Benchmark started at git commit `{b.get('git_commit')}` on dataset `{b['dataset']['name']}` "
+            f"(content hash `{b['dataset']['content_hash']}`); this report was written by git commit "
+            f"`{records.git_commit()}` from the stored studies.")
 
 
 def _latex(data: ReportData) -> str:
@@ -383,9 +441,10 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _html(data: ReportData) -> str:
+def _html(data: ReportData, figures: list[plots.Figure]) -> str:
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>dmlbench benchmark report</title>",
              f"<style>{CSS}</style></head><body><h1>dmlbench benchmark report</h1>",
+             f"<p>{_inline_html(_provenance(data))}</p>",
              "<p>Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); con. = concatenated, "
              "sep. = separated (seed 001 §3.3); <code>untrained</code> is the baseline.</p>"]
     if data.results:
@@ -393,53 +452,208 @@ def _html(data: ReportData) -> str:
     if data.failed:
         parts.append("<h2>Failed methods</h2><ul>" + "".join(
             f"<li>{html.escape(name)}: {html.escape(reason)}</li>" for name, reason in data.failed.items()) + "</ul>")
+    for title, paragraphs, tables in _claim_sections(data):
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        parts += [f"<p>{_inline_html(paragraph)}</p>" for paragraph in paragraphs]
+        parts += [_html_table(header, rows) for header, rows in tables]
     if data.comparisons:
-        parts.append("<h2>Paired comparisons</h2>" + _html_table(COMPARISON_HEADER, _comparison_rows(data)))
+        parts.append(f"<h2>Paired comparisons</h2><p>{html.escape(COMPARISON_NOTE)}</p>")
+        parts.append(_html_table(COMPARISON_HEADER, _comparison_rows(data)) if _all_pairs_shown(data)
+                     else f"<p>{_inline_html(_pairs_in_csv(data))}</p>")
     parts.append("<h2>Budget and search</h2>" + _html_table(BUDGET_HEADER, _budget_rows(data)))
     if _cost_rows(data):
         parts.append(f"<h2>Cost</h2><p>{html.escape(COST_NOTE)}</p>" + _html_table(COST_HEADER, _cost_rows(data)))
     parts.append("<h2>Protocol</h2>" + _html_table(["parameter", "value"], [list(p) for p in _parameters(data)]))
     parts.append("<h2>Plots</h2>")
-    for title, image in _plots(data):
+    for title, _, png in figures:
+        image = base64.b64encode(png).decode()
         parts.append(f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{image}'>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
-def _plots(data: ReportData) -> list[tuple[str, str]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    plots = []
-    figure, axes = pyplot.subplots(figsize=(7, 4))
-    for method in data.methods:
-        points = [(t["number"], t["value"]) for t in data.trials.get(method, []) if t["state"] == "COMPLETE"]
-        if points:
-            numbers, values = zip(*points)
-            axes.plot(numbers, values, marker="o", label=method)
-    axes.set_xlabel("trial")
-    axes.set_ylabel("fold-mean validation MAP@R")
-    axes.legend(fontsize="small")
-    plots.append(("Search objective over trials", _png(figure, pyplot)))
-    figure, axes = pyplot.subplots(figsize=(7, 4))
-    for method in data.methods:
-        curves = [curve for curve in data.curves.get(method, {}).get("reproduction", []) if curve]
-        if curves:
-            length = max(len(curve) for curve in curves)
-            mean = [sum(c[i] for c in curves if len(c) > i) / sum(1 for c in curves if len(c) > i) for i in range(length)]
-            axes.plot(range(length), mean, marker=".", label=method)
-    axes.set_xlabel("evaluation (0 = untrained)")
-    axes.set_ylabel("validation MAP@R (mean over reproduction runs)")
-    axes.legend(fontsize="small")
-    plots.append(("Validation curves of the reproductions", _png(figure, pyplot)))
-    return plots
+def _inline_html(text: str) -> str:
+    """Markdown's inline code spans as ``<code>``, everything else escaped."""
+    pieces = html.escape(text).split("`")
+    return "".join(f"<code>{piece}</code>" if index % 2 else piece for index, piece in enumerate(pieces))
 
 
-def _png(figure: Any, pyplot: Any) -> str:
-    stream = io.BytesIO()
-    figure.tight_layout()
-    figure.savefig(stream, format="png", dpi=80, metadata={"Software": None})
-    pyplot.close(figure)
-    return base64.b64encode(stream.getvalue()).decode()
+def _figures(data: ReportData) -> list[plots.Figure]:
+    figures = [plots.search_figure(data.methods, data.trials),
+               plots.curves_figure(data.methods, {m: c.get("reproduction", []) for m, c in data.curves.items()})]
+    metrics = [metric for metric in ("precision_at_1", "map_at_r") if metric in _computed(data)]
+    rows = result_rows(data.results)
+    if rows and metrics:
+        references = list(data.benchmark.get("analysis", {}).get("references", []))
+        figures.append(plots.forest_figure(rows, metrics, METRIC_TITLES, references))
+    if data.claims.points:
+        figures.append(plots.space_figure(data.claims.points))
+    return figures
+
+
+# ---------------------------------------------------------------- the seeds' claims
+
+CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
+                 "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz")
+CORRELATION_COLUMNS = ("quantity", "test_metric", "mode", "level", "n", "kind", "estimate", "pvalue", "ci_low", "ci_high")
+SPACE_COLUMNS = ("method", "reproduction", "seed", "fold", "rho", "pi_intra", "pi_inter", "pi_ratio")
+RANKING_COLUMNS = ("metric", "method", "rank_concatenated", "rank_separated")
+
+
+def _claim_csvs(data: ReportData) -> dict[str, str]:
+    """``claim_comparisons.csv`` (against the references and the pairs), ``embedding_space.csv`` (every
+    fold model's rho and pi on its training classes), ``correlations.csv``, ``rankings.csv``."""
+    claims = data.claims
+    comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
+    comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
+    space = [[name, outcome.reproduction, outcome.seed, fold, *(repr(values[key]) for key in SPACE_COLUMNS[4:])]
+             for name, result in data.results.items() for outcome in result.outcomes
+             for fold, values in enumerate(outcome.embedding_space)]
+    correlations = [[c.quantity, "precision_at_1", c.mode, c.level, statistic.n, statistic.kind, repr(statistic.estimate),
+                     repr(statistic.pvalue), repr(statistic.low), repr(statistic.high)]
+                    for c in claims.correlations for statistic in (c.pearson, c.spearman)]
+    rankings = [[metric, name, first, second] for metric, agreement in claims.rankings
+                for name, (first, second) in agreement.ranks.items()]
+    tables = {
+        "claim_comparisons.csv": (CLAIM_COLUMNS, [
+            [family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
+                c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm,
+                c.wilcoxon_pvalue, c.wilcoxon_pvalue_holm, c.cohen_dz))] for family, mode, metric, c in comparisons]),
+        "embedding_space.csv": (SPACE_COLUMNS, space),
+        "correlations.csv": (CORRELATION_COLUMNS, correlations),
+        "rankings.csv": (RANKING_COLUMNS, rankings),
+    }
+    texts = {}
+    for name, (columns, rows) in tables.items():
+        if not rows:
+            continue
+        stream = io.StringIO()
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+        texts[name] = stream.getvalue()
+    return texts
+
+
+Section = tuple[str, list[str], list[tuple[list[str], list[list[str]]]]]  # title, paragraphs, tables
+
+
+def _claim_sections(data: ReportData) -> list[Section]:
+    claims = data.claims
+    sections = []
+    if claims.references:
+        sections.append(_saturation_section(claims))
+    if claims.pairs:
+        sections.append(_pairs_section(claims))
+    if claims.correlations:
+        sections.append(_space_section(claims))
+    if any(claims.autocorrelation.values()):
+        sections.append(_autocorrelation_section(claims))
+    if claims.rankings:
+        sections.append(_ranking_section(claims))
+    if claims.notes and sections:
+        sections.append(("Analysis notes", ["\n".join(f"- {note}" for note in claims.notes)], []))
+    return sections
+
+
+def _difference(c: PairedComparison) -> str:
+    interval = "" if math.isnan(c.difference_low) else f" [{100 * c.difference_low:+.2f}, {100 * c.difference_high:+.2f}]"
+    return f"{100 * c.mean_difference:+.2f}{interval}"
+
+
+def _saturation_section(claims: Claims) -> Section:
+    references = list(dict.fromkeys(r.reference for r in claims.references))
+    paragraphs = [
+        f"Every method against {' and '.join(f'`{r}`' for r in references)}, paired by reproduction seed; "
+        f"differences in percentage points with their 95% interval; *indistinguishable* = Holm-adjusted "
+        f"paired t-test p ≥ {ALPHA} (Holm across the methods compared with one reference, per mode and "
+        "metric). With 5 or fewer pairs the Wilcoxon test cannot go below p = 0.0625, so it is reported "
+        "in `claim_comparisons.csv` but does not decide."]
+    summary_rows = []
+    for mode, metric in dict.fromkeys((r.mode, r.metric) for r in claims.references):
+        group = [r for r in claims.references if (r.mode, r.metric) == (mode, metric)]
+        others = [c.a for c in group[0].comparisons if c.a not in references]
+        alike = [name for name in others if all(name in r.indistinguishable for r in group)]
+        summary_rows.append([mode, METRIC_TITLES[metric], str(len(others)), str(len(alike)),
+                             *(_counts(r) for r in group),
+                             " / ".join(_gap(r, max) for r in group), " / ".join(_gap(r, min) for r in group)])
+    header = (["mode", "metric", "methods (not references)", "indistinguishable from every reference"]
+              + [f"vs {r}: alike / better / worse" for r in references]
+              + ["largest difference (per reference)", "most negative difference (per reference)"])
+    detail_header = ["method"] + [f"{METRIC_TITLES[metric]} (con.) − {reference}" for reference in references
+                                  for metric in ("precision_at_1", "map_at_r")]
+    detail = {}
+    for r in claims.references:
+        if r.mode != "concatenated":
+            continue
+        for c in r.comparisons:
+            cell = f"{_difference(c)} p={_p(c.t_pvalue_holm)}"
+            detail.setdefault(c.a, {})[(r.reference, r.metric)] = cell
+    detail_rows = [[name] + [cells.get((reference, metric), "-") for reference in references
+                             for metric in ("precision_at_1", "map_at_r")] for name, cells in detail.items()]
+    return ("Saturation: every method against the references (seed 001)", paragraphs,
+            [(header, summary_rows), (detail_header, detail_rows)])
+
+
+def _counts(summary: ReferenceSummary) -> str:
+    return f"{len(summary.indistinguishable)} / {len(summary.better)} / {len(summary.worse)}"
+
+
+def _gap(summary: ReferenceSummary, pick: Any) -> str:
+    if not summary.comparisons:
+        return "-"
+    c = pick(summary.comparisons, key=lambda comparison: comparison.mean_difference)
+    return f"{c.a} {_difference(c)}"
+
+
+def _pairs_section(claims: Claims) -> Section:
+    rows = [[f"{c.a} − {c.b}", mode, METRIC_TITLES[metric], str(c.n), _difference(c), _p(c.t_pvalue_holm),
+             _p(c.wilcoxon_pvalue_holm), f"{c.cohen_dz:.2f}"]
+            for mode, metric, comparisons in claims.pairs for c in comparisons]
+    return ("Treated against control (e.g. rho-regularisation, seed 003 §5.1)",
+            ["Paired by reproduction seed; differences in percentage points with their 95% interval; "
+             "Holm across the pairs of each mode and metric."],
+            [(["pair", "mode", "metric", "n", "difference (%)", "paired t p (Holm)", "Wilcoxon p (Holm)", "Cohen's d_z"], rows)])
+
+
+def _correlation_cell(c: Correlation) -> str:
+    return f"{c.estimate:+.2f} [{c.low:+.2f}, {c.high:+.2f}] p={_p(c.pvalue)}"
+
+
+def _space_section(claims: Claims) -> Section:
+    rows = [[c.quantity, c.mode, c.level, str(c.pearson.n), _correlation_cell(c.pearson), _correlation_cell(c.spearman)]
+            for c in claims.correlations]
+    return ("Embedding space against test P@1 (seed 003 §5, Fig. 5)",
+            ["rho (spectral decay, drop 1, no centring) and pi_ratio of each fold model's best checkpoint on its "
+             "own training classes, averaged over the reproduction's fold models, against the reproduction's "
+             "test P@1 (separated: the mean of the same fold models' P@1). Correlation with its 95% percentile "
+             "bootstrap interval (9,999 resamples, seed 0) and p-value. A reproduction's points share their "
+             "method's hyper-parameters, so the run-level points are not independent."],
+            [(["quantity", "test P@1 mode", "points", "n", "Pearson r [95% CI]", "Spearman rho_s [95% CI]"], rows)])
+
+
+def _autocorrelation_section(claims: Claims) -> Section:
+    rows = []
+    for metric, values in claims.autocorrelation.items():
+        if values:
+            rows.append([METRIC_TITLES[metric], str(len(values)), f"{np.mean(values):.2f}",
+                         f"{min(values):.2f} .. {max(values):.2f}", {"precision_at_1": "0.73", "map_at_r": "0.81"}[metric]])
+    return ("Lag-one autocorrelation of the validation curves (seed 001 §3.2)",
+            ["Per method the mean over its search and reproduction runs' validation curves (evaluation 0, the "
+             "untrained model, included), then the mean over the methods."],
+            [(["validation metric", "methods", "mean", "range over methods", "seed 001"], rows)])
+
+
+def _ranking_section(claims: Claims) -> Section:
+    rows = []
+    for metric, agreement in claims.rankings:
+        order = lambda index: [n for n, _ in sorted(agreement.ranks.items(), key=lambda item: item[1][index])][:3]  # noqa: E731
+        changed = ", ".join(f"{name} {first}→{second}" for name, (first, second) in agreement.ranks.items()
+                            if first != second) or "none"
+        rows.append([METRIC_TITLES[metric], f"{agreement.tau:.2f} (p={_p(agreement.pvalue)})", changed,
+                     ", ".join(order(0)), ", ".join(order(1))])
+    return ("Concatenated against separated (seed 001 §3.3)",
+            ["Ranks of the methods' means (1 = best), Kendall's tau between the two rankings."],
+            [(["metric", "Kendall tau", "rank changes (con.→sep.)", "top 3 con.", "top 3 sep."], rows)])
+
+

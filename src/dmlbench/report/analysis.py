@@ -1,0 +1,192 @@
+"""What a benchmark's reproductions say about the seeds' claims; computed here, rendered by ``report.build``.
+
+* **References** (seed 001 §4: under a fair protocol the newer losses barely beat the classic
+  ones): every scored method against each method of ``analysis.references``, paired by reproduction
+  seed, Holm-corrected across the methods compared with that reference, per mode and metric. A
+  method is *indistinguishable* from the reference when the Holm-adjusted paired t-test gives
+  p >= 0.05. The t-test decides because with n <= 5 pairs the two-sided Wilcoxon signed-rank test
+  cannot reach p < 0.0625; its p-values are reported beside.
+* **Pairs** (``analysis.pairs``, e.g. a rho-regularised loss against the same loss, seed 003 §5.1):
+  ``treated - control`` paired by seed, Holm-corrected across the pairs per mode and metric.
+* **Embedding space against test** (seed 003 §5, Fig. 5): per reproduction, the mean over its fold
+  models of rho and pi_ratio on their own training classes (``protocol.reproductions.training_space``)
+  against the reproduction's test P@1; *separated* P@1 is the mean of the same fold models' P@1, so
+  it matches the averaging of rho. Pearson and Spearman with a seeded bootstrap interval, over all
+  reproductions of all methods and over the methods' means (one point per method, as Fig. 5 plots).
+  Reproductions of one method share their hyper-parameters, so the run-level points are not
+  independent: the interval is a description, not a test.
+* **Validation curves** (seed 001 §3.2): the lag-one autocorrelation of validation P@1 and MAP@R,
+  averaged over the methods (each method's value is the mean over its search and reproduction runs).
+* **Concatenated against separated** (seed 001 §3.3): Kendall's tau between the two rankings of the
+  methods' means, per metric, and which methods change rank.
+
+The untrained baseline takes part in none of these.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dmlbench.errors import UserInputError
+from dmlbench.protocol.reproductions import MODES, UNTRAINED, MethodReproductions, result_rows, seed_scores
+from dmlbench.protocol.statistics import (
+    Correlation,
+    PairedComparison,
+    RankAgreement,
+    compare_pairs,
+    correlation,
+    rank_agreement,
+)
+
+CLAIM_METRICS = ("precision_at_1", "map_at_r")
+ALPHA = 0.05
+SPACE_QUANTITIES = ("rho", "pi_ratio")
+SPACE_METRIC = "precision_at_1"
+RANKED_METRICS = ("precision_at_1", "r_precision", "map_at_r")
+
+
+@dataclass(frozen=True)
+class ReferenceSummary:
+    """Every other method against one reference on one mode and metric (``difference = method - reference``)."""
+
+    reference: str
+    mode: str
+    metric: str
+    comparisons: list[PairedComparison]
+
+    @property
+    def indistinguishable(self) -> list[str]:
+        return [c.a for c in self.comparisons if c.t_pvalue_holm >= ALPHA]
+
+    @property
+    def better(self) -> list[str]:
+        return [c.a for c in self.comparisons if c.t_pvalue_holm < ALPHA and c.mean_difference > 0]
+
+    @property
+    def worse(self) -> list[str]:
+        return [c.a for c in self.comparisons if c.t_pvalue_holm < ALPHA and c.mean_difference < 0]
+
+
+@dataclass(frozen=True)
+class SpacePoint:
+    """One reproduction: its fold models' mean rho and pi_ratio (training classes) and its test P@1 per mode."""
+
+    method: str
+    reproduction: int
+    seed: int
+    rho: float
+    pi_ratio: float
+    scores: dict[str, float]  # mode -> test P@1
+
+
+@dataclass(frozen=True)
+class SpaceCorrelation:
+    quantity: str  # "rho" | "pi_ratio"
+    mode: str
+    level: str  # "reproductions" | "method means"
+    pearson: Correlation
+    spearman: Correlation
+
+
+@dataclass
+class Claims:
+    references: list[ReferenceSummary] = field(default_factory=list)
+    pairs: list[tuple[str, str, list[PairedComparison]]] = field(default_factory=list)  # (mode, metric, comparisons)
+    points: list[SpacePoint] = field(default_factory=list)
+    correlations: list[SpaceCorrelation] = field(default_factory=list)
+    autocorrelation: dict[str, list[float]] = field(default_factory=dict)  # metric -> one value per method
+    rankings: list[tuple[str, RankAgreement]] = field(default_factory=list)  # (metric, concatenated vs separated)
+    notes: list[str] = field(default_factory=list)  # why a part could not be computed
+
+
+def analyse(
+    results: Mapping[str, MethodReproductions],
+    analysis: Mapping[str, Sequence],
+    autocorrelation: Mapping[str, Mapping[str, float]],
+    computed: Sequence[str],
+    *,
+    seed: int = 0,
+) -> Claims:
+    """The claims of the module docstring for the scored methods of ``results`` (``analysis``: the
+    benchmark's ``analysis`` section; ``computed``: the metrics the reproductions computed;
+    ``seed``: the bootstrap's)."""
+    scored = {name: result for name, result in results.items()
+              if name != UNTRAINED and any(outcome.scores for outcome in result.outcomes)}
+    claims = Claims()
+    metrics = [metric for metric in CLAIM_METRICS if metric in computed]
+    for mode in MODES:
+        for metric in metrics:
+            scores = seed_scores(scored, mode, metric) if scored else {}
+            for reference in analysis.get("references", []):
+                if reference not in scores:
+                    claims.notes.append(f"reference {reference} has no scored reproduction")
+                    continue
+                pairs = [(name, reference) for name in scores if name != reference]
+                claims.references.append(ReferenceSummary(reference, mode, metric, _compared(scores, pairs, claims)))
+            pairs = [(a, b) for a, b in analysis.get("pairs", []) if a in scores and b in scores]
+            if pairs:
+                claims.pairs.append((mode, metric, _compared(scores, pairs, claims)))
+    claims.notes = sorted(set(claims.notes), key=claims.notes.index)
+    claims.points = _space_points(scored)
+    claims.correlations = _space_correlations(claims, seed)
+    for metric in ("precision_at_1", "map_at_r"):
+        values = [autocorrelation[name][metric] for name in scored if name in autocorrelation]
+        claims.autocorrelation[metric] = [value for value in values if not math.isnan(value)]
+    means = {(row["method"], row["mode"], row["metric"]): row["mean"] for row in result_rows(scored)}
+    if len(scored) >= 2:
+        for metric in [m for m in RANKED_METRICS if m in computed]:
+            claims.rankings.append((metric, rank_agreement({name: means[(name, "concatenated", metric)] for name in scored},
+                                                               {name: means[(name, "separated", metric)] for name in scored})))
+    return claims
+
+
+def _compared(scores: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, str]], claims: Claims) -> list[PairedComparison]:
+    try:
+        with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return compare_pairs(scores, pairs)
+    except UserInputError as error:  # too few paired reproductions so far
+        claims.notes.append(str(error))
+        return []
+
+
+def _space_points(results: Mapping[str, MethodReproductions]) -> list[SpacePoint]:
+    points = []
+    for name, result in results.items():
+        for outcome in result.outcomes:
+            if not outcome.scores or not outcome.embedding_space:
+                continue
+            points.append(SpacePoint(
+                name, outcome.reproduction, outcome.seed,
+                float(np.mean([fold["rho"] for fold in outcome.embedding_space])),
+                float(np.mean([fold["pi_ratio"] for fold in outcome.embedding_space])),
+                {mode: float(outcome.scores[mode][SPACE_METRIC]) for mode in MODES if SPACE_METRIC in outcome.scores[mode]},
+            ))
+    return points
+
+
+def _space_correlations(claims: Claims, seed: int) -> list[SpaceCorrelation]:
+    rows = []
+    for quantity in SPACE_QUANTITIES:
+        for mode in MODES:
+            points = [p for p in claims.points if mode in p.scores and math.isfinite(getattr(p, quantity))]
+            methods = sorted({p.method for p in points}, key=[p.method for p in points].index)
+            levels = {
+                "reproductions": ([getattr(p, quantity) for p in points], [p.scores[mode] for p in points]),
+                "method means": (
+                    [float(np.mean([getattr(p, quantity) for p in points if p.method == m])) for m in methods],
+                    [float(np.mean([p.scores[mode] for p in points if p.method == m])) for m in methods],
+                ),
+            }
+            for level, (x, y) in levels.items():
+                try:
+                    rows.append(SpaceCorrelation(quantity, mode, level, correlation(x, y, "pearson", seed=seed),
+                                                 correlation(x, y, "spearman", seed=seed)))
+                except UserInputError as error:
+                    claims.notes.append(f"{quantity} against test P@1 ({mode}, {level}): {error}")
+    return rows

@@ -1,0 +1,128 @@
+"""The report's figures as PNG bytes (matplotlib, Agg): written beside the report and embedded in the HTML.
+
+* ``search.png``: the search objective over trials, per method;
+* ``validation_curves.png``: mean validation MAP@R of the reproductions' runs per evaluation;
+* ``forest.png``: every method's test mean ± 95% interval (concatenated P@1 and MAP@R), sorted;
+* ``rho_vs_precision_at_1.png``: rho and pi_ratio of the training embeddings against test P@1, one
+  point per reproduction, with the least-squares line (seed 003 Fig. 5).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dmlbench.protocol.reproductions import UNTRAINED
+from dmlbench.report.analysis import SPACE_QUANTITIES, SpacePoint
+
+Figure = tuple[str, str, bytes]  # title, file name, PNG
+
+
+def search_figure(methods: Sequence[str], trials: Mapping[str, list[dict[str, Any]]]) -> Figure:
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    for method in methods:
+        points = [(t["number"], t["value"]) for t in trials.get(method, []) if t["state"] == "COMPLETE"]
+        if points:
+            numbers, values = zip(*points)
+            axes.plot(numbers, values, marker="o", label=method)
+    axes.set_xlabel("trial")
+    axes.set_ylabel("fold-mean validation MAP@R")
+    _legend(axes, len(methods))
+    return "Search objective over trials", "search.png", _png(figure, pyplot)
+
+
+def curves_figure(methods: Sequence[str], curves: Mapping[str, list[list[float]]]) -> Figure:
+    """``curves[method]``: the reproduction runs' validation MAP@R curves (evaluation 0 = untrained)."""
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    for method in methods:
+        runs = [curve for curve in curves.get(method, []) if curve]
+        if runs:
+            length = max(len(curve) for curve in runs)
+            mean = [float(np.mean([c[i] for c in runs if len(c) > i])) for i in range(length)]
+            axes.plot(range(length), mean, marker=".", label=method)
+    axes.set_xlabel("evaluation (0 = untrained)")
+    axes.set_ylabel("validation MAP@R (mean over reproduction runs)")
+    _legend(axes, len(methods))
+    return "Validation curves of the reproductions", "validation_curves.png", _png(figure, pyplot)
+
+
+def forest_figure(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], titles: Mapping[str, str],
+                  references: Sequence[str] = ()) -> Figure:
+    """``rows``: ``results.csv`` rows; one panel per metric, concatenated mode, methods sorted by the
+    first metric's mean; dashed lines at the references' means."""
+    pyplot = _pyplot()
+    by_key = {(row["method"], row["metric"]): row for row in rows if row["mode"] == "concatenated"}
+    methods = sorted({row["method"] for row in rows}, key=lambda name: by_key.get((name, metrics[0]), {}).get("mean", 0.0))
+    figure, panels = pyplot.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 0.32 * len(methods) + 1.4),
+                                     sharey=True, squeeze=False)
+    for axes, metric in zip(panels[0], metrics):
+        for y, method in enumerate(methods):
+            row = by_key.get((method, metric))
+            if row is None:
+                continue
+            mean, low, high = (100 * row[key] for key in ("mean", "ci_low", "ci_high"))
+            error = [[mean - low], [high - mean]] if np.isfinite(low) else None
+            colour = "tab:red" if method in references else "tab:gray" if method == UNTRAINED else "tab:blue"
+            axes.errorbar([mean], [y], xerr=error, fmt="o", color=colour, capsize=3, markersize=4)
+        for reference in references:
+            row = by_key.get((reference, metric))
+            if row is not None:
+                axes.axvline(100 * row["mean"], color="tab:red", linestyle="--", linewidth=0.8)
+        axes.set_xlabel(f"test {titles[metric]} (%), concatenated")
+        axes.grid(axis="x", alpha=0.3)
+    panels[0][0].set_yticks(range(len(methods)), methods)
+    return ("Methods' test means with 95% intervals (references in red, the untrained baseline in grey)", "forest.png",
+            _png(figure, pyplot))
+
+
+def space_figure(points: Sequence[SpacePoint], mode: str = "separated") -> Figure:
+    """rho and pi_ratio of the training embeddings against test P@1 (``mode``), one point per reproduction."""
+    pyplot = _pyplot()
+    figure, panels = pyplot.subplots(1, len(SPACE_QUANTITIES), figsize=(12, 4.5), squeeze=False)
+    methods = list(dict.fromkeys(point.method for point in points))
+    colours = pyplot.get_cmap("tab20")
+    for axes, quantity in zip(panels[0], SPACE_QUANTITIES):
+        used = [p for p in points if mode in p.scores and np.isfinite(getattr(p, quantity))]
+        for index, method in enumerate(methods):
+            mine = [p for p in used if p.method == method]
+            axes.scatter([getattr(p, quantity) for p in mine], [100 * p.scores[mode] for p in mine], s=18,
+                         color=colours(index % 20), label=method)
+        if len(used) >= 2:
+            x = np.array([getattr(p, quantity) for p in used])
+            y = np.array([100 * p.scores[mode] for p in used])
+            if np.ptp(x) > 0 and np.ptp(y) > 0:
+                slope, intercept = np.polyfit(x, y, 1)
+                grid = np.linspace(x.min(), x.max(), 50)
+                axes.plot(grid, slope * grid + intercept, color="black", linewidth=1, label="least squares")
+                axes.set_title(f"Pearson r = {np.corrcoef(x, y)[0, 1]:.2f} over {len(used)} reproductions", fontsize="medium")
+        axes.set_xlabel({"rho": "rho (spectral decay, training classes)", "pi_ratio": "pi_ratio (training classes)"}[quantity])
+        axes.set_ylabel(f"test P@1 (%), {mode}")
+    panels[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return f"rho and pi_ratio against test P@1 ({mode})", "rho_vs_precision_at_1.png", _png(figure, pyplot)
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    return pyplot
+
+
+def _legend(axes: Any, entries: int) -> None:
+    if entries:
+        axes.legend(fontsize="x-small", ncol=1 if entries <= 8 else 2, loc="best")
+
+
+def _png(figure: Any, pyplot: Any) -> bytes:
+    stream = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(stream, format="png", dpi=80, metadata={"Software": None})
+    pyplot.close(figure)
+    return stream.getvalue()
