@@ -250,3 +250,11 @@ def test_median_pruning_stops_a_hopeless_trial_after_its_first_fold(tmp_path: Pa
         optuna.load_study(study_name="m", storage=storage_url(tmp_path))) == 4
     with pytest.raises(UserInputError, match="pruner"):
         SearchSettings(pruner="hyperband").check()
+
+
+@pytest.mark.parametrize("sampler", ["gp", "tpe"])
+def test_startup_trials_reach_the_sampler(sampler: str) -> None:
+    # Optuna's default (10 random start-up trials) would leave a budget of 8 trials unmodelled.
+    default = search_module.make_sampler(search_module.SearchSettings(trials=8, sampler=sampler))
+    chosen = search_module.make_sampler(search_module.SearchSettings(trials=8, sampler=sampler, startup_trials=3))
+    assert default._n_startup_trials == 10 and chosen._n_startup_trials == 3

@@ -591,7 +591,7 @@ def _saturation_section(claims: Claims) -> Section:
             detail.setdefault(c.a, {})[(r.reference, r.metric)] = cell
     detail_rows = [[name] + [cells.get((reference, metric), "-") for reference in references
                              for metric in ("precision_at_1", "map_at_r")] for name, cells in detail.items()]
-    return ("Saturation: every method against the references (seed 001)", paragraphs,
+    return ("Every method against the references", paragraphs,
             [(header, summary_rows), (detail_header, detail_rows)])
 
 
@@ -610,7 +610,7 @@ def _pairs_section(claims: Claims) -> Section:
     rows = [[f"{c.a} − {c.b}", mode, METRIC_TITLES[metric], str(c.n), _difference(c), _p(c.t_pvalue_holm),
              _p(c.wilcoxon_pvalue_holm), f"{c.cohen_dz:.2f}"]
             for mode, metric, comparisons in claims.pairs for c in comparisons]
-    return ("Treated against control (e.g. rho-regularisation, seed 003 §5.1)",
+    return ("Treated against control",
             ["Paired by reproduction seed; differences in percentage points with their 95% interval; "
              "Holm across the pairs of each mode and metric."],
             [(["pair", "mode", "metric", "n", "difference (%)", "paired t p (Holm)", "Wilcoxon p (Holm)", "Cohen's d_z"], rows)])
