@@ -159,3 +159,17 @@ def test_analyse_without_an_analysis_section_or_embedding_space_still_ranks() ->
     claims = analyse(results, {}, {}, ["precision_at_1", "map_at_r"])
     assert claims.references == [] and claims.pairs == [] and claims.points == [] and claims.correlations == []
     assert [metric for metric, _ in claims.rankings] == ["precision_at_1", "map_at_r"]
+
+
+def test_a_best_value_on_a_bound_of_its_range_is_flagged() -> None:
+    from pathlib import Path
+
+    from dmlbench.report.build import ReportData, _edge
+
+    spec = {"methods": [{"name": "m", "search": {"loss.params.margin": {"low": 0.05, "high": 0.5},
+                                                 "miner.name": {"choices": ["semihard", "hard"]}}}]}
+    data = ReportData(Path("."), {"spec": spec}, ["m"], {})
+    assert _edge(data, "m", "loss.params.margin", 0.5) == " (range edge)"
+    assert _edge(data, "m", "loss.params.margin", 0.05) == " (range edge)"
+    assert _edge(data, "m", "loss.params.margin", 0.3) == ""
+    assert _edge(data, "m", "miner.name", "hard") == "" and _edge(data, "other", "loss.params.margin", 0.5) == ""

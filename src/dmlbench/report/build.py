@@ -293,7 +293,7 @@ def _budget_rows(data: ReportData) -> list[list[str]]:
             method, str(len(budgeted)),
             f"{sum(t['state'] == 'FAIL' for t in budgeted)} / {sum(t['state'] == 'PRUNED' for t in budgeted)}",
             "-" if best is None else f"{100 * best['value']:.2f}",
-            "-" if best is None else ", ".join(f"{k}={_short(v)}" for k, v in best["params"].items()),
+            "-" if best is None else ", ".join(f"{k}={_short(v)}{_edge(data, method, k, v)}" for k, v in best["params"].items()),
             f"{scored}/{protocol['reproductions']}",
             "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["precision_at_1"]),
             "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["map_at_r"]),
@@ -336,6 +336,15 @@ COST_NOTE = ("Summed over the units of work, whichever worker ran them: wall tim
 
 BUDGET_HEADER = ["method", "trials", "failed / pruned trials", "best val. MAP@R (%)", "best parameters",
                  "reproductions scored", "lag-1 autocorr. val. P@1", "lag-1 autocorr. val. MAP@R"]
+
+
+def _edge(data: ReportData, method: str, key: str, value: Any) -> str:
+    """`` (range edge)`` when a best value sits on a bound of its search range: the optimum may lie outside."""
+    spaces = {m["name"]: m.get("search", {}) for m in data.benchmark.get("spec", {}).get("methods", [])}
+    bounds = spaces.get(method, {}).get(key)
+    if not isinstance(bounds, dict) or not isinstance(value, (int, float)) or "low" not in bounds:
+        return ""
+    return " (range edge)" if any(math.isclose(value, bounds[side], rel_tol=1e-9) for side in ("low", "high")) else ""
 
 
 def _short(value: Any) -> str:
