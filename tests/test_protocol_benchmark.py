@@ -225,6 +225,8 @@ def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_
         (None, {"methods": 5, "folds": 2, "trials": 4, "reproductions": 3}),
         (REPO / "configs" / "smoke.yaml", {"methods": 2, "folds": 2, "trials": 2, "reproductions": 2}),
         (REPO / "configs" / "reality_check.yaml", {"methods": 12, "folds": 4, "trials": 50, "reproductions": 10}),
+        (REPO / "configs" / "reality_check_glyphs.yaml", {"methods": 17, "folds": 4, "trials": 8, "reproductions": 5}),
+        (REPO / "configs" / "samplers_glyphs.yaml", {"methods": 7, "folds": 4, "trials": 8, "reproductions": 5}),
     ],
 )
 def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None, minimum: dict) -> None:
@@ -236,12 +238,36 @@ def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None
     assert len(spec.methods) >= minimum["methods"]
     for key in ("folds", "trials", "reproductions"):
         assert getattr(spec.protocol, key) >= minimum[key]
-    losses = set()
+    variants = set()
     for method in spec.methods:
         raw = method_raw_config(spec, method.name)
         assert len(parse_search_space(method.search, raw, method=method.name)) >= 1
-        losses.add((raw["loss"]["name"], (raw.get("miner") or {}).get("name")))
-    assert len(losses) == len(spec.methods)
+        miner, sampler = raw.get("miner") or {}, raw.get("sampler") or {}
+        variants.add((raw["loss"]["name"], miner.get("name"), "miner.p_switch" in method.search,
+                      sampler.get("name"), json.dumps(sampler.get("params"), sort_keys=True)))
+    assert len(variants) == len(spec.methods)  # no method is another one under a second name
+
+
+def test_the_committed_glyph_studies_cover_what_issue_15_asks_for() -> None:
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.search import method_raw_config
+
+    spec = load_spec(REPO / "configs" / "reality_check_glyphs.yaml")
+    assert spec.protocol.folds >= 4 and spec.protocol.reproductions >= 5
+    losses = {method_raw_config(spec, m.name)["loss"]["name"] for m in spec.methods}
+    assert losses >= {"contrastive", "triplet", "margin", "generalized_lifted_structure", "npairs", "multi_similarity",
+                      "fastap", "proxy_nca", "normalized_softmax", "arcface", "cosface", "softtriple", "snr"}
+    regularised = [m.name for m in spec.methods if "miner.p_switch" in m.search]
+    assert len(regularised) >= 3 and sorted(a for a, _ in spec.analysis.pairs) == sorted(regularised)
+    for treated, control in spec.analysis.pairs:  # the same method but for the switch
+        assert {k: v for k, v in spec.methods[[m.name for m in spec.methods].index(treated)].search.items()
+                if k != "miner.p_switch"} == next(m.search for m in spec.methods if m.name == control)
+    samplers = load_spec(REPO / "configs" / "samplers_glyphs.yaml")
+    assert samplers.protocol == spec.protocol and samplers.analysis.references == ["spc4"]
+    used = {(raw["sampler"]["name"], raw["sampler"].get("params", {}).get("samples_per_class"))
+            for raw in (method_raw_config(samplers, m.name) for m in samplers.methods)}
+    assert used >= {("spc", 2), ("spc", 4), ("spc", 8), ("spc_random", None), ("greedy_coreset", 2), ("ddm", 2), ("frd", 2)}
+    assert {method_raw_config(samplers, m.name)["loss"]["name"] for m in samplers.methods} == {"margin"}
 
 
 def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path) -> None:
