@@ -288,3 +288,19 @@ def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path) -> None
     twice = search_methods(spec, tmp_path / "twice", settings)["triplet"]
     assert [t["params"] for t in once.trials] == [t["params"] for t in twice.trials]
     assert [t["value"] for t in once.trials] == [t["value"] for t in twice.trials]
+
+
+def test_keys_added_later_leave_an_older_benchmark_description_unchanged(tmp_path: Path) -> None:
+    # A benchmark started before `analysis` and `protocol.startup_trials` existed must still resume:
+    # its description (and so its config hash) may not gain either key while they are unset.
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.pipeline import prepare
+
+    plain = prepare(load_spec(write_spec(tmp_path / "plain.yaml")), tmp_path / "a").description()
+    assert "startup_trials" not in plain["protocol"] and "startup_trials" not in plain["spec"]["protocol"]
+    assert "analysis" not in plain["spec"]
+    analysed = prepare(load_spec(write_spec(tmp_path / "analysed.yaml", analysis=ANALYSIS)), tmp_path / "b").description()
+    assert analysed == plain
+    started = prepare(load_spec(write_spec(tmp_path / "startup.yaml", protocol={**PROTOCOL, "startup_trials": 1})),
+                      tmp_path / "c").description()
+    assert started["protocol"]["startup_trials"] == 1 and started["spec"]["protocol"]["startup_trials"] == 1

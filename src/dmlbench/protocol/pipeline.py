@@ -91,11 +91,14 @@ class Prepared:
         return [*self.configs, *(study_name(name) for name in self.configs), study_name(UNTRAINED)]
 
     def description(self) -> dict[str, Any]:
-        """What ``benchmark.json`` records; a resumed benchmark must describe itself identically."""
+        """What ``benchmark.json`` records; a resumed benchmark must describe itself identically.
+        The report-only ``analysis`` section is left out, and so is an unset ``startup_trials``, so that
+        benchmarks started before that key existed keep their description and config hash."""
+        unset = {"startup_trials"} if self.spec.protocol.startup_trials is None else set()
         return {
-            "spec": self.spec.model_dump(mode="json", exclude={"analysis"}),
+            "spec": self.spec.model_dump(mode="json", exclude={"analysis": True, "protocol": unset}),
             "overrides": list(self.overrides),
-            "protocol": self.spec.protocol.model_dump(mode="json"),
+            "protocol": self.spec.protocol.model_dump(mode="json", exclude=unset),
             "methods": [method.name for method in self.spec.methods],
             "metrics": list(next(iter(self.configs.values())).evaluation.metrics),
             "fold_layout": self.layout.as_dict(),
