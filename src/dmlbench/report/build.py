@@ -63,6 +63,7 @@ class ReportData:
     reproduction_costs: dict[str, list[dict[str, Any] | None]] = field(default_factory=dict)
     reproduction_curves: dict[str, list[dict[str, list[float]]]] = field(default_factory=dict)
     claims: Claims = field(default_factory=Claims)
+    report_commit: str | None = None  # read once, before any file is written
 
 
 def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData:
@@ -154,6 +155,7 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
                     comparisons = str(error)
                 data.comparisons.append((mode, metric, comparisons))
     data.claims = analyse(data.results, benchmark.get("analysis", {}), data.autocorrelation, _computed(data))
+    data.report_commit = records.git_commit()
     return data
 
 
@@ -423,7 +425,7 @@ def _provenance(data: ReportData) -> str:
     b = data.benchmark
     return (f"Benchmark started at git commit `{b.get('git_commit')}` on dataset `{b['dataset']['name']}` "
             f"(content hash `{b['dataset']['content_hash']}`); this report was written by git commit "
-            f"`{records.git_commit()}` from the stored studies.")
+            f"`{data.report_commit}` from the stored studies.")
 
 
 def _latex(data: ReportData) -> str:

@@ -49,14 +49,15 @@ def atomic_torch_save(path: Path, payload: Any) -> None:
 
 
 def git_commit() -> str | None:
-    """The commit of the dmlbench source tree, with ``+dirty`` if it has uncommitted changes."""
+    """The commit of the dmlbench source tree, with ``+dirty`` if the package's own files have
+    uncommitted changes (edits elsewhere in the checkout, e.g. committed reports, change no result)."""
     source = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
             cwd=source, capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
