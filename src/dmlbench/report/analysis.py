@@ -115,8 +115,7 @@ def analyse(
     """The claims of the module docstring for the scored methods of ``results`` (``analysis``: the
     benchmark's ``analysis`` section; ``computed``: the metrics the reproductions computed;
     ``seed``: the bootstrap's)."""
-    scored = {name: result for name, result in results.items()
-              if name != UNTRAINED and any(outcome.scores for outcome in result.outcomes)}
+    scored = scored_methods(results)
     claims = Claims()
     metrics = [metric for metric in CLAIM_METRICS if metric in computed]
     for mode in MODES:
@@ -131,7 +130,7 @@ def analyse(
             pairs = [(a, b) for a, b in analysis.get("pairs", []) if a in scores and b in scores]
             if pairs:
                 claims.pairs.append((mode, metric, _compared(scores, pairs, claims)))
-    claims.notes = sorted(set(claims.notes), key=claims.notes.index)
+    claims.notes = list(dict.fromkeys(claims.notes))  # each reason once, in order
     claims.points = _space_points(scored)
     claims.correlations = _space_correlations(claims, seed)
     for metric in ("precision_at_1", "map_at_r"):
@@ -143,6 +142,12 @@ def analyse(
             claims.rankings.append((metric, rank_agreement({name: means[(name, "concatenated", metric)] for name in scored},
                                                                {name: means[(name, "separated", metric)] for name in scored})))
     return claims
+
+
+def scored_methods(results: Mapping[str, MethodReproductions]) -> dict[str, MethodReproductions]:
+    """The methods with at least one scored reproduction, in order; never the untrained baseline."""
+    return {name: result for name, result in results.items()
+            if name != UNTRAINED and any(outcome.scores for outcome in result.outcomes)}
 
 
 def _compared(scores: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, str]], claims: Claims) -> list[PairedComparison]:

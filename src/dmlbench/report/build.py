@@ -38,7 +38,7 @@ from dmlbench.protocol.reproductions import (
 )
 from dmlbench.protocol.statistics import Correlation, PairedComparison, mean_lag_one_autocorrelation
 from dmlbench.report import plots
-from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, analyse
+from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, analyse, scored_methods
 from dmlbench.training import records
 
 BENCHMARK_FILE = "benchmark.json"
@@ -139,8 +139,7 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
         data.autocorrelation[method] = {
             metric: mean_lag_one_autocorrelation(curves) if curves else math.nan for metric, curves in series.items()
         }
-    scored = [name for name, result in data.results.items()
-              if name != UNTRAINED and any(outcome.scores for outcome in result.outcomes)]
+    scored = list(scored_methods(data.results))
     if len(scored) >= 2:
         for mode in MODES:
             for metric in LEADERBOARD_METRICS:
@@ -253,12 +252,12 @@ SHOWN_PAIRS = 15  # more pairs than this are left to comparisons.csv: the page s
 
 
 def _all_pairs_shown(data: ReportData) -> bool:
-    methods = len([name for name in data.results if name != UNTRAINED])
+    methods = len(scored_methods(data.results))
     return methods * (methods - 1) // 2 <= SHOWN_PAIRS
 
 
 def _pairs_in_csv(data: ReportData) -> str:
-    methods = len([name for name in data.results if name != UNTRAINED])
+    methods = len(scored_methods(data.results))
     return (f"All {methods * (methods - 1) // 2} pairs of the {methods} methods, per mode and metric, are in "
             "`comparisons.csv` (Holm across all of them); the sections above compare with the references.")
 
