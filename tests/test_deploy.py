@@ -1,6 +1,7 @@
 """Using a trained model: embed, index, query, export, per-query diagnostics, verification pages."""
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -207,6 +208,8 @@ def _check_in_browser(page: Path, screenshot: Path) -> None:
     """Render the page in headless Chromium (Debian's ``chromium``) and check the picture is not blank."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
+        if os.environ.get("DMLBENCH_REQUIRE_BROWSER"):
+            pytest.fail("DMLBENCH_REQUIRE_BROWSER is set (as .ci/run sets it) but no chromium is installed")
         pytest.skip("no headless browser: apt-get install chromium to render the pages in this test")
     subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={screenshot}", "--window-size=800,600",
