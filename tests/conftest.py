@@ -13,3 +13,6 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 torch.set_num_threads(1)
+# training.num_threads: auto reads OMP_NUM_THREADS first: runs in the tests, and the command-line
+# subprocesses they start, keep one thread each beside the other pytest worker.
+os.environ["OMP_NUM_THREADS"] = "1"

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dmlbench.errors import UserInputError
 
@@ -123,8 +123,15 @@ class TrainingConfig(Section):
     early_stopping_patience: int | None = Field(None, gt=0)
     max_steps_per_epoch: int | None = Field(None, gt=0)
     device: str = "auto"
-    # torch's intra-op threads; on a 2-core machine 1 thread trains faster than 2 (README, "Threads").
-    num_threads: int = Field(1, ge=1)
+    # torch's intra-op threads: a number, or auto (this worker's share of the available cores; README, "Threads").
+    num_threads: int | Literal["auto"] = "auto"
+
+    @field_validator("num_threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"must be a positive integer or 'auto', got {value!r}")
     # The first warmup_epochs epochs train only the new parameters (head, loss), seed 002 §4.1.
     warmup_epochs: int = Field(0, ge=0)
     # Batches whose gradients are summed (each loss divided by this) before one optimiser step.

@@ -15,6 +15,7 @@ from typing import Any
 from dmlbench import config as config_module
 from dmlbench.protocol.pipeline import Prepared
 from dmlbench.protocol.search_space import apply_assignment
+from dmlbench.training.threads import resolve_threads
 
 MEASURED_STEPS = 3
 
@@ -66,7 +67,7 @@ def measure(prepared: Prepared) -> tuple[float, int, float, float]:
         "data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes),
     })
     config = config_module.from_dict(raw)
-    torch.set_num_threads(config.training.num_threads)
+    torch.set_num_threads(resolve_threads(config.training.num_threads))
     device = resolve_device(config.training.device)
     full = load_dataset(config)
     dataset, splits = training_view(full, make_splits(config, full))

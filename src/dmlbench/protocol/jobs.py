@@ -4,7 +4,7 @@ The other N - 1 are started with ``multiprocessing``'s *spawn* method (a fresh i
 torch state copied by ``fork``), each preparing the same benchmark and working on the same storage
 as any worker on any machine would (``pipeline.run_benchmark``); the storage URL reaches them through
 the spawn pipe, never on a command line. Each sets its own torch thread count from
-``training.num_threads`` when it trains. Ctrl-C stops every worker (the terminal signals the whole
+``training.num_threads`` when it trains (``auto``: its 1/N share of the cores). Ctrl-C stops every worker (the terminal signals the whole
 process group); this process waits for them before it returns.
 """
 
@@ -17,11 +17,13 @@ from pathlib import Path
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol.pipeline import RESULTS_FILE, BenchmarkOutcome, Prepared, _start, run_benchmark
 from dmlbench.training import records
+from dmlbench.training.threads import share_cores
 
 
 def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool) -> BenchmarkOutcome | None:
     """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it)."""
     _start(prepared)
+    share_cores(prepared.jobs)
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
@@ -58,6 +60,7 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
     from dmlbench.protocol.pipeline import prepare
 
     optuna.logging.set_verbosity(logging.WARNING)
+    share_cores(jobs)
     try:
         prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat)
         run_benchmark(prepared, progress=progress)

@@ -29,6 +29,7 @@ from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.loop import TrainingDiverged
 from dmlbench.training.schedule import set_learning_rates
 from dmlbench.training.setup import build_loss_and_miner, build_model, build_optimizer, build_sampler, class_index
+from dmlbench.training.threads import resolve_threads
 
 HEAD_CHECKPOINT = "head_best.pt"
 
@@ -101,7 +102,7 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
         shutil.rmtree(run_dir)
     clock = records.Clock()
     device = resolve_device(config.training.device)
-    torch.set_num_threads(config.training.num_threads)
+    torch.set_num_threads(resolve_threads(config.training.num_threads))
     settings = config.model
     to_class_index = class_index(features.train_labels.numpy())
     targets_all = to_class_index[features.train_labels]

@@ -33,6 +33,7 @@ from dmlbench.training.setup import (
     make_splits,
     training_view,
 )
+from dmlbench.training.threads import resolve_threads
 
 
 class TrainingDiverged(RuntimeError):
@@ -89,7 +90,7 @@ def train(
     if group.enabled and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", group.local_rank)
     check_precision(config.training.precision, device)
-    torch.set_num_threads(config.training.num_threads)
+    torch.set_num_threads(resolve_threads(config.training.num_threads))
     full_dataset = load_dataset(config)
     dataset_hash = full_dataset.content_hash
     full_splits = make_splits(config, full_dataset)

@@ -1,0 +1,53 @@
+"""training.num_threads: a fixed number, or auto: OMP_NUM_THREADS, else this worker's share of the cores."""
+
+from pathlib import Path
+
+import pytest
+
+from dmlbench.training import threads
+
+
+@pytest.fixture
+def eight_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(threads, "CGROUP_ROOT", Path("/nonexistent-cgroup"))
+    monkeypatch.setattr(threads, "_processes", 1)
+
+
+def test_a_number_is_used_as_given(eight_cores: None) -> None:
+    assert threads.resolve_threads(3) == 3
+
+
+@pytest.mark.parametrize(("jobs", "expected"), [(1, 8), (2, 4), (3, 2), (16, 1)])
+def test_auto_divides_the_cores_among_the_jobs(eight_cores: None, jobs: int, expected: int) -> None:
+    threads.share_cores(jobs)
+    assert threads.resolve_threads("auto") == expected
+
+
+def test_auto_honours_omp_num_threads(eight_cores: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads.resolve_threads("auto") == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # set but empty: ignored
+    assert threads.resolve_threads("auto") == 8
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"cpu.max": "250000 100000\n"}, 3),
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])
+def test_cgroup_quota_v2_and_v1(tmp_path: Path, files: dict[str, str], expected: int | None) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert threads.cgroup_quota(tmp_path) == expected
+
+
+def test_a_cgroup_quota_caps_the_affinity(eight_cores: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("200000 100000\n")
+    monkeypatch.setattr(threads, "CGROUP_ROOT", tmp_path)
+    assert threads.available_cores() == 2
+    assert threads.resolve_threads("auto") == 2
