@@ -1,7 +1,7 @@
 """The fair protocol's own cost: a benchmark's wall time against the time its units of work spend
 training and scoring.
 
-Runs ``dmlbench benchmark [CONFIG] -o DIR`` (default: the built-in benchmark) in a fresh directory as
+Runs ``dmlbench benchmark [CONFIG] [OVERRIDES] -o DIR`` (default: the built-in benchmark) in a fresh directory as
 a user would (a new process, ``--jobs`` workers), then reads what the benchmark itself recorded:
 every unit of work (search trial, reproduction, untrained-baseline score) stores its ``cost``
 (``wall_seconds`` from the claim of the unit to its result), and every training run its own
@@ -46,7 +46,7 @@ def run_seconds(directory: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", nargs="?", type=Path, help="benchmark YAML (default: the built-in benchmark)")
+    parser.add_argument("--config", type=Path, help="benchmark YAML (default: the built-in benchmark)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("-o", "--output", type=Path, help="keep the benchmark here (default: a temporary directory)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides passed to the benchmark")

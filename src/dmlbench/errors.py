@@ -10,3 +10,8 @@ class RunInterrupted(Exception):
 
     Deliberately not a ``KeyboardInterrupt``: the CLI library would turn that into a silent exit.
     """
+
+
+class StorageFull(Exception):
+    """A write failed for lack of space, an exceeded quota or an I/O error: the run or unit is left
+    ``interrupted`` (never ``failed``) and the message names the path and how to continue (exit 1)."""

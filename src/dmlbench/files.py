@@ -1,8 +1,10 @@
-"""Files: written so that a crash never leaves one half-written (run records, checkpoints, caches,
-results), and ``.npy`` arrays read with one-line errors."""
+"""Files: written so that a crash, a stop signal or a full disk never leaves one half-written (run
+records, checkpoints, caches, results); the stop signals themselves; ``.npy`` arrays read with
+one-line errors."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -23,10 +25,12 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a temporary file beside ``path``, sync it, then rename it over ``path``.
 
     A reader sees the old file or the complete new one; on any error the temporary file is removed.
-    A Ctrl-C during the write is delivered once the file is in place: arriving inside ``torch.save``
-    it would otherwise surface as an unrelated error of its zip writer.
+    A stop signal (Ctrl-C, SIGTERM) during the write is delivered once the file is in place: arriving
+    inside ``torch.save`` it would otherwise surface as an unrelated error of its zip writer. A write
+    that fails because the disk is full raises ``OSError(ENOSPC)`` naming ``path``, whatever the
+    writer made of it.
     """
-    with _interrupts_deferred():
+    with signals_deferred():
         _write_and_replace(path, write)
 
 
@@ -36,13 +40,50 @@ def _write_and_replace(path: Path, write: Callable[[BinaryIO], None]) -> None:
         # mkstemp creates the file for its owner only; results are files like any other (umask applies).
         os.fchmod(handle, 0o666 & ~_umask())
         with os.fdopen(handle, "wb") as stream:
-            write(stream)
-            stream.flush()
+            try:
+                write(stream)
+                stream.flush()
+            except OSError as error:
+                raise OSError(error.errno, error.strerror, str(path)) from None
+            except Exception as error:
+                # torch.save reports a failed write of its zip writer as a RuntimeError ("unexpected
+                # pos", "file write failed"); on a full disk that is ENOSPC.
+                if _disk_full(stream.fileno()):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
+                raise
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _disk_full(descriptor: int) -> bool:
+    try:
+        status = os.fstatvfs(descriptor)
+    except OSError:
+        return False
+    return status.f_bavail * status.f_frsize < FULL_DISK_BYTES
+
+
+# Below this many free bytes a failed write is taken for a full disk (a filesystem keeps a few blocks).
+FULL_DISK_BYTES = 1 << 20
+
+# Errors of the storage, not of the work: nothing is stored as a failure, the same command re-runs it.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+
+
+def storage_error(error: BaseException) -> OSError | None:
+    """The ``OSError`` of a full disk, an exceeded quota or an I/O error behind ``error`` (itself or
+    a cause in its chain), or ``None``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _umask() -> int:
@@ -51,21 +92,83 @@ def _umask() -> int:
     return current
 
 
-@contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT back until the block ends, then raise ``KeyboardInterrupt`` if one arrived."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous is None:
-        yield  # only the main thread may handle signals; a handler set outside Python cannot be restored
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT or SIGTERM) arrived; ``signum`` says which. A ``KeyboardInterrupt``, so
+    every place that finishes a run on Ctrl-C finishes it on SIGTERM too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_deferred = 0  # depth of nested signals_deferred blocks (main thread only)
+_pending: int | None = None  # a signal that arrived inside such a block
+_received: int | None = None  # the first stop signal of this process
+_one_stop = False  # a command: after the first signal, later ones are ignored
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _pending, _received
+    if _received is not None and _one_stop:
+        # Already stopping: a second signal (the terminal's SIGINT and a scheduler's SIGTERM, or a
+        # signal forwarded to a --jobs worker that got its own) must not break the first's clean-up.
         return
-    received: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    _received = signum
+    if _deferred:
+        _pending = signum
+        return
+    raise Stopped(signum)
+
+
+def install_stop_handlers() -> Callable[[], None]:
+    """Handle SIGINT and SIGTERM in this process as a clean stop, also when the process was started
+    with them ignored (a background job of a non-interactive shell inherits SIGINT ignored, and a
+    user's ``kill -INT`` would then be lost). Returns a function that restores the previous handlers."""
+    global _pending, _received, _one_stop
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    _pending = _received = None
+    _one_stop = True
+    previous = {signum: signal.signal(signum, _on_signal) for signum in STOP_SIGNALS}
+
+    def restore() -> None:
+        global _one_stop
+        _one_stop = False
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    return restore
+
+
+def received_signal() -> int:
+    """The stop signal this process received (SIGINT when none did: a ``KeyboardInterrupt`` raised otherwise)."""
+    return _received if _received is not None else int(signal.SIGINT)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold a stop signal back until the block ends, then raise ``Stopped`` if one arrived.
+
+    The handler is never swapped (a swap races with a signal in flight); the block only raises a
+    counter that the handler reads. Outside the command line (Python's own SIGINT handler in place)
+    the first block installs the stop handler for SIGINT, which raises ``KeyboardInterrupt`` like
+    Python's own."""
+    global _deferred, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_signal)
+    _deferred += 1
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
+        _deferred -= 1
+    if not _deferred and _pending is not None:
+        signum, _pending = _pending, None
+        raise Stopped(signum)
 
 
 def load_array(path: Path, what: str) -> np.ndarray:

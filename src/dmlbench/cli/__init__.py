@@ -2,21 +2,40 @@
 
 The CLI library (typer) handles usage errors itself: the usage hint, one error line, exit code 2.
 Errors a user causes inside a command (``UserInputError``, a path that cannot be written) end as one
-line on stderr and exit code 2; an interrupted run exits 130. Command modules import the library
-(torch above all) only inside their functions, so ``--help`` and usage errors answer at once.
+line on stderr and exit code 2. A full disk, an exceeded quota or an I/O error is no mistake of the
+input: one line naming the path, exit code 1, and the same command continues the work. A stop signal
+ends a run cleanly, marked ``interrupted``: exit 130 for SIGINT (Ctrl-C), 143 for SIGTERM (the
+schedulers' stop). Command modules import the library (torch above all) only inside their
+functions, so ``--help`` and usage errors answer at once.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from dmlbench import __version__
-from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.errors import RunInterrupted, StorageFull, UserInputError
+from dmlbench.files import install_stop_handlers, received_signal, storage_error
+
+
+class _Group(typer.core.TyperGroup):
+    """The command group: a stop signal that reaches it outside a run still ends as an interruption
+    (the CLI library would print "Aborted!" and exit 1)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise RunInterrupted("stopped before the command finished; run the same command again") from None
+
 
 app = typer.Typer(
+    cls=_Group,
     name="dmlbench",
     help="Train and fairly compare deep metric learning methods.",
     no_args_is_help=True,
@@ -52,17 +71,31 @@ def _register_commands() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and of ``python -m dmlbench``."""
     _register_commands()
+    restore_handlers = install_stop_handlers()
     try:
         app(args=argv, prog_name="dmlbench")
     except UserInputError as error:
         _fail(f"error: {error}", 2)
+    except StorageFull as error:
+        _fail(f"error: {error}", 1)
     except RunInterrupted as error:
-        _fail(f"interrupted: {error}", 130)
-    except OSError as error:
+        signum = received_signal()
+        _fail(f"interrupted ({signal.Signals(signum).name}): {error}", 128 + signum)
+    except Exception as error:
+        full = storage_error(error)
+        if full is not None:
+            # The disk, not the input: nothing was stored as a failure; the same command continues.
+            where = f": {full.filename}" if full.filename else ""
+            _fail(f"error: {full.strerror or full}{where}; free space (or fix the device) and run the same "
+                  "command again to continue", 1)
+        if not isinstance(error, OSError):
+            raise
         # A path the user named could not be read or written (a read-only directory, a file where a
-        # directory should be, a full disk): one line naming it, not a traceback.
+        # directory should be): one line naming it, not a traceback.
         where = f": {error.filename}" if error.filename else ""
         _fail(f"error: {error.strerror or error}{where}", 2)
+    finally:
+        restore_handlers()
 
 
 def _fail(message: str, code: int) -> None:

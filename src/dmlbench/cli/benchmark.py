@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -42,8 +45,9 @@ def benchmark_command(
     Every method gets the same trials, epochs and folds. Any number of workers (this command on
     other machines with the same CONFIG and --storage, or --jobs here) share the work; a worker that
     finds nothing left says so and exits 0. Exit codes: 0 every method completed, 1 some method
-    failed (named on stderr), 2 bad input, 130 interrupted (re-run the same command to continue;
-    finished trials and runs are kept).
+    failed (named on stderr) or a write failed for lack of space (the same command continues), 2 bad
+    input, 130 interrupted by Ctrl-C and 143 by SIGTERM (the message prints the command that continues
+    it; finished trials and runs are kept).
     """
     from dmlbench.protocol.benchmark import load_spec
     from dmlbench.protocol.pipeline import prepare, run_benchmark
@@ -58,12 +62,15 @@ def benchmark_command(
 
         typer.echo(estimate(prepared))
         return
-    if jobs > 1:
-        from dmlbench.protocol.jobs import run_jobs
+    again = continue_command("benchmark", config_path, overrides, output_dir, prepared.redacted if storage else None,
+                             jobs=jobs, heartbeat=heartbeat, quiet=quiet)
+    with stops_explained(f"benchmark {output_dir}", again):
+        if jobs > 1:
+            from dmlbench.protocol.jobs import run_jobs
 
-        outcome = run_jobs(prepared, config_path, overrides, progress=not quiet)
-    else:
-        outcome = run_benchmark(prepared, progress=not quiet)
+            outcome = run_jobs(prepared, config_path, overrides, progress=not quiet)
+        else:
+            outcome = run_benchmark(prepared, progress=not quiet)
     if outcome is None:
         typer.echo(f"nothing left to do; the report is in the directory of the worker that wrote it "
                    f"(`dmlbench report {output_dir}` builds it here from the storage)")
@@ -87,7 +94,8 @@ def search_command(
 ) -> None:
     """Run the search stage alone: Bayesian optimisation with class-disjoint k-fold cross-validation.
 
-    Exit codes: 0 done, 1 a method has no completed trial, 2 bad input, 130 interrupted (resumable).
+    Exit codes: 0 done, 1 a method has no completed trial or a write failed for lack of space, 2 bad
+    input, 130 / 143 interrupted by SIGINT / SIGTERM (resumable).
     """
     from dmlbench.protocol.benchmark import load_search_spec
     from dmlbench.protocol.pipeline import prepare, run_search_stage
@@ -97,7 +105,10 @@ def search_command(
     spec = load_search_spec(config_path)
     output_dir = output or Path("runs") / f"search-{datetime.now():%Y%m%d-%H%M%S}"
     prepared = prepare(spec, output_dir, overrides, storage, heartbeat=heartbeat)
-    results = run_search_stage(prepared, progress=not quiet)
+    again = continue_command("search", config_path, overrides, output_dir, prepared.redacted if storage else None,
+                             heartbeat=heartbeat, quiet=quiet)
+    with stops_explained(f"search {output_dir}", again):
+        results = run_search_stage(prepared, progress=not quiet)
     failed = False
     for name, result in results.items():
         if result.best_params is None:
@@ -108,6 +119,40 @@ def search_command(
     typer.echo(f"search: {output_dir / 'search.json'}")
     if failed:
         raise typer.Exit(1)
+
+
+def continue_command(command: str, config_path: Path | None, overrides: list[str], output_dir: Path,
+                     storage: str | None, *, jobs: int = 1, heartbeat: int = 30, quiet: bool = False) -> str:
+    """The command line that continues this benchmark: the same config and overrides, with ``-o``
+    (a run without it would start a new directory) and the storage without its password."""
+    words = ["dmlbench", command, *([str(config_path)] if config_path else []), *overrides, "-o", str(output_dir)]
+    if storage:
+        words += ["--storage", storage]
+    if jobs != DEFAULT_JOBS:
+        words += ["--jobs", str(jobs)]
+    if heartbeat != 30:
+        words += ["--heartbeat", str(heartbeat)]
+    if quiet:
+        words.append("-q")
+    return shlex.join(words)
+
+
+@contextmanager
+def stops_explained(what: str, again: str) -> Iterator[None]:
+    """A stop signal or a full disk ends with the exact command that continues the work."""
+    from dmlbench.errors import RunInterrupted, StorageFull
+    from dmlbench.files import storage_error
+
+    try:
+        yield
+    except RunInterrupted:
+        raise RunInterrupted(f"{what} stopped; continue it with: {again}") from None
+    except Exception as error:
+        full = storage_error(error)
+        if full is None:
+            raise
+        raise StorageFull(f"{full.strerror}: {full.filename}; nothing was stored as a failure; free space, "
+                          f"then continue it with: {again}") from error
 
 
 def _quiet_optuna() -> None:

@@ -9,6 +9,7 @@ finished rows in ``EMB.progress.json``; a rerun of the same command continues th
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -141,6 +142,7 @@ def embed_collection(
     start = _resume_point(partial_file, progress_file, meta["fingerprint"], batch_size)
     if start == 0:
         rows = np.lib.format.open_memmap(partial_file, mode="w+", dtype=np.float32, shape=(len(collection), run.embedding_dim))
+        _reserve(partial_file)
         records.write_json(progress_file, {"fingerprint": meta["fingerprint"], "rows_done": 0})
     else:
         rows = np.load(partial_file, mmap_mode="r+")
@@ -167,6 +169,22 @@ def embed_collection(
     os.replace(partial_file, array_file)
     progress_file.unlink(missing_ok=True)
     return EmbeddingSet.load(prefix), computed
+
+
+def _reserve(path: Path) -> None:
+    """Give the memory-mapped file its blocks now: a sparse file on a full disk kills the process
+    with SIGBUS at the first row that finds no block; reserving fails here with ENOSPC instead."""
+    if not hasattr(os, "posix_fallocate"):  # macOS, Windows: no reservation, the mapping as is
+        return
+    descriptor = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(descriptor, 0, os.fstat(descriptor).st_size)
+    except OSError as error:
+        if error.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without fallocate
+            return
+        raise OSError(error.errno, error.strerror, str(path)) from None
+    finally:
+        os.close(descriptor)
 
 
 def _meta(run: RunModel, collection: Collection, spec: InputSpec, batch_size: int) -> dict[str, Any]:

@@ -5,19 +5,26 @@ torch state copied by ``fork``), each preparing the same benchmark and working o
 as any worker on any machine would (``pipeline.run_benchmark``); the storage URL reaches them through
 the spawn pipe, never on a command line. Each sets its own torch thread count from
 ``training.num_threads`` when it trains (``auto``: its 1/N share of the cores). Ctrl-C stops every worker (the terminal signals the whole
-process group); this process waits for them before it returns.
+process group); a SIGTERM or SIGINT sent to this process alone is passed on to the workers; this
+process waits for them before it returns.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import sys
 from pathlib import Path
 
 from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.files import install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.pipeline import RESULTS_FILE, BenchmarkOutcome, Prepared, _start, run_benchmark
 from dmlbench.training import records
 from dmlbench.training.threads import share_cores
+
+
+STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
 
 
 def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool) -> BenchmarkOutcome | None:
@@ -35,11 +42,18 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
         process.start()
     try:
         outcome = run_benchmark(prepared, progress=progress)
+    except (RunInterrupted, KeyboardInterrupt):
+        # A scheduler may signal this process alone (Kubernetes signals PID 1): pass the stop on, so
+        # every worker marks its unit interrupted. A worker that got the signal itself ignores a second.
+        for process in workers:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, received_signal())
+        raise
     finally:
         for process in workers:
             process.join()
     failures = [f"{process.name} exited with code {process.exitcode}" for process in workers if process.exitcode not in (0,)]
-    if any(process.exitcode == 130 for process in workers):
+    if any(process.exitcode in STOPPED_EXIT_CODES for process in workers):
         raise RunInterrupted(f"benchmark {prepared.output_dir} stopped; re-run the same command to continue")
     for failure in failures:
         print(f"dmlbench: warning: {failure}", file=sys.stderr, flush=True)
@@ -61,6 +75,7 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
 
     optuna.logging.set_verbosity(logging.WARNING)
     share_cores(jobs)
+    install_stop_handlers()
     try:
         prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat)
         run_benchmark(prepared, progress=progress)
@@ -68,4 +83,10 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
         print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     except (RunInterrupted, KeyboardInterrupt):
-        sys.exit(130)
+        sys.exit(128 + received_signal())
+    except Exception as error:
+        full = storage_error(error)
+        if full is None:
+            raise
+        print(f"dmlbench: error: {full.strerror}: {full.filename}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.files import storage_error
 from dmlbench.evaluation import COUNT_KEYS, embedding_space, evaluate_many
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import DEFAULT_K, fold_layout
@@ -201,6 +202,9 @@ class MethodReproduction:
                 work.interrupt(self.study, trial)
                 raise
             except Exception as error:  # one failed reproduction must not lose the others
+                if storage_error(error) is not None:  # the disk failed, not the method: re-run next time
+                    work.interrupt(self.study, trial)
+                    raise
                 reason = f"{type(error).__name__}: {error}".strip()
                 attributes.update(fail_reason=reason, cost=self._cost(started, run_dirs))
                 work.finish(self.study, trial, state=TrialState.FAIL, attributes=attributes)
@@ -250,6 +254,9 @@ class UntrainedBaseline:
                 work.interrupt(self.study, trial)
                 raise
             except Exception as error:
+                if storage_error(error) is not None:  # the disk failed, not the method: re-run next time
+                    work.interrupt(self.study, trial)
+                    raise
                 work.finish(self.study, trial, state=TrialState.FAIL,
                             attributes={"seed": seed, "fail_reason": f"{type(error).__name__}: {error}".strip()})
                 return "worked"

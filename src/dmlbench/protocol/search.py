@@ -47,6 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.files import storage_error
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol import work
 from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, FoldLayout, fold_layout
@@ -356,6 +357,9 @@ class MethodSearch:
                     print(f"== {self.method} trial {slot}: pruned ({pruned})", flush=True)
                 return "worked"
             except Exception as error:  # any failure of a trial is a FAILED trial; Ctrl-C / exit propagate
+                if storage_error(error) is not None:  # the disk failed, not the method: re-run next time
+                    work.interrupt(self.study, trial)
+                    raise
                 work.finish(self.study, trial, state=TrialState.FAIL, attributes={
                     "fail_reason": f"{type(error).__name__}: {error}".strip(),
                     "cost": asdict(work.Cost.since(started, sum(samples)))})

@@ -19,7 +19,8 @@ from tqdm import tqdm
 from dmlbench import evaluation
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
-from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.errors import RunInterrupted, StorageFull, UserInputError
+from dmlbench.files import storage_error
 from dmlbench.training import distributed, records
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
@@ -159,8 +160,14 @@ def train(
         _finish_record(run_dir, run_record, "interrupted", group, clock)
         raise RunInterrupted(f"run {run_dir} stopped; continue it with: dmlbench train --resume -o {run_dir}") from None
     except BaseException as error:
-        _finish_record(run_dir, run_record, "failed", group, clock, reason=f"{type(error).__name__}: {error}".strip())
-        raise
+        full = storage_error(error)
+        if full is None:
+            _finish_record(run_dir, run_record, "failed", group, clock, reason=f"{type(error).__name__}: {error}".strip())
+            raise
+        with contextlib.suppress(OSError):  # the record itself may not fit on the disk
+            _finish_record(run_dir, run_record, "interrupted", group, clock)
+        raise StorageFull(f"{full.strerror}: {full.filename}; free space, then continue the run with: "
+                          f"dmlbench train --resume -o {run_dir}") from error
     _finish_record(
         run_dir, run_record, "completed", group, clock,
         best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dmlbench.errors import UserInputError
-from dmlbench.files import atomic_write
+from dmlbench.files import atomic_write, signals_deferred
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "run.json"
@@ -84,15 +84,23 @@ def create_run_dir(run_dir: Path) -> None:
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    with open(run_dir / METRICS_FILE, "a") as stream:
-        stream.write(json.dumps(record) + "\n")
+    path = run_dir / METRICS_FILE
+    with signals_deferred():
+        try:
+            with open(path, "a") as stream:
+                stream.write(json.dumps(record) + "\n")
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(path)) from None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The epoch records; a last line without its newline (a write cut short by a full disk or a
+    crash) is no record."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().split("\n")[:-1]
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
