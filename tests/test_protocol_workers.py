@@ -4,13 +4,16 @@ the dashboard, credentials and bad storage input."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
@@ -40,8 +43,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def postgres_url() -> str:
-    """A fresh database on the test server (``.ci/run`` starts one and exports its URL), dropped afterwards."""
+def new_database() -> Iterator[Callable[[], str]]:
+    """Makes fresh, empty databases on the test server (``.ci/run`` starts one and exports its URL);
+    all are dropped afterwards."""
     url = os.environ.get(POSTGRES_ENV)
     if not url:
         pytest.skip(f"no PostgreSQL server: {POSTGRES_ENV} is not set (.ci/run starts one)")
@@ -52,19 +56,49 @@ def postgres_url() -> str:
         connection = admin.connect()
     except sqlalchemy.exc.OperationalError as error:
         pytest.skip(f"PostgreSQL server at {url} is not reachable: {str(error.orig).strip().splitlines()[-1]}")
-    name = f"dmlbench_{uuid.uuid4().hex[:10]}"
-    connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    base = url.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
-    connection.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
+    names: list[str] = []
+
+    def create() -> str:
+        names.append(f"dmlbench_{uuid.uuid4().hex[:10]}")
+        connection.execute(sqlalchemy.text(f"CREATE DATABASE {names[-1]}"))
+        return f"{url.rsplit('/', 1)[0]}/{names[-1]}"
+
+    yield create
+    for name in names:
+        connection.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
     connection.close()
     admin.dispose()
+
+
+@pytest.fixture
+def postgres_url(new_database: Callable[[], str]) -> str:
+    """A fresh, empty database on the test server."""
+    return new_database()
 
 
 def studies(url: str) -> dict[str, optuna.Study]:
     storage = optuna.storages.RDBStorage(url)
     return {s.study_name: optuna.load_study(study_name=s.study_name, storage=storage)
             for s in optuna.get_all_study_summaries(storage)}
+
+
+def worker_pids(url: str) -> set[int]:
+    """The processes that have claimed a unit of work on ``url``."""
+    try:
+        found = studies(url)
+    except Exception:  # tables not created yet
+        return set()
+    return {(t.user_attrs.get("worker") or {}).get("pid") for study in found.values()
+            for t in study.get_trials(deepcopy=False)}
+
+
+def _communicate(worker: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
+    try:
+        return worker.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        out, err = worker.communicate()
+        pytest.fail(f"worker {worker.pid} did not finish in {timeout} s: {err[-3000:]}")
 
 
 def running_trial_of(url: str, pid: int) -> bool:
@@ -123,6 +157,128 @@ def test_three_workers_on_postgres_one_killed_mid_trial_give_the_single_worker_r
     structure = lambda text: [line if line.startswith("#") else line.count("|") for line in text.splitlines()]  # noqa: E731
     assert structure((output / "report.md").read_text()) == structure((reference / "report.md").read_text())
     assert "## Cost" in (output / "report.md").read_text()
+
+
+def test_four_workers_started_together_on_an_empty_database_all_run(
+    reference: Path, new_database: Callable[[], str], tmp_path: Path
+) -> None:
+    """A SLURM array or a Kubernetes Job with parallelism: every worker starts in the same second on
+    a database that has no tables yet (three times, a new database each time)."""
+    for attempt in range(3):
+        url = new_database()
+        output = tmp_path / f"out{attempt}"
+        command = [console_script(), "benchmark", str(SMOKE), "-o", str(output), "-q", "--storage", url]
+        workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                   for _ in range(4)]
+        outputs = [worker.communicate(timeout=300) for worker in workers]
+        for worker, (_, err) in zip(workers, outputs):
+            assert worker.returncode == 0 and "Traceback" not in err, f"attempt {attempt}: {err[-3000:]}"
+        assert sum("nothing left to do" not in err for _, err in outputs) == 1, f"attempt {attempt}"
+        for name, study in studies(url).items():
+            finished = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+            assert sorted(t.user_attrs["slot"] for t in finished) == [0, 1], f"attempt {attempt}: {name}"
+        assert (output / "results.csv").read_bytes() == (reference / "results.csv").read_bytes(), attempt
+
+
+def test_a_database_that_does_not_exist_is_one_line_exit_2(postgres_url: str, tmp_path: Path) -> None:
+    missing = postgres_url.rsplit("/", 1)[0] + "/no_such_database_here"
+    result = run(["benchmark", str(SMOKE), "-o", str(tmp_path / "out"), "-q", "--storage", missing])
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "no_such_database_here" in result.stderr and "does not exist" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+class PrivateServer:
+    """A PostgreSQL server of one test's own (trust authentication on 127.0.0.1), to stop and start."""
+
+    def __init__(self, binaries: Path) -> None:
+        self.binaries = binaries
+        self.directory = Path(tempfile.mkdtemp(prefix="dmlbench-private-postgres-"))
+        shutil.chown(self.directory, "postgres")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._as_postgres("initdb", "-D", str(self.directory / "data"), "-U", "postgres", "--auth=trust")
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _as_postgres(self, program: str, *arguments: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", str(self.binaries / program), *arguments],
+                       check=True, capture_output=True, timeout=120)
+
+    def control(self, action: str) -> None:
+        options = f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.directory}"
+        self._as_postgres("pg_ctl", "-D", str(self.directory / "data"), "-w", "-m", "fast",
+                          "-l", str(self.directory / "log"), "-o", options, action)
+
+
+@pytest.fixture
+def private_server() -> Iterator[PrivateServer]:
+    control = os.environ.get("DMLBENCH_TEST_POSTGRES_CTL")
+    if not control:
+        pytest.skip("no PostgreSQL binaries: DMLBENCH_TEST_POSTGRES_CTL is not set (.ci/run sets it)")
+    if os.geteuid() != 0:
+        pytest.skip("starting a private PostgreSQL server needs root (to run it as the postgres user)")
+    server = PrivateServer(Path(control).parent)
+    server.control("start")
+    yield server
+    subprocess.run(["runuser", "-u", "postgres", "--", control, "-D", str(server.directory / "data"), "-m", "immediate",
+                    "stop"], capture_output=True, timeout=60)
+    shutil.rmtree(server.directory, ignore_errors=True)
+
+
+def test_workers_wait_for_a_restarting_database_and_give_the_undisturbed_results(
+    reference: Path, private_server: PrivateServer, tmp_path: Path
+) -> None:
+    postgres_url = private_server.url
+    output = tmp_path / "out"
+    command = [console_script(), "benchmark", str(SMOKE), "-o", str(output), "-q", "--storage", postgres_url,
+               "--heartbeat", "1"]
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+               for _ in range(2)]
+    deadline = time.monotonic() + 120
+    # Both workers at work (a worker still starting when the server goes away stops with exit 2,
+    # like any worker that cannot reach its database), one of them in the middle of a trial.
+    while not (any(running_trial_of(postgres_url, worker.pid) for worker in workers)
+               and all(worker.pid in worker_pids(postgres_url) for worker in workers)):
+        assert all(worker.poll() is None for worker in workers) and time.monotonic() < deadline
+        time.sleep(0.05)
+    private_server.control("stop")
+    time.sleep(3)  # an outage, not only a reconnect
+    private_server.control("start")
+    outputs = [_communicate(worker) for worker in workers]
+    for worker, (_, err) in zip(workers, outputs):
+        assert worker.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert any("unreachable" in err and "retrying" in err for _, err in outputs)
+    for name in ("results.csv", "runs.csv"):
+        assert (output / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_a_database_away_past_the_retry_bound_stops_with_one_line_and_the_command_resumes(
+    reference: Path, private_server: PrivateServer, tmp_path: Path
+) -> None:
+    postgres_url = private_server.url
+    output = tmp_path / "out"
+    command = ["benchmark", str(SMOKE), "-o", str(output), "-q", "--storage", postgres_url, "--heartbeat", "1",
+               "--db-retry", "3"]
+    worker = subprocess.Popen([console_script(), *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not running_trial_of(postgres_url, worker.pid):
+        assert worker.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    private_server.control("stop")
+    try:
+        _, err = worker.communicate(timeout=120)
+    finally:
+        private_server.control("start")
+    assert worker.returncode == 1, err
+    assert "Traceback" not in err and "unreachable for 3 s" in err and "run the same command again" in err
+    assert err.strip().splitlines()[-1].startswith("dmlbench: error:")
+    time.sleep(3.5)  # the stopped worker's trial turns stale (3 missed heartbeats) and is retried
+    resumed = run(command)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for name in ("results.csv", "runs.csv"):
+        assert (output / name).read_bytes() == (reference / name).read_bytes(), name
 
 
 def test_jobs_2_on_the_journal_file_gives_the_single_worker_results(reference: Path, tmp_path: Path,

@@ -12,6 +12,7 @@ class RunInterrupted(Exception):
     """
 
 
-class StorageFull(Exception):
-    """A write failed for lack of space, an exceeded quota or an I/O error: the run or unit is left
-    ``interrupted`` (never ``failed``) and the message names the path and how to continue (exit 1)."""
+class StorageFailed(Exception):
+    """The disk or the database failed, not the work: a write failed for lack of space, an exceeded
+    quota or an I/O error, or the database stayed away past the retry bound. The run or unit is left
+    ``interrupted`` (never ``failed``); the message names the path or URL and how to continue (exit 1)."""

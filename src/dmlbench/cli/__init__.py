@@ -19,7 +19,7 @@ import typer
 import typer.core
 
 from dmlbench import __version__
-from dmlbench.errors import RunInterrupted, StorageFull, UserInputError
+from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import install_stop_handlers, received_signal, storage_error
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, prog_name="dmlbench")
     except UserInputError as error:
         _fail(f"error: {error}", 2)
-    except StorageFull as error:
+    except StorageFailed as error:
         _fail(f"error: {error}", 1)
     except RunInterrupted as error:
         signum = received_signal()

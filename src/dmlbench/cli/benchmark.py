@@ -13,12 +13,16 @@ from typing import Annotated, Optional
 import typer
 
 from dmlbench.cli.common import Command, OVERRIDES_HELP, config_and_overrides
+from dmlbench.errors import RunInterrupted, StorageFailed
+from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS
 
 STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
                 "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: OUTPUT/study.db, "
                 "or OUTPUT/study.journal with --jobs > 1).")
 JOBS_HELP = "Worker processes on this machine, each with training.num_threads torch threads."
 HEARTBEAT_HELP = "Seconds between a PostgreSQL worker's heartbeats; a worker silent for 3 of them is taken for dead."
+DB_RETRY_HELP = ("Seconds a worker waits for a database server that went away (a restart), retrying with a doubling "
+                 "pause, before it stops with exit 1 (the same command continues later).")
 
 
 # Measured with benchmarks/jobs.py (README, "Several workers on one machine").
@@ -37,6 +41,7 @@ def benchmark_command(
     storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help=JOBS_HELP)] = DEFAULT_JOBS,
     heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
+    db_retry: Annotated[int, typer.Option("--db-retry", help=DB_RETRY_HELP)] = DEFAULT_RETRY_SECONDS,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the training runs and epochs the config implies and an estimate of their time; train nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
@@ -56,14 +61,14 @@ def benchmark_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_spec(config_path)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage, jobs=jobs, heartbeat=heartbeat)
+    prepared = prepare(spec, output_dir, overrides, storage, jobs=jobs, heartbeat=heartbeat, retry_seconds=db_retry)
     if dry_run:
         from dmlbench.protocol.cost import dry_run as estimate
 
         typer.echo(estimate(prepared))
         return
     again = continue_command("benchmark", config_path, overrides, output_dir, prepared.redacted if storage else None,
-                             jobs=jobs, heartbeat=heartbeat, quiet=quiet)
+                             jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet)
     with stops_explained(f"benchmark {output_dir}", again):
         if jobs > 1:
             from dmlbench.protocol.jobs import run_jobs
@@ -122,7 +127,8 @@ def search_command(
 
 
 def continue_command(command: str, config_path: Path | None, overrides: list[str], output_dir: Path,
-                     storage: str | None, *, jobs: int = 1, heartbeat: int = 30, quiet: bool = False) -> str:
+                     storage: str | None, *, jobs: int = 1, heartbeat: int = 30,
+                     db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False) -> str:
     """The command line that continues this benchmark: the same config and overrides, with ``-o``
     (a run without it would start a new directory) and the storage without its password."""
     words = ["dmlbench", command, *([str(config_path)] if config_path else []), *overrides, "-o", str(output_dir)]
@@ -132,6 +138,8 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
         words += ["--jobs", str(jobs)]
     if heartbeat != 30:
         words += ["--heartbeat", str(heartbeat)]
+    if db_retry != DEFAULT_RETRY_SECONDS:
+        words += ["--db-retry", str(db_retry)]
     if quiet:
         words.append("-q")
     return shlex.join(words)
@@ -140,18 +148,19 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
 @contextmanager
 def stops_explained(what: str, again: str) -> Iterator[None]:
     """A stop signal or a full disk ends with the exact command that continues the work."""
-    from dmlbench.errors import RunInterrupted, StorageFull
     from dmlbench.files import storage_error
 
     try:
         yield
     except RunInterrupted:
         raise RunInterrupted(f"{what} stopped; continue it with: {again}") from None
+    except StorageFailed:
+        raise
     except Exception as error:
         full = storage_error(error)
         if full is None:
             raise
-        raise StorageFull(f"{full.strerror}: {full.filename}; nothing was stored as a failure; free space, "
+        raise StorageFailed(f"{full.strerror}: {full.filename}; nothing was stored as a failure; free space, "
                           f"then continue it with: {again}") from error
 
 

@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.pipeline import RESULTS_FILE, BenchmarkOutcome, Prepared, _start, run_benchmark
 from dmlbench.training import records
@@ -35,7 +35,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
     workers = [
         context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
             config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
-            prepared.heartbeat, progress))
+            prepared.heartbeat, prepared.retry_seconds, progress))
         for index in range(1, prepared.jobs)
     ]
     for process in workers:
@@ -64,7 +64,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
 
 
 def _worker(config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
-            heartbeat: int, progress: bool) -> None:
+            heartbeat: int, retry_seconds: int, progress: bool) -> None:
     """One spawned worker: the same checks and the same loop as the parent; exit codes as the CLI's."""
     import logging
 
@@ -77,13 +77,17 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
     share_cores(jobs)
     install_stop_handlers()
     try:
-        prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat)
+        prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat,
+                           retry_seconds=retry_seconds)
         run_benchmark(prepared, progress=progress)
     except UserInputError as error:
         print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     except (RunInterrupted, KeyboardInterrupt):
         sys.exit(128 + received_signal())
+    except StorageFailed as error:
+        print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except Exception as error:
         full = storage_error(error)
         if full is None:

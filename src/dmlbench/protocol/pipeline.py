@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench import config as config_module
-from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.folds import FoldLayout, fold_layout
 from dmlbench.protocol import storage as storage_module
@@ -60,6 +60,12 @@ BENCHMARK_FILE = "benchmark.json"
 RESULTS_FILE = "results.json"
 
 
+# A lost database server is waited for storage.DEFAULT_RETRY_SECONDS per outage (``--db-retry``),
+# doubling the pause between tries up to MAX_RETRY_DELAY; an attempt that worked this long ends an outage.
+MAX_RETRY_DELAY = 30.0
+RETRY_RESET_SECONDS = 60.0
+
+
 @dataclass
 class Prepared:
     """A checked benchmark, ready to run: nothing has been written yet."""
@@ -76,6 +82,7 @@ class Prepared:
     storage: str  # as given (it may hold a password): never stored or printed, see ``redacted``
     jobs: int = 1
     heartbeat: int = 30
+    retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS
 
     @property
     def redacted(self) -> str:
@@ -116,18 +123,21 @@ class BenchmarkOutcome:
 
 def prepare(
     spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None, storage: str | None = None,
-    *, jobs: int = 1, heartbeat: int = 30,
+    *, jobs: int = 1, heartbeat: int = 30, retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS,
 ) -> Prepared:
     """Check the whole benchmark; a ``UserInputError`` (one line) names the first problem. Writes nothing.
 
     ``jobs``: local worker processes (more than one needs a storage for concurrent writers);
-    ``heartbeat``: seconds between a PostgreSQL worker's heartbeats (stale after three missed)."""
+    ``heartbeat``: seconds between a PostgreSQL worker's heartbeats (stale after three missed);
+    ``retry_seconds``: how long a worker waits for a lost database server before it stops."""
     overrides = list(overrides or [])
     output_dir = Path(output_dir)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UserInputError(f"--jobs must be a positive integer, got {jobs!r}")
     if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1:
         raise UserInputError(f"--heartbeat must be a positive number of seconds, got {heartbeat!r}")
+    if isinstance(retry_seconds, bool) or not isinstance(retry_seconds, int) or retry_seconds < 0:
+        raise UserInputError(f"--db-retry must be a number of seconds >= 0, got {retry_seconds!r}")
     if output_dir.exists() and not output_dir.is_dir():
         raise UserInputError(f"output {output_dir} is a file, not a directory")
     url = resolve_storage(output_dir, storage, jobs)
@@ -177,7 +187,7 @@ def prepare(
     layout = fold_layout(dataset, k=protocol.folds, mode=protocol.fold_mode)
     storage_module.check_storage(url, default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, search, reproduction, spaces, configs, layout,
-                        dataset.content_hash, url, jobs, heartbeat)
+                        dataset.content_hash, url, jobs, heartbeat, retry_seconds)
     stored_path = output_dir / BENCHMARK_FILE
     if stored_path.exists():
         stored = records.read_json(stored_path)
@@ -294,7 +304,35 @@ def run_benchmark(prepared: Prepared, *, progress: bool = True) -> BenchmarkOutc
     """Work on the benchmark until every unit is done (search trials, reproductions, the untrained
     baseline), with any number of other workers on the same storage; then the first worker to find
     everything done writes the report and gets the outcome. ``None``: another worker wrote it.
-    Resumable; see the module docstring."""
+    Resumable; see the module docstring.
+
+    A database server that goes away (a restart, a fail-over) is waited for: the worker retries
+    with a doubling back-off for up to ``prepared.retry_seconds`` per outage, then stops with a
+    ``StorageFailed`` (the same command continues later). A unit whose result could not be stored is
+    taken up again through the heartbeat, its finished fold runs kept."""
+    delay, outage_started = 1.0, None
+    while True:
+        attempt_started = time.monotonic()
+        try:
+            return _work_on_benchmark(prepared, progress=progress)
+        except Exception as error:
+            lost = storage_module.connection_lost(error) if storage_module.kind(prepared.storage) == "postgresql" else None
+            if lost is None:
+                raise
+            now = time.monotonic()
+            if outage_started is None or now - attempt_started > RETRY_RESET_SECONDS:
+                delay, outage_started = 1.0, now  # a new outage: the last one was followed by work
+            if now - outage_started >= prepared.retry_seconds:
+                raise StorageFailed(
+                    f"storage {prepared.redacted} unreachable for {prepared.retry_seconds} s ({lost}); "
+                    "the work done is stored: run the same command again to continue") from error
+            print(f"dmlbench: warning: storage {prepared.redacted} unreachable ({lost}); retrying in {delay:.0f} s",
+                  file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(2 * delay, MAX_RETRY_DELAY)
+
+
+def _work_on_benchmark(prepared: Prepared, *, progress: bool) -> BenchmarkOutcome | None:
     _start(prepared)
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol

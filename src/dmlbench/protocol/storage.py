@@ -33,6 +33,8 @@ SQLITE_FILE = "study.db"
 JOURNAL_FILE = "study.journal"
 POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
 KINDS = "sqlite:///PATH, journal:///PATH or postgresql://USER@HOST/DB"
+# Seconds a worker waits for a database server that went away before it stops (``--db-retry``).
+DEFAULT_RETRY_SECONDS = 300
 
 
 def kind(url: str) -> str:
@@ -115,13 +117,15 @@ def open_storage(url: str, *, heartbeat: int | None = None) -> Any:
         # ``protocol.work.Beating`` sends it around each unit of work instead.
         warnings.filterwarnings("ignore", message=".*heartbeat", category=Warning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+        options: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
         if heartbeat is not None:
-            return optuna.storages.RDBStorage(
-                url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(),
-                engine_kwargs={"pool_pre_ping": True},
-            )
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+            options.update(heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                           heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
+        # RDBStorage creates Optuna's tables and types when they are missing; workers started in the
+        # same second on an empty database would race to create them (a duplicate-key error of
+        # PostgreSQL's catalogue), so one creates while the others wait, then find them there.
+        with advisory_lock(url, SCHEMA_LOCK):
+            return optuna.storages.RDBStorage(url, **options)
     return optuna.storages.RDBStorage(url)
 
 
@@ -217,21 +221,50 @@ class WorkLock:
                 handle.close()
 
             return release_file
-        import sqlalchemy
+        lock = advisory_lock(self.url, WORK_LOCK)
+        lock.__enter__()
+        return lambda: lock.__exit__(None, None, None)
 
-        engine = sqlalchemy.create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
-        connection = engine.connect()
-        key = int.from_bytes(hashlib.sha256(b"dmlbench-work-lock").digest()[:8], "big", signed=True)
-        connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
 
-        def release_database() -> None:
+WORK_LOCK = "dmlbench-work-lock"
+SCHEMA_LOCK = "dmlbench-schema-lock"
+
+
+@contextmanager
+def advisory_lock(url: str, name: str) -> Iterator[None]:
+    """A PostgreSQL session advisory lock named ``name``, held on a connection of its own (so it
+    vanishes with a worker killed with ``kill -9``)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    try:
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
             try:
-                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+                yield
             finally:
-                connection.close()
-                engine.dispose()
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+    finally:
+        engine.dispose()
 
-        return release_database
+
+def connection_lost(error: BaseException) -> str | None:
+    """The reason, if ``error`` (or an error in its chain) is a lost or refused connection to a
+    database server (a restart, a fail-over, a network cut), else ``None``."""
+    import sqlalchemy
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)) or (
+            isinstance(current, sqlalchemy.exc.DBAPIError) and current.connection_invalidated
+        ):
+            text = str(getattr(current, "orig", None) or current).strip().splitlines()
+            return text[0] if text else type(current).__name__
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def host_id() -> str:

@@ -224,8 +224,8 @@ class Beating:
                 if self.worker.kind == "postgresql" and self.worker.heartbeat is not None:
                     storage.record_heartbeat(self.trial._trial_id)
                 storage.set_trial_user_attr(self.trial._trial_id, "heartbeat", time.time())
-            except Exception:  # a finished trial or a lost connection: the main thread will see it
-                return
+            except Exception:  # noqa: S110  a database restarting: beat again at the next interval
+                pass
             if self.stop.wait(interval):
                 return
 

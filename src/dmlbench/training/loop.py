@@ -19,7 +19,7 @@ from tqdm import tqdm
 from dmlbench import evaluation
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
-from dmlbench.errors import RunInterrupted, StorageFull, UserInputError
+from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import storage_error
 from dmlbench.training import distributed, records
 from dmlbench.training.distributed import ProcessGroup
@@ -166,7 +166,7 @@ def train(
             raise
         with contextlib.suppress(OSError):  # the record itself may not fit on the disk
             _finish_record(run_dir, run_record, "interrupted", group, clock)
-        raise StorageFull(f"{full.strerror}: {full.filename}; free space, then continue the run with: "
+        raise StorageFailed(f"{full.strerror}: {full.filename}; free space, then continue the run with: "
                           f"dmlbench train --resume -o {run_dir}") from error
     _finish_record(
         run_dir, run_record, "completed", group, clock,
