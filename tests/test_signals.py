@@ -169,3 +169,52 @@ def _assert_identical(ours: object, theirs: object, where: str) -> None:
             _assert_identical(a, b, f"{where}[{index}]")
     else:
         assert ours == theirs, where
+
+
+def test_sigterm_to_a_jobs_benchmark_stops_every_worker_and_the_printed_command_finishes_it(tmp_path: Path) -> None:
+    """Kubernetes signals the main process only: it passes the stop on to its --jobs workers."""
+    smoke = str(Path(GLYPHS_CONFIG).parent / "smoke.yaml")
+    reference = tmp_path / "reference"
+    assert run("benchmark", smoke, "-o", str(reference), "-q").returncode == 0
+    output = tmp_path / "bench"
+    process = subprocess.Popen([console_script(), "benchmark", smoke, "-o", str(output), "-q", "--jobs", "2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(output.glob("*/trial_*/fold_*/metrics.jsonl")):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no training run started"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr and "interrupted (SIGTERM)" in stderr, stderr
+    assert not (output / "report.md").exists()
+    command = stderr.strip().splitlines()[-1].split("continue it with: ", 1)[1]
+    assert command.startswith("dmlbench benchmark") and f"-o {output}" in command and "--jobs 2" in command
+    again = subprocess.run([console_script(), *command.split()[1:]], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for name in ("results.csv", "runs.csv"):
+        assert (output / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_sigterm_stops_embed_which_the_same_command_then_finishes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert run("train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(run_dir), "-q").returncode == 0
+    target = tmp_path / "emb"
+    command = [console_script(), "embed", str(run_dir), "--data", "glyphs", "-o", str(target), "-q", "--batch-size", "16"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress = Path(str(target) + ".progress.json")
+    deadline = time.monotonic() + 120
+    while not (progress.exists() and json.loads(progress.read_text() or "{}").get("rows_done", 0) > 0):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143 and "interrupted (SIGTERM)" in stderr and "Traceback" not in stderr, stderr
+    assert not Path(str(target) + ".npy").exists()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    straight = tmp_path / "straight"
+    assert run("embed", str(run_dir), "--data", "glyphs", "-o", str(straight), "-q", "--batch-size", "16").returncode == 0
+    assert Path(str(target) + ".npy").read_bytes() == Path(str(straight) + ".npy").read_bytes()

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import os
 import signal
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -82,8 +83,20 @@ def storage_error(error: BaseException) -> OSError | None:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
             return current
+        if isinstance(current, sqlite3.OperationalError):  # SQLite says so in words, without an errno
+            text = str(current)
+            if "disk is full" in text:
+                return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (SQLite: {text})")
+            if "disk I/O error" in text:
+                return OSError(errno.EIO, f"{os.strerror(errno.EIO)} (SQLite: {text})")
         current = current.__cause__ or current.__context__
     return None
+
+
+def describe(error: OSError) -> str:
+    """``reason: path`` of an ``OSError`` (the reason alone when it names no path)."""
+    reason = error.strerror or str(error)
+    return f"{reason}: {error.filename}" if error.filename else reason
 
 
 def _umask() -> int:

@@ -20,7 +20,7 @@ import typer.core
 
 from dmlbench import __version__
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
-from dmlbench.files import install_stop_handlers, received_signal, storage_error
+from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 
 
 class _Group(typer.core.TyperGroup):
@@ -85,9 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         full = storage_error(error)
         if full is not None:
             # The disk, not the input: nothing was stored as a failure; the same command continues.
-            where = f": {full.filename}" if full.filename else ""
-            _fail(f"error: {full.strerror or full}{where}; free space (or fix the device) and run the same "
-                  "command again to continue", 1)
+            _fail(f"error: {describe(full)}; free space (or fix the device) and run the same command again "
+                  "to continue", 1)
         if not isinstance(error, OSError):
             raise
         # A path the user named could not be read or written (a read-only directory, a file where a

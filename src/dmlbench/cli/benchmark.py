@@ -148,20 +148,18 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
 @contextmanager
 def stops_explained(what: str, again: str) -> Iterator[None]:
     """A stop signal or a full disk ends with the exact command that continues the work."""
-    from dmlbench.files import storage_error
+    from dmlbench.files import describe, storage_error
 
     try:
         yield
     except RunInterrupted:
         raise RunInterrupted(f"{what} stopped; continue it with: {again}") from None
-    except StorageFailed:
-        raise
-    except Exception as error:
+    except Exception as error:  # a full disk in a training run names that run's resume: name this command
         full = storage_error(error)
         if full is None:
             raise
-        raise StorageFailed(f"{full.strerror}: {full.filename}; nothing was stored as a failure; free space, "
-                          f"then continue it with: {again}") from error
+        raise StorageFailed(f"{describe(full)}; nothing was stored as a failure; free space, "
+                            f"then continue it with: {again}") from error
 
 
 def _quiet_optuna() -> None:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
-from dmlbench.files import install_stop_handlers, received_signal, storage_error
+from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.pipeline import RESULTS_FILE, BenchmarkOutcome, Prepared, _start, run_benchmark
 from dmlbench.training import records
 from dmlbench.training.threads import share_cores
@@ -92,5 +92,5 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
         full = storage_error(error)
         if full is None:
             raise
-        print(f"dmlbench: error: {full.strerror}: {full.filename}", file=sys.stderr, flush=True)
+        print(f"dmlbench: error: {describe(full)}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -20,7 +20,7 @@ from dmlbench import evaluation
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
-from dmlbench.files import storage_error
+from dmlbench.files import describe, storage_error
 from dmlbench.training import distributed, records
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
@@ -166,8 +166,8 @@ def train(
             raise
         with contextlib.suppress(OSError):  # the record itself may not fit on the disk
             _finish_record(run_dir, run_record, "interrupted", group, clock)
-        raise StorageFailed(f"{full.strerror}: {full.filename}; free space, then continue the run with: "
-                          f"dmlbench train --resume -o {run_dir}") from error
+        raise StorageFailed(f"{describe(full)}; free space, then continue the run with: "
+                            f"dmlbench train --resume -o {run_dir}") from error
     _finish_record(
         run_dir, run_record, "completed", group, clock,
         best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
