@@ -381,3 +381,16 @@ def test_torch_compile_trains_like_eager_mode(tmp_path: Path) -> None:
     compiled = train(tiny_config("training.epochs=1", "training.compile=true"), tmp_path / "compiled", progress=False)
     losses = [records.read_metrics(run.run_dir)[1]["loss"] for run in (eager, compiled)]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)
+
+
+def test_run_json_records_the_machine_the_numbers_come_from(tmp_path: Path) -> None:
+    """Results agree to the digit only on the same CPU capability, torch build and thread count."""
+    import torch.backends.cpu
+
+    result = train(tiny_config(), tmp_path / "run", progress=False)
+    environment = json.loads((result.run_dir / "run.json").read_text())["environment"]
+    assert environment["device"] == "cpu" and environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert environment["torch_build"]["version"] == torch.__version__
+    assert environment["torch_build"]["git"] == torch.version.git_version
+    assert environment["num_threads"] == torch.get_num_threads()
+    assert environment["blas"] and environment["blas"] in torch.__config__.show()

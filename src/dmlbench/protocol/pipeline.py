@@ -279,7 +279,9 @@ def _start(prepared: Prepared) -> None:
     if not path.exists():
         records.write_json(path, {**prepared.description(), "analysis": analysis, "storage": prepared.redacted,
                                   "config_hash": prepared.config_hash,
-                                  "git_commit": records.git_commit(), "created": records.now()})
+                                  "git_commit": records.git_commit(), "created": records.now(),
+                                  # the machine of the worker that started it (each run.json has its own)
+                                  "environment": records.environment()})
         return
     stored = records.read_json(path)
     if stored.get("analysis") != analysis:  # report-only settings: the latest config's apply

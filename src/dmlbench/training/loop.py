@@ -116,7 +116,7 @@ def train(
         records.create_run_dir(run_dir)
         records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
-    run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume, group)
+    run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume, group, device)
     run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
     run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
     # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
@@ -380,7 +380,8 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 def _start_record(
-    run_dir: Path, config: Config, dataset_hash: str, splits: Any, resume: bool, group: ProcessGroup
+    run_dir: Path, config: Config, dataset_hash: str, splits: Any, resume: bool, group: ProcessGroup,
+    device: torch.device,
 ) -> dict[str, Any]:
     record: dict[str, Any] = records.read_json(run_dir / records.RUN_FILE) if resume else {}
     record.update({
@@ -391,6 +392,7 @@ def _start_record(
         "dataset": {"name": config.data.name, "content_hash": dataset_hash},
         "split_sizes": {name: int(len(getattr(splits, name))) for name in ("train", "validation", "test")},
         "num_threads": torch.get_num_threads(),
+        "environment": records.environment(str(device)),
         "training_choices": {
             "model": config.model.model_dump(mode="json"),
             "optimizer": config.optimizer.model_dump(mode="json"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import resource
 import subprocess
 import time
@@ -73,6 +74,42 @@ def package_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[package] = None
     return versions
+
+
+def environment(device: str | None = None) -> dict[str, Any]:
+    """Where a number was computed, for what the same config reproduces to the digit only on: the
+    device, the CPU model and the instruction-set level torch dispatches to, the torch build, its
+    BLAS and oneDNN, and the thread count in use."""
+    import torch.backends.cpu
+
+    build = torch.__config__.show()
+    return {
+        "device": device or "cpu",
+        "device_name": torch.cuda.get_device_name(torch.device(device)) if device and device.startswith("cuda") else None,
+        "cpu_model": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.machine(),
+        "torch_build": {"version": torch.__version__, "git": torch.version.git_version, "cuda": torch.version.cuda,
+                        "debug": torch.version.debug},
+        "blas": _build_setting(build, "BLAS_INFO"),
+        "onednn": next((line.strip(" -") for line in build.splitlines() if "MKL-DNN" in line or "oneDNN" in line), None),
+        "num_threads": torch.get_num_threads(),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _build_setting(build: str, key: str) -> str | None:
+    found = re.search(rf"\b{key}=([^,\s]+)", build)
+    return found.group(1) if found else None
 
 
 def create_run_dir(run_dir: Path) -> None:
