@@ -27,7 +27,7 @@ def test_folder_report_with_planted_defects(tmp_path: Path, capsys: pytest.Captu
     replicas.write_image(root / "lonely" / "x.png", 8)
     report = tmp_path / "report.json"
     code, out, err = run_cli(["data", "check", "folder", "--root", str(root), "--json", str(report)], capsys)
-    assert code == 0, err
+    assert code == 1, err  # problems found: exit 1, so that a script or CI can gate on the check
     summary = json.loads(report.read_text())
     assert (summary["classes"], summary["images"]) == (5, 16)
     assert summary["singleton_classes"] == 1

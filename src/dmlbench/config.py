@@ -213,19 +213,32 @@ def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config
     return config
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """The YAML document in ``path``, or a one-line ``UserInputError`` that says what is wrong with
+    the file (``what`` names it: "config file", "benchmark config")."""
+    if path.is_dir():
+        hint = " (a run directory? continue it with: dmlbench train --resume -o DIR)" if (path / "run.json").is_file() else ""
+        raise UserInputError(f"{what} {path} is a directory, not a YAML file{hint}")
+    if not path.is_file():
+        raise UserInputError(f"{what} {path} does not exist")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UserInputError(f"{what} {path} is not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserInputError(f"{what} {path} is not valid YAML{where}") from None
+
+
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (``None``: the defaults), apply overrides and validate everything."""
     raw: Any = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise UserInputError(f"config file {path} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise UserInputError(f"config file {path} is not valid YAML{where}") from None
+        raw = read_yaml(path, "config file")
         if raw is None:
             raise UserInputError(
                 f"config file {path} is empty; name at least one section (configs/glyphs.yaml shows them all)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
 from typing import Annotated, Any
 
 import typer
@@ -71,6 +72,7 @@ def _register_commands() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and of ``python -m dmlbench``."""
     _register_commands()
+    warnings.showwarning = _one_line_warning
     restore_handlers = install_stop_handlers()
     try:
         app(args=argv, prog_name="dmlbench")
@@ -95,6 +97,12 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"error: {error.strerror or error}{where}", 2)
     finally:
         restore_handlers()
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: Any = None, line: str | None = None) -> None:
+    """A warning as the user reads it: one line, without Python's source line."""
+    print(f"dmlbench: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _fail(message: str, code: int) -> None:

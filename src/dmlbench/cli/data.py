@@ -66,15 +66,18 @@ def check_command(
         text = format_summary(summary)
     if target == "-":
         typer.echo(json.dumps(summary, indent=2))
-        return
-    if target is not None:
+    elif target is not None:
         from dmlbench.files import atomic_write
 
         try:
             atomic_write(target, lambda stream: stream.write((json.dumps(summary, indent=2) + "\n").encode()))
         except OSError as error:
             raise UserInputError(f"cannot write --json {target}: {error.strerror or error}") from None
-    typer.echo(text)
+    if target != "-":
+        typer.echo(text)
+    if summary["problems"]:
+        # Exit 1 (the data, not the command, is at fault), so that a script or CI can gate on it.
+        raise typer.Exit(1)
 
 
 def _json_target(value: str | None) -> Path | str | None:

@@ -147,7 +147,7 @@ def embed_collection(
     else:
         rows = np.load(partial_file, mmap_mode="r+")
     computed = 0
-    bar = tqdm(total=len(collection), initial=start, desc="embed", unit="img", disable=not progress)
+    bar = tqdm(total=len(collection), initial=start, desc="embed", unit="img", disable=None if progress else True)
     try:
         for first in range(start, len(collection), batch_size):
             last = min(first + batch_size, len(collection))

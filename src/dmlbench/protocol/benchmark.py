@@ -79,16 +79,11 @@ class BenchmarkSpec(BaseModel):
 
 def load_spec(path: Path | None) -> BenchmarkSpec:
     path = path or DEFAULT_BENCHMARK
-    if not path.is_file():
-        raise UserInputError(f"benchmark config {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-        spec = BenchmarkSpec.model_validate(raw)
-    except yaml.YAMLError:
-        raise UserInputError(f"benchmark config {path} is not valid YAML") from None
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise UserInputError(f"benchmark config key {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    raw = config_module.read_yaml(path, "benchmark config") or {}
+    if not isinstance(raw, dict):
+        raise UserInputError(f"benchmark config {path} must be a mapping with the sections base, protocol and "
+                             f"methods, not a {type(raw).__name__}")
+    spec = _validated(raw, f"benchmark config {path}")
     names = [method.name for method in spec.methods]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -100,6 +95,33 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
         raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for the frozen-trunk feature cache")
     _check_analysis(spec.analysis, names)
     return spec
+
+
+def _validated(raw: dict[str, Any], what: str) -> BenchmarkSpec:
+    try:
+        return BenchmarkSpec.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(map(str, first["loc"]))
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            raise UserInputError(f"{what}: unknown key {key!r}") from None
+        raise UserInputError(f"{what}: key {key!r}: {message}" if key else f"{what}: {message}") from None
+
+
+SPEC_SECTIONS = ("protocol", "analysis")
+
+
+def apply_spec_overrides(spec: BenchmarkSpec, overrides: list[str]) -> tuple[BenchmarkSpec, list[str]]:
+    """Command-line overrides of the benchmark itself (``protocol.trials=8``, ``analysis.references=[...]``)
+    applied to ``spec`` and validated like the YAML; the others are every method's run overrides."""
+    own = [item for item in overrides if item.split("=", 1)[0].split(".", 1)[0] in SPEC_SECTIONS]
+    if not own:
+        return spec, list(overrides)
+    raw = config_module.apply_overrides(spec.model_dump(mode="json"), own)
+    changed = _validated(raw, "benchmark override")
+    _check_analysis(changed.analysis, [method.name for method in changed.methods])
+    return changed, [item for item in overrides if item not in own]
 
 
 def _check_analysis(analysis: AnalysisSpec, names: list[str]) -> None:
@@ -131,12 +153,7 @@ def method_configs(spec: BenchmarkSpec, overrides: list[str]) -> dict[str, confi
 def load_search_spec(path: Path) -> BenchmarkSpec:
     """``dmlbench search CONFIG``: a benchmark YAML, or a run config with a ``search:`` space (and an
     optional ``protocol:`` section), which becomes a one-method benchmark named after its loss."""
-    if not path.is_file():
-        raise UserInputError(f"config {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError:
-        raise UserInputError(f"config {path} is not valid YAML") from None
+    raw = config_module.read_yaml(path, "config") or {}
     if not isinstance(raw, dict):
         raise UserInputError(f"config {path} is not a mapping")
     if "methods" in raw:

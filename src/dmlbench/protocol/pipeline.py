@@ -29,7 +29,7 @@ from typing import Any
 
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
-from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.protocol.benchmark import BenchmarkSpec, apply_spec_overrides
 from dmlbench.protocol.folds import FoldLayout, fold_layout
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
@@ -130,7 +130,7 @@ def prepare(
     ``jobs``: local worker processes (more than one needs a storage for concurrent writers);
     ``heartbeat``: seconds between a PostgreSQL worker's heartbeats (stale after three missed);
     ``retry_seconds``: how long a worker waits for a lost database server before it stops."""
-    overrides = list(overrides or [])
+    spec, overrides = apply_spec_overrides(spec, list(overrides or []))
     output_dir = Path(output_dir)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UserInputError(f"--jobs must be a positive integer, got {jobs!r}")
@@ -185,6 +185,7 @@ def prepare(
         )
     dataset = load_dataset(first)
     layout = fold_layout(dataset, k=protocol.folds, mode=protocol.fold_mode)
+    _check_samplers(configs, dataset.labels, layout)
     storage_module.check_storage(url, default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, search, reproduction, spaces, configs, layout,
                         dataset.content_hash, url, jobs, heartbeat, retry_seconds)
@@ -199,6 +200,23 @@ def prepare(
                 )
     _check_studies(prepared)
     return prepared
+
+
+def _check_samplers(configs: Mapping[str, config_module.Config], labels: Any, layout: FoldLayout) -> None:
+    """Every method's batch sampler can fill its batches from a fold's training classes (the check
+    ``train`` makes), before anything trains: a batch size the sampler cannot fill is exit 2 now,
+    not a failed trial in storage an hour later."""
+    import numpy as np
+
+    from dmlbench.training.setup import build_sampler
+
+    fold = layout.folds[0]
+    train_labels = np.asarray(labels)[np.isin(np.asarray(labels), list(fold.train_classes))]
+    for name, config in configs.items():
+        try:
+            build_sampler(config, train_labels)
+        except UserInputError as error:
+            raise UserInputError(f"method {name!r}: {error}") from None
 
 
 def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:

@@ -259,7 +259,8 @@ def _train_epoch(
     total = len(sampler)
     if config.training.max_steps_per_epoch is not None:
         total = min(total, config.training.max_steps_per_epoch)
-    bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=not progress, leave=False)
+    # disable=None: no bar where stderr is no terminal (a log file would fill with carriage returns)
+    bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=None if progress else True, leave=False)
     optimizer.zero_grad(set_to_none=True)
     for batch_indices in sampler:
         images, batch_labels, indices = train_set.batch(batch_indices, epoch=epoch)

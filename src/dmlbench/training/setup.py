@@ -39,11 +39,26 @@ def make_splits(config: Config, dataset: ImageDataset) -> Splits:
     """
     splits = _class_splits(config, dataset)
     unreadable = dataset.metadata.get("unreadable_items")
-    if not unreadable:
-        return splits
-    # Unreadable files are left out of every split (load_dataset found and reported them).
-    return Splits(**{name: np.setdiff1d(indices, unreadable, assume_unique=True) if len(indices) else indices
-                     for name, indices in splits.as_dict().items()})
+    if unreadable:
+        # Unreadable files are left out of every split (load_dataset found and reported them).
+        splits = Splits(**{name: np.setdiff1d(indices, unreadable, assume_unique=True) if len(indices) else indices
+                           for name, indices in splits.as_dict().items()})
+    _check_enough_classes(config, dataset, splits)
+    return splits
+
+
+def _check_enough_classes(config: Config, dataset: ImageDataset, splits: Splits) -> None:
+    """Checkpoint selection ranks validation items against other classes: one class cannot be
+    scored. Said here, before a run directory exists, with the numbers that cause it."""
+    labels = np.asarray(dataset.labels)
+    train_classes = len(np.unique(labels[splits.train])) if len(splits.train) else 0
+    validation_classes = len(np.unique(labels[splits.validation])) if len(splits.validation) else 0
+    if validation_classes < 2:
+        raise UserInputError(
+            f"the validation split has {validation_classes} class(es) ({train_classes} training classes, "
+            f"data.validation_fraction={config.data.validation_fraction}); selecting a checkpoint needs at least 2: "
+            "raise data.validation_fraction or use a dataset with more classes"
+        )
 
 
 def _class_splits(config: Config, dataset: ImageDataset) -> Splits:
@@ -104,6 +119,10 @@ def load_dataset(config: Config) -> ImageDataset:
         seed=config.seed, cache_dir=settings.cache_dir, **settings.options,
     )
     unreadable = dataset.find_unreadable()
+    if len(unreadable) == len(dataset):
+        raise UserInputError(f"dataset {settings.name!r} at {settings.root}: none of its {len(dataset)} images can be read "
+                             f"(missing, truncated or not images; dmlbench data check {settings.name} --root "
+                             f"{settings.root} lists them)")
     if unreadable:
         warnings.warn(f"dataset {settings.name!r}: skipping {len(unreadable)} unreadable images "
                       f"(dmlbench data check {settings.name} --root {settings.root} lists them)", stacklevel=2)
