@@ -1,6 +1,7 @@
 """Verification thresholds (FNMR@FMR) against brute force and scikit-learn's ROC."""
 
 import numpy as np
+import torch
 import pytest
 from sklearn.metrics import roc_curve as sklearn_roc_curve
 
@@ -77,3 +78,56 @@ def test_one_class_or_no_pairs_is_a_user_error() -> None:
         verification.pair_distances(np.eye(3), [1, 1, 1])
     with pytest.raises(UserInputError, match="positive pairs"):
         verification.pair_distances(np.eye(3), [0, 1, 2])
+
+
+def test_triangle_numbering_matches_numpy() -> None:
+    from dmlbench.evaluation.verification import _triangle
+
+    for size in (2, 3, 7, 1000):
+        rows, columns = np.triu_indices(size, 1)
+        index = np.arange(len(rows), dtype=np.int64)
+        found = _triangle(index, np.full(len(index), size, dtype=np.int64))
+        assert np.array_equal(found[0], rows) and np.array_equal(found[1], columns)
+    # Far past float64's exact integers of the square root's argument: a million rows.
+    size = 1_000_000
+    last = size * (size - 1) // 2 - 1
+    i, j = _triangle(np.array([0, size - 2, size - 1, last]), np.full(4, size, dtype=np.int64))
+    assert (i.tolist(), j.tolist()) == ([0, 0, 1, size - 2], [1, size - 1, 2, size - 1])
+
+
+def test_all_positive_pairs_and_negatives_sampled_without_replacement() -> None:
+    """Few positive pairs among many negatives (a test set of many small classes): every positive pair
+    is used, the negatives are drawn without replacement, and the summary says which."""
+    from dmlbench.evaluation.verification import _positive_pairs, _sampled_negatives, _triangle
+
+    generator = torch.Generator().manual_seed(0)
+    labels = np.repeat(np.arange(300), 3)  # 900 rows: 900 positive pairs, 403,650 - 900 negative
+    embeddings = torch.randn(len(labels), 8, generator=generator, dtype=torch.float64)
+    pairs = verification.pair_distances(embeddings, labels, max_pairs=5_000, seed=4)
+    assert (pairs.positive_total, pairs.negative_total) == (900, 900 * 899 // 2 - 900)
+    assert len(pairs.positive) == 900 and not pairs.positive_sampled
+    assert len(pairs.negative) == 5_000 and pairs.negative_sampled
+    summary = verification.verification(embeddings, labels, max_pairs=5_000, seed=4)
+    assert (summary["positive_pairs"], summary["positive_pairs_total"], summary["negative_pairs"]) == (900, 900, 5_000)
+    # The same draw, by index: distinct pairs, all of different labels.
+    rng = np.random.default_rng(4)
+    left, right = _positive_pairs(labels, None, rng)
+    assert len(set(zip(left.tolist(), right.tolist()))) == 900 and (labels[left] == labels[right]).all()
+    draws = np.random.default_rng(4)
+    chosen = verification._distinct(draws, 900 * 899 // 2, 5_000, lambda d: np.ones(len(d), dtype=bool))
+    assert len(np.unique(chosen)) == 5_000
+    i, j = _triangle(chosen, np.full(len(chosen), 900, dtype=np.int64))
+    assert (i < j).all() and (j < 900).all()
+    negative = _sampled_negatives(torch.nn.functional.normalize(embeddings, dim=1), labels, 5_000, np.random.default_rng(1))
+    assert len(negative) == 5_000
+
+
+def test_sampled_positive_pairs_are_distinct_and_uniform_over_classes() -> None:
+    from dmlbench.evaluation.verification import _positive_pairs
+
+    labels = np.repeat([0, 1], [40, 10])  # 780 + 45 positive pairs
+    left, right = _positive_pairs(labels, 500, np.random.default_rng(0))
+    pairs = set(zip(left.tolist(), right.tolist()))
+    assert len(pairs) == 500 and (labels[left] == labels[right]).all() and (left < right).all()
+    share_small = float(np.mean(labels[left] == 1))
+    assert abs(share_small - 45 / 825) < 0.03  # each pair equally likely: class 1 holds 45 of 825

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,7 +32,7 @@ def embed_command(
     """Embed every image with the run's best checkpoint and evaluation transform (resumable: rerun
     the same command after an interruption)."""
     from dmlbench.deploy import embeddings as store
-    from dmlbench.deploy.images import list_images
+    from dmlbench.deploy.images import list_images, split_readable
     from dmlbench.deploy.model import load_run_model
 
     if (data is None) == (images is None):
@@ -45,8 +46,14 @@ def embed_command(
         spec = model.input_spec(dataset)
     else:
         spec = model.input_spec(model.dataset())
-        files = list_images(images)
-        collection = store.image_collection(files, spec, {"images": str(images.resolve())})
+        files, unreadable = split_readable(list_images(images))
+        if not files:
+            raise UserInputError(f"--images {images}: none of its {len(unreadable)} image files can be decoded")
+        if unreadable:
+            print(f"dmlbench: warning: skipping {len(unreadable)} unreadable image files under {images} "
+                  "(listed in the output's .json as source.unreadable)", file=sys.stderr, flush=True)
+        collection = store.image_collection(files, spec, {
+            "images": str(images.resolve()), "unreadable": [str(path) for path in unreadable]})
     result, computed = store.embed_collection(model, collection, output, spec=spec, batch_size=batch_size, progress=not quiet)
     state = "already complete, nothing computed" if computed == 0 else f"{computed} embedded now"
     typer.echo(f"{store.side_file(result.prefix, '.npy')}: {len(result.paths)} x {result.embeddings.shape[1]} ({state})")

@@ -65,8 +65,8 @@ def evaluate_command(
         raise UserInputError("--worst N and --html OUT.html go together")
     if roc is not None and not verification:
         raise UserInputError("--roc goes with --verification")
-    for target in (json_path, per_query, html, roc):
-        _check_writable(target)
+    for option, target in (("--json", json_path), ("--per-query", per_query), ("--html", html), ("--roc", roc)):
+        _check_writable(option, target)
     options: dict[str, Any] = {"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize}
     for name, value in (("metrics", metrics), ("k", k), ("seed", seed), ("block_size", block_size), ("nprobe", nprobe)):
         if value is not None:
@@ -153,10 +153,9 @@ def _diagnose(
         }
         typer.echo("")
         typer.echo(format_table(lines))
-        sampled = "a seeded sample of " if summary["sampled"] else ""
         typer.echo(
-            f"equal error rate {summary['equal_error_rate']:.4f} over {sampled}{summary['positive_pairs']} positive and "
-            f"{summary['negative_pairs']} negative pairs" + (f"; ROC: {roc}" if roc is not None else "")
+            f"equal error rate {summary['equal_error_rate']:.4f} over {_pairs_used(summary, 'positive')} and "
+            f"{_pairs_used(summary, 'negative')}" + (f"; ROC: {roc}" if roc is not None else "")
         )
         added["verification"] = summary
     return added
@@ -171,18 +170,18 @@ def _unit_rows(matrix: np.ndarray) -> np.ndarray:
     return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
 
 
-def _check_writable(path: Path | None) -> None:
-    """Fail before any work when the --json target cannot be written."""
+def _check_writable(option: str, path: Path | None) -> None:
+    """Fail before any work when the file an ``option`` names cannot be written."""
     if path is None:
         return
     if path.is_dir():
-        raise UserInputError(f"--json {path} is a directory")
+        raise UserInputError(f"{option} {path} is a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path.parent / f".{path.name}.probe", lambda stream: None)
         (path.parent / f".{path.name}.probe").unlink()
     except OSError as error:
-        raise UserInputError(f"cannot write --json {path}: {error.strerror or error}") from None
+        raise UserInputError(f"cannot write {option} {path}: {error.strerror or error}") from None
 
 
 def _write_json(path: Path | None, results: dict[str, Any]) -> None:
@@ -190,3 +189,11 @@ def _write_json(path: Path | None, results: dict[str, Any]) -> None:
         return
     text = json.dumps(results, indent=2) + "\n"
     atomic_write(path, lambda stream: stream.write(text.encode()))
+
+
+def _pairs_used(summary: dict[str, Any], kind: str) -> str:
+    """``all 160,210 positive pairs`` or ``2,000,000 of 51,042,345 negative pairs (sampled without replacement, seed 0)``."""
+    used, total = summary[f"{kind}_pairs"], summary[f"{kind}_pairs_total"]
+    if used == total:
+        return f"all {total:,} {kind} pairs"
+    return f"{used:,} of {total:,} {kind} pairs (sampled without replacement, seed {summary['seed']})"

@@ -69,6 +69,22 @@ def list_images(folder: Path) -> list[Path]:
     return files
 
 
+def split_readable(files: Sequence[Path]) -> tuple[list[Path], list[Path]]:
+    """``(readable, unreadable)``: the files Pillow decodes completely, and the others (truncated,
+    corrupt, not images), as training leaves them out."""
+    from PIL import Image, UnidentifiedImageError
+
+    readable, unreadable = [], []
+    for path in files:
+        try:
+            with Image.open(path) as image:
+                image.load()
+            readable.append(path)
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+            unreadable.append(path)
+    return readable, unreadable
+
+
 def decode(path: Path, channels: int) -> Tensor:
     """A file as uint8 ``[channels, H, W]`` (grey for 1 channel, RGB for 3); an undecodable file is a user error."""
     from PIL import Image, UnidentifiedImageError

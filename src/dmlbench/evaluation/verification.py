@@ -3,11 +3,13 @@
 A pair is accepted when its distance is at most the threshold. The false match rate (FMR, false
 accepts) is the share of negative pairs accepted, the false non-match rate (FNMR, false rejects) the
 share of positive pairs rejected (ISO/IEC 19795-1 terms). Distances are Euclidean on L2-normalised
-embeddings, as in ``evaluate``. Large sets are judged on a seeded sample of pairs, recorded as such.
+embeddings, as in ``evaluate``. Every pair of a kind is used up to a limit; beyond it a seeded sample
+drawn without replacement, recorded as such.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ from dmlbench.evaluation.api import _as_embeddings, _as_labels
 from dmlbench.validation import check_positive_int
 
 DEFAULT_TARGET_FMRS = (1e-1, 1e-2, 1e-3, 1e-4)
-# All pairs are used up to this many; beyond it, this many positive and this many negative pairs are sampled.
+# All pairs of a kind (positive, negative) are used up to this many; beyond it, this many are sampled
+# without replacement.
 DEFAULT_MAX_PAIRS = 2_000_000
 # Bounds the float64 [rows, N, D] difference tensor of the exact all-pairs distances.
 _CHUNK_ENTRIES = 1 << 24
@@ -29,11 +32,25 @@ _CHUNK_ENTRIES = 1 << 24
 
 @dataclass(frozen=True)
 class PairDistances:
-    """Distances of positive (same label) and negative pairs; ``sampled``: drawn, not all pairs."""
+    """Distances of positive (same label) and negative pairs. Each kind holds all its pairs, or (more
+    than ``max_pairs`` of that kind) a seeded sample drawn without replacement; ``*_total`` count all."""
 
     positive: np.ndarray
     negative: np.ndarray
-    sampled: bool
+    positive_total: int
+    negative_total: int
+
+    @property
+    def positive_sampled(self) -> bool:
+        return len(self.positive) < self.positive_total
+
+    @property
+    def negative_sampled(self) -> bool:
+        return len(self.negative) < self.negative_total
+
+    @property
+    def sampled(self) -> bool:
+        return self.positive_sampled or self.negative_sampled
 
 
 def pair_distances(
@@ -44,27 +61,33 @@ def pair_distances(
     max_pairs: int = DEFAULT_MAX_PAIRS,
     seed: int = 0,
 ) -> PairDistances:
-    """Every unordered pair i < j, or (more than ``max_pairs`` pairs) ``max_pairs`` of each kind drawn
-    uniformly with replacement by a generator seeded with ``seed``."""
+    """Every unordered pair i < j of each kind (positive, negative) up to ``max_pairs`` of that kind;
+    beyond it, ``max_pairs`` pairs of that kind drawn uniformly without replacement by a generator
+    seeded with ``seed``."""
     check_positive_int("max_pairs", max_pairs)
     rows = _as_embeddings(embeddings)
     if normalize:
         rows = torch.nn.functional.normalize(rows, dim=1)
     label_tensor = _as_labels(labels, len(rows))
+    label_array = label_tensor.numpy()
     num_rows = len(rows)
-    if num_rows * (num_rows - 1) // 2 <= max_pairs:
-        positive, negative = _all_pairs(rows, label_tensor)
-        sampled = False
-    else:
-        positive, negative = _sampled_pairs(rows, label_tensor, max_pairs, seed)
-        sampled = True
-    if len(positive) == 0:
+    sizes = np.unique(label_array, return_counts=True)[1].astype(np.int64)
+    positive_total = int((sizes * (sizes - 1) // 2).sum())
+    negative_total = num_rows * (num_rows - 1) // 2 - positive_total
+    if positive_total == 0:
         raise UserInputError("no two items share a label; verification needs positive pairs")
-    if len(negative) == 0:
+    if negative_total == 0:
         raise UserInputError("all items share one label; verification needs negative pairs")
-    return PairDistances(positive, negative, sampled)
-
-
+    generator = np.random.default_rng(seed)
+    if positive_total + negative_total <= max_pairs or (negative_total <= max_pairs and positive_total <= max_pairs):
+        positive, negative = _all_pairs(rows, label_tensor)
+        return PairDistances(positive, negative, positive_total, negative_total)
+    if negative_total <= max_pairs:  # one class holds nearly everything: all negatives, sampled positives
+        negative = _all_pairs(rows, label_tensor)[1]
+    else:
+        negative = _sampled_negatives(rows, label_array, max_pairs, generator)
+    left, right = _positive_pairs(label_array, max_pairs if positive_total > max_pairs else None, generator)
+    return PairDistances(_row_distances(rows, left, right), negative, positive_total, negative_total)
 def threshold_at_fmr(pairs: PairDistances, target_fmr: float) -> dict[str, float]:
     """The largest threshold whose FMR does not exceed ``target_fmr``, with the FMR and FNMR it gives.
 
@@ -109,6 +132,8 @@ def summarize(pairs: PairDistances, target_fmrs: tuple[float, ...] = DEFAULT_TAR
     return {
         "positive_pairs": len(pairs.positive),
         "negative_pairs": len(pairs.negative),
+        "positive_pairs_total": pairs.positive_total,
+        "negative_pairs_total": pairs.negative_total,
         "sampled": pairs.sampled,
         "equal_error_rate": equal_error_rate(pairs),
         "operating_points": [threshold_at_fmr(pairs, target) for target in target_fmrs],
@@ -164,31 +189,58 @@ def _all_pairs(rows: Tensor, labels: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(positive), np.concatenate(negative)
 
 
-def _sampled_pairs(rows: Tensor, labels: Tensor, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    generator = np.random.default_rng(seed)
-    label_array = labels.numpy()
-    order = np.argsort(label_array, kind="stable")
-    classes, starts, sizes = np.unique(label_array[order], return_index=True, return_counts=True)
-    # Positive pairs: a class drawn with probability proportional to its number of pairs, then two members.
-    pair_counts = sizes * (sizes - 1) / 2.0
-    if pair_counts.sum() == 0:
-        return np.empty(0), np.empty(0)
-    chosen = generator.choice(len(classes), size=count, p=pair_counts / pair_counts.sum())
-    first = generator.integers(0, sizes[chosen])
-    second = generator.integers(0, sizes[chosen] - 1)
-    second = second + (second >= first)
-    positive = _row_distances(rows, order[starts[chosen] + first], order[starts[chosen] + second])
-    # Negative pairs: uniform pairs of rows, redrawn while they share a label (few redraws unless one class dominates).
-    left = generator.integers(0, len(rows), size=count)
-    right = generator.integers(0, len(rows), size=count)
-    for _ in range(100):
-        clash = label_array[left] == label_array[right]
-        if not clash.any():
-            break
-        right[clash] = generator.integers(0, len(rows), size=int(clash.sum()))
-    keep = label_array[left] != label_array[right]
-    negative = _row_distances(rows, left[keep], right[keep])
-    return positive, negative
+def _positive_pairs(labels: np.ndarray, count: int | None, generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``(left, right)`` of every same-label pair (``count=None``), or of ``count`` of them drawn
+    uniformly without replacement: pair ``k`` of the enumeration class by class, i < j within a class."""
+    order = np.argsort(labels, kind="stable")
+    _, starts, sizes = np.unique(labels[order], return_index=True, return_counts=True)
+    per_class = sizes.astype(np.int64) * (sizes - 1) // 2
+    offsets = np.concatenate([[0], np.cumsum(per_class)])
+    if count is None:
+        chosen = np.arange(offsets[-1], dtype=np.int64)
+    else:
+        chosen = _distinct(generator, int(offsets[-1]), count, lambda draw: np.ones(len(draw), dtype=bool))
+    member_class = np.searchsorted(offsets, chosen, side="right") - 1
+    first, second = _triangle(chosen - offsets[member_class], sizes[member_class].astype(np.int64))
+    base = starts[member_class]
+    return order[base + first], order[base + second]
+
+
+def _sampled_negatives(rows: Tensor, labels: np.ndarray, count: int, generator: np.random.Generator) -> np.ndarray:
+    """Distances of ``count`` different-label pairs drawn uniformly without replacement from all pairs."""
+    num_rows = len(labels)
+
+    def different(draw: np.ndarray) -> np.ndarray:
+        left, right = _triangle(draw, np.full(len(draw), num_rows, dtype=np.int64))
+        return labels[left] != labels[right]
+
+    chosen = _distinct(generator, num_rows * (num_rows - 1) // 2, count, different)
+    left, right = _triangle(chosen, np.full(len(chosen), num_rows, dtype=np.int64))
+    return _row_distances(rows, left, right)
+
+
+def _distinct(generator: np.random.Generator, population: int, count: int,
+              accept: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``count`` distinct accepted integers of ``[0, population)``, uniformly without replacement:
+    rounds of independent draws until enough distinct ones are in hand (their set is a uniform subset
+    of its size), then a uniform subset of those; sorted."""
+    chosen = np.empty(0, dtype=np.int64)
+    while len(chosen) < count:
+        draw = generator.integers(0, population, size=int(1.1 * (count - len(chosen))) + 16, dtype=np.int64)
+        chosen = np.union1d(chosen, draw[accept(draw)])
+    if len(chosen) > count:
+        chosen = np.sort(generator.choice(chosen, size=count, replace=False))
+    return chosen
+
+
+def _triangle(index: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pair number ``index`` of the pairs i < j of ``size`` items, numbered row by row, as ``(i, j)``."""
+    row_start = lambda i: i * (2 * size - i - 1) // 2  # noqa: E731  pairs before row i
+    estimate = np.floor(((2 * size - 1) - np.sqrt((2.0 * size - 1) ** 2 - 8.0 * index)) / 2).astype(np.int64)
+    estimate = np.clip(estimate, 0, size - 2)
+    estimate -= row_start(estimate) > index  # float rounding: at most one row off either way
+    estimate += row_start(estimate + 1) <= index
+    return estimate, index - row_start(estimate) + estimate + 1
 
 
 def _distances(block: Tensor, rows: Tensor) -> Tensor:
