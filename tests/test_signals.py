@@ -176,6 +176,8 @@ def test_sigterm_to_a_jobs_benchmark_stops_every_worker_and_the_printed_command_
     smoke = str(Path(GLYPHS_CONFIG).parent / "smoke.yaml")
     reference = tmp_path / "reference"
     assert run("benchmark", smoke, "-o", str(reference), "-q").returncode == 0
+    environment = json.loads((reference / "benchmark.json").read_text())["environment"]
+    assert environment["torch_build"]["version"] == torch.__version__ and environment["cpu_capability"]
     output = tmp_path / "bench"
     process = subprocess.Popen([console_script(), "benchmark", smoke, "-o", str(output), "-q", "--jobs", "2"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -79,7 +79,7 @@ def pair_distances(
     if negative_total == 0:
         raise UserInputError("all items share one label; verification needs negative pairs")
     generator = np.random.default_rng(seed)
-    if positive_total + negative_total <= max_pairs or (negative_total <= max_pairs and positive_total <= max_pairs):
+    if positive_total <= max_pairs and negative_total <= max_pairs:
         positive, negative = _all_pairs(rows, label_tensor)
         return PairDistances(positive, negative, positive_total, negative_total)
     if negative_total <= max_pairs:  # one class holds nearly everything: all negatives, sampled positives
@@ -88,6 +88,8 @@ def pair_distances(
         negative = _sampled_negatives(rows, label_array, max_pairs, generator)
     left, right = _positive_pairs(label_array, max_pairs if positive_total > max_pairs else None, generator)
     return PairDistances(_row_distances(rows, left, right), negative, positive_total, negative_total)
+
+
 def threshold_at_fmr(pairs: PairDistances, target_fmr: float) -> dict[str, float]:
     """The largest threshold whose FMR does not exceed ``target_fmr``, with the FMR and FNMR it gives.
 
