@@ -72,7 +72,8 @@ def _register_commands() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and of ``python -m dmlbench``."""
     _register_commands()
-    warnings.showwarning = _one_line_warning
+    # The format, not the display: whoever records warnings (pytest, a caller) still receives them.
+    previous_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     restore_handlers = install_stop_handlers()
     try:
         app(args=argv, prog_name="dmlbench")
@@ -97,12 +98,13 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"error: {error.strerror or error}{where}", 2)
     finally:
         restore_handlers()
+        warnings.formatwarning = previous_format
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                      file: Any = None, line: str | None = None) -> None:
+                      line: str | None = None) -> str:
     """A warning as the user reads it: one line, without Python's source line."""
-    print(f"dmlbench: warning: {message}", file=sys.stderr, flush=True)
+    return f"dmlbench: warning: {message}\n"
 
 
 def _fail(message: str, code: int) -> None:
