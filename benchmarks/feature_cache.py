@@ -16,18 +16,14 @@ import logging
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
 import torch
 
-from dmlbench import config as config_module
 from dmlbench.protocol.benchmark import BenchmarkSpec, load_spec
 from dmlbench.protocol.feature_cache import FeatureCache
-from dmlbench.protocol.folds import fold_layout
-from dmlbench.protocol.search import SearchSettings, apply_budget, method_raw_config, search_methods
-from dmlbench.training.setup import load_dataset
+from dmlbench.protocol.pipeline import Prepared, prepare, run_search_stage
 
 REPO = Path(__file__).resolve().parent.parent
 # The smoke config's 8-channel trunk on 16-pixel images costs about as much as the loss and miner,
@@ -37,11 +33,17 @@ DEFAULT_OVERRIDES = ["training.epochs=3", "training.max_steps_per_epoch=10", "mo
                      "data.options={max_classes: 60, image_size: 32, augmentations_per_font: 0}"]
 
 
-def trial_seconds(spec: BenchmarkSpec, directory: Path, settings: SearchSettings, overrides: list[str]) -> list[float]:
-    result = next(iter(search_methods(spec, directory, settings, overrides).values()))
-    if result.completed != settings.trials:
-        raise SystemExit(f"only {result.completed} of {settings.trials} trials completed in {directory}")
+def trial_seconds(prepared: Prepared) -> list[float]:
+    result = next(iter(run_search_stage(prepared, progress=False).values()))
+    if result.completed != prepared.search.trials:
+        raise SystemExit(f"only {result.completed} of {prepared.search.trials} trials completed in {prepared.output_dir}")
     return [float(trial["user_attrs"]["cost"]["wall_seconds"]) for trial in result.trials]
+
+
+def variant(spec: BenchmarkSpec, trials: int, frozen_trunk: bool) -> BenchmarkSpec:
+    """The one-method spec with ``trials`` trials; no protocol epochs, so the overrides' budget applies."""
+    protocol = spec.protocol.model_copy(update={"trials": trials, "epochs": None, "frozen_trunk": frozen_trunk})
+    return spec.model_copy(update={"protocol": protocol})
 
 
 def main() -> None:
@@ -56,23 +58,20 @@ def main() -> None:
     full = load_spec(args.config)
     spec = full.model_copy(update={"methods": full.methods[:1]})
     protocol = spec.protocol
-    raw = method_raw_config(spec, spec.methods[0].name, args.overrides)
-    epochs = config_module.from_dict(dict(raw)).training.epochs  # the overrides' budget, not the smoke protocol's
-    settings = SearchSettings(trials=args.trials, folds=protocol.folds, fold_mode=protocol.fold_mode, epochs=None,
-                              patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed)
-    print(f"{args.config.name}, method {spec.methods[0].name}: {protocol.folds} folds, {epochs} epochs per run, "
-          f"overrides {' '.join(args.overrides) or 'none'}, {args.trials} trial(s) per mode, {torch.get_num_threads()} thread")
     with tempfile.TemporaryDirectory() as scratch:
-        uncached = trial_seconds(spec, Path(scratch) / "full", settings, args.overrides)
-        cached_dir = Path(scratch) / "cached"
+        uncached_run = prepare(variant(spec, args.trials, False), Path(scratch) / "full", args.overrides)
+        cached_run = prepare(variant(spec, args.trials, True), Path(scratch) / "cached", args.overrides)
+        plan = next(iter(cached_run.plans.values()))
+        epochs = plan.config.training.epochs
+        print(f"{args.config.name}, method {spec.methods[0].name}: {protocol.folds} folds, {epochs} epochs per run, "
+              f"overrides {' '.join(args.overrides) or 'none'}, {args.trials} trial(s) per mode, {torch.get_num_threads()} thread")
+        uncached = trial_seconds(uncached_run)
         started = time.perf_counter()
-        trunk_raw = apply_budget(raw, settings.epochs, settings.patience)
-        dataset = load_dataset(config_module.from_dict(dict(trunk_raw)))
-        cache = FeatureCache(trunk_raw, cached_dir, dataset.content_hash)
-        for fold in fold_layout(dataset, k=settings.folds, mode=settings.fold_mode).folds:
+        cache = FeatureCache(plan.budgeted, cached_run.output_dir, cached_run.dataset_hash)
+        for fold in cached_run.layout.folds:
             cache.features(fold)
         one_off = time.perf_counter() - started
-        cached = trial_seconds(spec, cached_dir, replace(settings, frozen_trunk=True), args.overrides)
+        cached = trial_seconds(cached_run)
     full_trial, head_trial = statistics.mean(uncached), statistics.mean(cached)
     print(f"per trial without the cache (full models): {full_trial:.3f} s  (trials: {', '.join(f'{s:.3f}' for s in uncached)})")
     print(f"per trial with the cache (heads on features): {head_trial:.3f} s  (trials: {', '.join(f'{s:.3f}' for s in cached)})")

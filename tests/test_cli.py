@@ -84,8 +84,10 @@ def test_data_check_prints_classes_and_hash(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_builtin_benchmark_spec_is_valid() -> None:
-    from dmlbench.protocol.benchmark import load_spec, method_configs
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.plan import MethodPlan
 
-    configs = method_configs(load_spec(None), [])
+    spec = load_spec(None)
+    configs = {method.name: MethodPlan.build(spec, method.name, []).config for method in spec.methods}
     assert len(configs) >= 4
     assert len({config.loss.name for config in configs.values()}) == len(configs)

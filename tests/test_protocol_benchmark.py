@@ -231,7 +231,7 @@ def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_
 )
 def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None, minimum: dict) -> None:
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.search import method_raw_config
+    from dmlbench.protocol.plan import method_raw_config
     from dmlbench.protocol.search_space import parse_search_space
 
     spec = load_spec(path)
@@ -250,7 +250,7 @@ def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None
 
 def test_the_committed_glyph_studies_cover_what_issue_15_asks_for() -> None:
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.search import method_raw_config
+    from dmlbench.protocol.plan import method_raw_config
 
     spec = load_spec(REPO / "configs" / "reality_check_glyphs.yaml")
     assert spec.protocol.folds >= 4 and spec.protocol.reproductions >= 5
@@ -270,24 +270,37 @@ def test_the_committed_glyph_studies_cover_what_issue_15_asks_for() -> None:
     assert {method_raw_config(samplers, m.name)["loss"]["name"] for m in samplers.methods} == {"margin"}
 
 
-def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path) -> None:
-    """A sampler seeded per trial from (seed, trial index): searching 1 trial and then continuing to 2
-    suggests what one search of 2 trials suggests (the guarantee behind byte-identical resumes)."""
+def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampler seeded per trial from (seed, trial index): a search stopped in its second trial and
+    continued by a new worker suggests what one uninterrupted search suggests (the guarantee behind
+    byte-identical resumes)."""
     import logging
 
     import optuna
 
-    from dmlbench.protocol.benchmark import BenchmarkSpec
-    from dmlbench.protocol.search import SearchSettings, search_methods
+    from dmlbench.errors import RunInterrupted
+    from dmlbench.training import loop as loop_module
+    from protocol_fixtures import benchmark_spec, run_search, study
 
     optuna.logging.set_verbosity(logging.WARNING)
-    spec = BenchmarkSpec.model_validate({"base": BASE, "methods": [METHODS[0]]})
-    settings = SearchSettings(trials=2, folds=2, epochs=1, sampler="gp", seed=3)
-    once = search_methods(spec, tmp_path / "once", settings)["triplet"]
-    search_methods(spec, tmp_path / "twice", SearchSettings(**{**vars(settings), "trials": 1}))
-    twice = search_methods(spec, tmp_path / "twice", settings)["triplet"]
-    assert [t["params"] for t in once.trials] == [t["params"] for t in twice.trials]
-    assert [t["value"] for t in once.trials] == [t["value"] for t in twice.trials]
+    spec = benchmark_spec(BASE, METHODS[0], trials=2, folds=2, epochs=1, sampler="gp", search_seed=3)
+    once = run_search(spec, tmp_path / "once")["triplet"]
+    real_train = loop_module.train
+
+    def stopped_in_second_trial(config, run_dir, **kwargs):  # type: ignore[no-untyped-def]
+        if "trial_0001" in str(run_dir):
+            raise KeyboardInterrupt
+        return real_train(config, run_dir, **kwargs)
+
+    monkeypatch.setattr(loop_module, "train", stopped_in_second_trial)
+    with pytest.raises(RunInterrupted):
+        run_search(spec, tmp_path / "twice")
+    monkeypatch.setattr(loop_module, "train", real_train)
+    twice = run_search(spec, tmp_path / "twice")["triplet"]
+    assert len(study(tmp_path / "twice", "triplet").trials) == 3  # the stopped attempt, then its retry
+    complete = [t for t in twice.trials if t["state"] == "COMPLETE"]
+    assert [t["params"] for t in once.trials] == [t["params"] for t in complete]
+    assert [t["value"] for t in once.trials] == [t["value"] for t in complete]
 
 
 def test_keys_added_later_leave_an_older_benchmark_description_unchanged(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 import json
 import logging
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -13,14 +12,16 @@ import yaml
 
 from cli_runner import run_cli
 from dmlbench import config as config_module
-from dmlbench.errors import UserInputError
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol import feature_cache
-from dmlbench.protocol.benchmark import BenchmarkSpec, load_spec
+from dmlbench.protocol import search as search_module
+from dmlbench.protocol.benchmark import BenchmarkSpec, apply_spec_overrides, load_spec
 from dmlbench.protocol.folds import fold_layout
-from dmlbench.protocol.search import SearchSettings, search_methods
+from dmlbench.protocol.pipeline import prepare
 from dmlbench.training import TrainingDiverged
 from dmlbench.training.features import FoldFeatures, train_head
 from dmlbench.training.setup import load_dataset
+from protocol_fixtures import run_search, study
 from training_fixtures import TINY
 
 torch.set_num_threads(1)
@@ -28,7 +29,7 @@ optuna.logging.set_verbosity(logging.WARNING)
 
 FAST = [*TINY, "sampler.params={samples_per_class: 4}", "training.max_steps_per_epoch=2"]
 SEARCH = {"loss.params.margin": {"low": 0.05, "high": 0.5}}
-SETTINGS = SearchSettings(trials=2, folds=2, epochs=1, patience=1, sampler="tpe", seed=0, frozen_trunk=True)
+PROTOCOL = {"trials": 2, "folds": 2, "epochs": 1, "patience": 1, "sampler": "tpe", "search_seed": 0, "frozen_trunk": True}
 
 
 def base_raw() -> dict:
@@ -97,11 +98,20 @@ def test_frozen_trunk_search_trains_one_trunk_per_fold_and_reuses_its_features(t
         return original(self, config, state, key)
 
     monkeypatch.setattr(feature_cache.FeatureCache, "_extract", counted)
-    spec = BenchmarkSpec.model_validate({"base": base_raw(), "methods": [
+    spec = BenchmarkSpec.model_validate({"base": base_raw(), "protocol": {**PROTOCOL, "trials": 3}, "methods": [
         {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]})
-    result = search_methods(spec, tmp_path, SETTINGS)["triplet"]
-    assert result.completed == 2 and result.failed == 0
-    assert len(extractions) == 2  # once per fold, not once per trial
+    real_train_head = search_module.train_head
+
+    def stopped_in_third_trial(config, run_dir, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if "trial_0002" in str(run_dir):
+            raise KeyboardInterrupt
+        return real_train_head(config, run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(search_module, "train_head", stopped_in_third_trial)
+    with pytest.raises(RunInterrupted):
+        run_search(spec, tmp_path)
+    monkeypatch.setattr(search_module, "train_head", real_train_head)
+    assert len(study(tmp_path, "triplet").trials) == 3 and len(extractions) == 2  # once per fold, not once per trial
     assert sorted(path.name for path in (tmp_path / "features").glob("*.pt")) == ["fold_0.pt", "fold_1.pt"]
 
     layout = fold_layout(load_dataset(config_module.from_dict(base_raw())), k=2)
@@ -123,12 +133,13 @@ def test_frozen_trunk_search_trains_one_trunk_per_fold_and_reuses_its_features(t
     assert set(payload["train_labels"].tolist()) == set(layout.folds[0].train_classes)
 
     # A later worker (a new process: nothing in memory) reuses the stored features and trunks.
-    more = search_methods(spec, tmp_path, replace(SETTINGS, trials=3))["triplet"]
-    assert more.completed == 3 and len(extractions) == 2
+    result = run_search(spec, tmp_path)["triplet"]
+    assert result.completed == 3 and result.failed == 0 and len(extractions) == 2
     # A changed key (another trunk) recomputes them.
     payload["key"]["trunk_sha256"] = "0" * 64
     torch.save(payload, tmp_path / "features" / "fold_0.pt")
-    search_methods(spec, tmp_path, replace(SETTINGS, trials=4))
+    prepared = prepare(spec, tmp_path)
+    feature_cache.FeatureCache(prepared.plans["triplet"].budgeted, tmp_path, prepared.dataset_hash).features(layout.folds[0])
     assert len(extractions) == 3
 
 
@@ -139,9 +150,9 @@ def test_a_pretrained_trunk_is_used_as_is_and_keys_the_features_by_its_file(tmp_
     weights = tmp_path / "trunk.pt"
     torch.save(trunk.state_dict(), weights)
     raw = config_module.apply_overrides(base_raw(), [f"model.pretrained={weights}"])
-    spec = BenchmarkSpec.model_validate({"base": raw, "methods": [
+    spec = BenchmarkSpec.model_validate({"base": raw, "protocol": {**PROTOCOL, "trials": 1}, "methods": [
         {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]})
-    result = search_methods(spec, tmp_path / "out", replace(SETTINGS, trials=1))["triplet"]
+    result = run_search(spec, tmp_path / "out")["triplet"]
     assert result.completed == 1
     assert not (tmp_path / "out" / "trunks").exists()  # nothing trained: the pre-trained trunk as is
     payload = torch.load(tmp_path / "out" / "features" / "fold_1.pt", weights_only=True)
@@ -195,14 +206,15 @@ def test_frozen_trunk_keys_are_validated(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"base": base_raw(), "methods": [{**method, "name": "trunks"}]}))
     with pytest.raises(UserInputError, match="reserved for the frozen-trunk feature cache"):
         load_spec(path)
-    with pytest.raises(UserInputError, match="frozen_trunk must be true or false"):
-        SearchSettings(frozen_trunk="yes").check()  # type: ignore[arg-type]
-    other_trunk = BenchmarkSpec.model_validate({"base": base_raw(), "methods": [
+    with pytest.raises(UserInputError, match="key 'protocol.frozen_trunk': Input should be a valid boolean"):
+        apply_spec_overrides(BenchmarkSpec.model_validate({"base": base_raw(), "methods": [method]}),
+                             ["protocol.frozen_trunk=maybe"])
+    other_trunk = BenchmarkSpec.model_validate({"base": base_raw(), "protocol": PROTOCOL, "methods": [
         method, {"name": "wide", "overrides": {"loss.name": "contrastive", "model.options": {"width": 16}}, "search": {}}]})
     with pytest.raises(UserInputError, match="method 'wide' uses another trunk than 'triplet'"):
-        search_methods(other_trunk, tmp_path / "a", SETTINGS)
-    ensemble = BenchmarkSpec.model_validate({"base": base_raw(), "methods": [
+        run_search(other_trunk, tmp_path / "a")
+    ensemble = BenchmarkSpec.model_validate({"base": base_raw(), "protocol": PROTOCOL, "methods": [
         {"name": "dreml", "overrides": {"loss.name": "triplet", "model.ensemble": 2}, "search": SEARCH}]})
     with pytest.raises(UserInputError, match="single trunk"):
-        search_methods(ensemble, tmp_path / "b", SETTINGS)
+        run_search(ensemble, tmp_path / "b")
     assert not (tmp_path / "a" / "trunks").exists() and not (tmp_path / "b" / "trunks").exists()

@@ -15,16 +15,12 @@ from dmlbench.data.splits import train_test_split
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation import evaluate_many
 from dmlbench.protocol import reproductions as reproductions_module
-from dmlbench.protocol.benchmark import BenchmarkSpec
-from dmlbench.protocol.reproductions import (
-    RESULTS_COLUMNS,
-    RUNS_COLUMNS,
-    ReproductionSettings,
-    reproduce_methods,
-)
+from dmlbench.protocol.results import RESULTS_COLUMNS, RUNS_COLUMNS, write_results
 from dmlbench.protocol.statistics import mean_interval
 from dmlbench.training.runs import embed_test_split
+from dmlbench.training import loop as loop_module
 from dmlbench.training.setup import load_dataset
+from protocol_fixtures import benchmark_spec, reproduce
 from training_fixtures import TINY
 
 torch.set_num_threads(1)
@@ -32,7 +28,7 @@ optuna.logging.set_verbosity(logging.WARNING)
 
 FAST = [*TINY, "sampler.params={samples_per_class: 4}", "training.max_steps_per_epoch=2",
         "evaluation.metrics=[precision_at_1, map_at_r]"]
-SETTINGS = ReproductionSettings(reproductions=2, first_seed=5, folds=2, epochs=1)
+PROTOCOL = {"reproductions": 2, "first_seed": 5, "folds": 2, "epochs": 1}
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -42,12 +38,11 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def test_reproductions_write_results_and_runs_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = BenchmarkSpec.model_validate({
-        "base": config_module.apply_overrides({}, list(FAST)),
-        "methods": [{"name": "triplet", "overrides": {"loss.name": "triplet"}}],
-    })
-    results = reproduce_methods(spec, {"triplet": {"loss.params.margin": 0.3}}, tmp_path, SETTINGS)
-    outcomes = results["triplet"].outcomes
+    spec = benchmark_spec(config_module.apply_overrides({}, list(FAST)),
+                          {"name": "triplet", "overrides": {"loss.name": "triplet"}}, **PROTOCOL)
+    reproduced = reproduce(spec, tmp_path, "triplet", {"loss.params.margin": 0.3})
+    write_results({"triplet": reproduced}, tmp_path)
+    outcomes = reproduced.outcomes
     assert [(o.reproduction, o.seed, o.reason) for o in outcomes] == [(0, 5, None), (1, 6, None)]
 
     header, runs = read_csv(tmp_path / "runs.csv")
@@ -84,31 +79,29 @@ def test_reproductions_write_results_and_runs_csv(tmp_path: Path, monkeypatch: p
     concatenated = [outcome.scores["concatenated"]["map_at_r"] for outcome in outcomes]
     assert not np.allclose(concatenated[0], concatenated[1])  # different seeds, different models
 
-    summary = json.loads((tmp_path / "reproductions.json").read_text())
-    assert summary["methods"]["triplet"]["params"] == {"loss.params.margin": 0.3}
-    assert [o["seed"] for o in summary["methods"]["triplet"]["outcomes"]] == [5, 6]
+    assert reproduced.params == {"loss.params.margin": 0.3}
 
     # Resuming trains nothing and does not embed the test split again.
-    monkeypatch.setattr(reproductions_module, "train", lambda *a, **k: pytest.fail("trained again"))
+    monkeypatch.setattr(loop_module, "train", lambda *a, **k: pytest.fail("trained again"))
     monkeypatch.setattr(reproductions_module, "embed_test_split", lambda *a, **k: pytest.fail("test embedded again"))
-    again = reproduce_methods(spec, {"triplet": {"loss.params.margin": 0.3}}, tmp_path, SETTINGS)
-    assert [o.scores for o in again["triplet"].outcomes] == [o.scores for o in outcomes]
+    again = reproduce(spec, tmp_path, "triplet", {"loss.params.margin": 0.3})
+    assert [o.scores for o in again.outcomes] == [o.scores for o in outcomes]
 
 
 def test_a_failing_reproduction_is_left_out_of_n(tmp_path: Path) -> None:
-    spec = BenchmarkSpec.model_validate({
-        "base": config_module.apply_overrides({}, list(FAST)),
-        "methods": [{"name": "sgd", "overrides": {"optimizer.name": "sgd", "optimizer.lr": 1e30}}],
-    })
-    results = reproduce_methods(spec, {}, tmp_path, ReproductionSettings(reproductions=1, folds=2, epochs=1))
-    (outcome,) = results["sgd"].outcomes
+    spec = benchmark_spec(config_module.apply_overrides({}, list(FAST)),
+                          {"name": "sgd", "overrides": {"optimizer.name": "sgd", "optimizer.lr": 1e30}},
+                          reproductions=1, folds=2, epochs=1)
+    reproduced = reproduce(spec, tmp_path, "sgd", {})
+    (outcome,) = reproduced.outcomes
     assert outcome.scores is None and "NaN" in (outcome.reason or "")
+    write_results({"sgd": reproduced}, tmp_path)
     assert read_csv(tmp_path / "results.csv") == (list(RESULTS_COLUMNS), [])
     assert not (tmp_path / "sgd" / "reproduction_00" / "test_metrics.json").exists()
 
 
 def test_compare_reproductions_pairs_by_seed_on_seeds_every_method_scored() -> None:
-    from dmlbench.protocol.reproductions import MethodReproductions, ReproductionOutcome, compare_reproductions
+    from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome, compare_reproductions
     from dmlbench.protocol.statistics import paired_comparison
 
     def method(name: str, values: dict[int, float | None]) -> MethodReproductions:

@@ -11,25 +11,21 @@ from optuna.trial import TrialState
 
 from dmlbench import config as config_module
 from dmlbench.data.splits import train_test_split
-from dmlbench.errors import UserInputError
-from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol import search as search_module
-from dmlbench.protocol.search import (
-    SearchSettings,
-    make_sampler,
-    method_raw_config,
-    run_search,
-    search_methods,
-    storage_url,
-)
-from dmlbench.protocol.search_space import parse_search_space
+from dmlbench.protocol.benchmark import ProtocolSpec, apply_spec_overrides
+from dmlbench.protocol.pipeline import prepare, resolve_storage, run_benchmark
+from dmlbench.protocol.plan import SearchSettings, method_raw_config
+from dmlbench.protocol.search import make_sampler
+from dmlbench.training import loop as loop_module
 from dmlbench.training.setup import load_dataset
+from protocol_fixtures import benchmark_spec, method_search, run_search, study
 from training_fixtures import TINY
 
 torch.set_num_threads(1)
 optuna.logging.set_verbosity(logging.WARNING)
 
-SETTINGS = SearchSettings(trials=2, folds=2, epochs=1, patience=1, sampler="tpe", seed=0)
+PROTOCOL = {"trials": 2, "folds": 2, "epochs": 1, "patience": 1, "sampler": "tpe", "search_seed": 0}
 FAST = [*TINY, "sampler.params={samples_per_class: 4}", "training.max_steps_per_epoch=2"]
 SEARCH = {"loss.params.margin": {"low": 0.05, "high": 0.5}}
 
@@ -38,23 +34,23 @@ def base_raw() -> dict:
     return config_module.apply_overrides({}, list(FAST))
 
 
-def spec(*methods: dict) -> BenchmarkSpec:
-    return BenchmarkSpec.model_validate({"base": base_raw(), "methods": list(methods)})
+def one_method(raw: dict, name: str = "m", **protocol: object):  # type: ignore[no-untyped-def]
+    return benchmark_spec(raw, {"name": name, "search": SEARCH}, **protocol)
 
 
 def test_tiny_study_stores_its_trials_and_its_runs_never_see_a_test_class(tmp_path: Path) -> None:
-    benchmark = spec({"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH})
-    results = search_methods(benchmark, tmp_path, SETTINGS)
+    benchmark = benchmark_spec(base_raw(), {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH},
+                               **PROTOCOL)
+    results = run_search(benchmark, tmp_path)
     result = results["triplet"]
     assert result.completed == 2 and result.failed == 0
     assert result.best_params is not None and 0.05 <= result.best_params["loss.params.margin"] <= 0.5
 
-    study = optuna.load_study(study_name="triplet", storage=storage_url(tmp_path))
-    assert storage_url(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
-    trials = study.get_trials()
+    stored = study(tmp_path, "triplet")
+    trials = stored.get_trials()
     assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2
-    assert study.user_attrs["settings"]["folds"] == 2 and study.user_attrs["epochs"] == 1
-    assert study.user_attrs["fold_layout_hash"] == result.fold_layout_hash
+    assert stored.user_attrs["settings"]["folds"] == 2 and stored.user_attrs["epochs"] == 1
+    assert stored.user_attrs["fold_layout_hash"] == result.fold_layout_hash
     for trial in trials:
         assert trial.value == pytest.approx(sum(trial.user_attrs["fold_values"]) / 2)
         assert len(trial.user_attrs["run_dirs"]) == 2
@@ -79,25 +75,27 @@ def test_tiny_study_stores_its_trials_and_its_runs_never_see_a_test_class(tmp_pa
     assert summary["settings"]["trials"] == 2 and summary["settings"]["epochs"] == 1
 
     # Re-running a finished search adds nothing.
-    again = search_methods(benchmark, tmp_path, SETTINGS)["triplet"]
-    assert again.completed == 2 and len(optuna.load_study(study_name="triplet", storage=storage_url(tmp_path)).trials) == 2
+    again = run_search(benchmark, tmp_path)["triplet"]
+    assert again.completed == 2 and len(study(tmp_path, "triplet").trials) == 2
 
 
-def test_a_diverging_trial_is_failed_with_a_reason_and_no_value(tmp_path: Path) -> None:
-    raw = config_module.apply_overrides(base_raw(), ["optimizer.name=sgd", "optimizer.lr=1e30"])
-    space = parse_search_space(SEARCH, raw)
-    result = run_search("sgd", raw, space, tmp_path, SearchSettings(trials=1, folds=2, epochs=1, sampler="tpe"))
-    assert result.completed == 0 and result.failed == 1 and result.best_value is None
-    (trial,) = optuna.load_study(study_name="sgd", storage=storage_url(tmp_path)).trials
+def test_a_diverging_trial_is_failed_and_its_method_never_reproduced_with_defaults(tmp_path: Path) -> None:
+    benchmark = benchmark_spec(base_raw(), {"name": "sgd", "overrides": {"optimizer.name": "sgd", "optimizer.lr": 1e30},
+                                            "search": SEARCH}, {"name": "ok", "search": SEARCH},
+                               trials=1, folds=2, epochs=1, sampler="tpe", reproductions=1)
+    outcome = run_benchmark(prepare(benchmark, tmp_path), progress=False)
+    assert outcome is not None
+    assert outcome.failed == {"sgd": "no search trial completed (1 failed)"}
+    (trial,) = study(tmp_path, "sgd").trials
     assert trial.state == TrialState.FAIL and trial.value is None
     assert "NaN" in trial.user_attrs["fail_reason"]
+    # Only the method with a completed trial is reproduced; the baseline takes it as its reference.
+    assert set(outcome.results) == {"ok", "untrained"} and not (tmp_path / "sgd" / "reproduction_00").exists()
 
 
 def test_an_interrupted_trial_is_rerun_once_with_the_same_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    raw = base_raw()
-    space = parse_search_space(SEARCH, raw)
-    settings = SearchSettings(trials=1, folds=2, epochs=1, sampler="gp", seed=3)
-    real_train = search_module.train
+    benchmark = one_method(base_raw(), trials=1, folds=2, epochs=1, sampler="gp", search_seed=3)
+    real_train = loop_module.train
     calls = {"count": 0}
 
     def killed_in_second_fold(*args, **kwargs):
@@ -106,14 +104,14 @@ def test_an_interrupted_trial_is_rerun_once_with_the_same_parameters(tmp_path: P
             raise KeyboardInterrupt  # the process dies: the trial stays RUNNING in the storage
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(search_module, "train", killed_in_second_fold)
-    with pytest.raises(KeyboardInterrupt):
-        run_search("m", raw, space, tmp_path, settings)
-    (killed,) = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    monkeypatch.setattr(loop_module, "train", killed_in_second_fold)
+    with pytest.raises(RunInterrupted, match="re-run the same command to continue"):
+        run_search(benchmark, tmp_path)
+    (killed,) = study(tmp_path, "m").trials
     assert killed.state == TrialState.FAIL and killed.user_attrs["interrupted"] is True
 
-    result = run_search("m", raw, space, tmp_path, settings)
-    trials = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    result = run_search(benchmark, tmp_path)["m"]
+    trials = study(tmp_path, "m").trials
     assert [trial.state for trial in trials] == [TrialState.FAIL, TrialState.COMPLETE]
     assert trials[0].value is None and "fail_reason" not in trials[0].user_attrs
     assert trials[1].params == killed.params and trials[1].user_attrs["retry_of"] == 0
@@ -124,11 +122,11 @@ def test_an_interrupted_trial_is_rerun_once_with_the_same_parameters(tmp_path: P
     assert fold_0["status"] == "completed" and fold_0["resumed"] == [] and fold_0["samples_seen"] > 0
     assert result.completed == 1 and result.failed == 0
     # Resuming again neither re-runs nor re-enqueues anything.
-    run_search("m", raw, space, tmp_path, settings)
-    assert len(optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials) == 2
-    # A study made with another budget is not continued.
-    with pytest.raises(UserInputError, match="started with settings"):
-        run_search("m", raw, space, tmp_path, SearchSettings(trials=1, folds=2, epochs=2, sampler="gp", seed=3))
+    run_search(benchmark, tmp_path)
+    assert len(study(tmp_path, "m").trials) == 2
+    # A benchmark made with another budget is not continued.
+    with pytest.raises(UserInputError, match="holds a benchmark with another spec"):
+        run_search(one_method(base_raw(), trials=1, folds=2, epochs=2, sampler="gp", search_seed=3), tmp_path)
 
 
 def test_a_trial_left_running_by_a_dead_process_is_retried_with_its_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,61 +134,62 @@ def test_a_trial_left_running_by_a_dead_process_is_retried_with_its_parameters(t
     import subprocess
 
     from dmlbench.protocol.storage import host_id
-    from dmlbench.training.loop import TrainResult
+    from dmlbench.training.step import TrainResult
 
     def scripted_train(config, run_dir, **kwargs):
         return TrainResult(Path(run_dir), 1, {"map_at_r": config.loss.params["margin"]}, 1)
 
-    monkeypatch.setattr(search_module, "train", scripted_train)
-    raw = base_raw()
-    space = parse_search_space(SEARCH, raw)
-    settings = SearchSettings(trials=2, folds=2, epochs=1, sampler="tpe", seed=0)
-    search = search_module.MethodSearch("m", raw, space, tmp_path, settings)
+    monkeypatch.setattr(loop_module, "train", scripted_train)
+    benchmark = one_method(base_raw(), trials=2, folds=2, epochs=1, sampler="tpe")
+    search = method_search(prepare(benchmark, tmp_path), "m")
     gone = subprocess.Popen(["true"])
     gone.wait()
-    study = search.study
-    study.enqueue_trial({"loss.params.margin": 0.25}, user_attrs={"slot": 0})
-    orphan = study.ask()
+    searched = search.study
+    searched.enqueue_trial({"loss.params.margin": 0.25}, user_attrs={"slot": 0})
+    orphan = searched.ask()
     orphan.suggest_float("loss.params.margin", 0.05, 0.5)
     orphan.set_user_attr("worker", {"host": host_id(), "pid": gone.pid})
-    result = run_search("m", raw, space, tmp_path, settings)
-    trials = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    result = run_search(benchmark, tmp_path)["m"]
+    trials = study(tmp_path, "m").trials
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert trials[0].user_attrs["interrupted"] is True
     assert trials[1].params == {"loss.params.margin": 0.25} and trials[1].user_attrs["retry_of"] == 0
     assert [t.user_attrs["slot"] for t in trials] == [0, 0, 1]
-    assert result.completed == 2 and search_module.budgeted_trials(study) == 2
+    assert result.completed == 2 and search_module.budgeted_trials(searched) == 2
 
 
 def test_parallel_trials_lets_a_batch_start_before_the_earlier_slots_finish(tmp_path: Path) -> None:
-    raw = base_raw()
-    space = parse_search_space(SEARCH, raw)
     for parallel, expected in ((1, [True, False, False]), (2, [True, True, False])):
-        search = search_module.MethodSearch(f"m{parallel}", raw, space, tmp_path,
-                                            SearchSettings(trials=3, folds=2, epochs=1, sampler="tpe", parallel_trials=parallel))
+        benchmark = one_method(base_raw(), f"m{parallel}", trials=3, folds=2, epochs=1, sampler="tpe",
+                               parallel_trials=parallel)
+        search = method_search(prepare(benchmark, tmp_path / str(parallel)), f"m{parallel}")
         assert [search._ready(slot, {}) for slot in range(3)] == expected
         assert search._ready(2, {0: None, 1: None})  # type: ignore[dict-item]
 
 
 def test_protocol_keys_and_bad_settings_are_refused(tmp_path: Path) -> None:
-    raw = base_raw()
-    with pytest.raises(UserInputError, match="'training.epochs' is set by the protocol"):
-        run_search("m", raw, parse_search_space({"training.epochs": {"low": 1, "high": 3, "type": "int"}}, raw),
-                   tmp_path, SETTINGS)
-    with pytest.raises(UserInputError, match="sampler"):
-        SearchSettings(sampler="grid").check()
-    with pytest.raises(UserInputError, match="trials"):
-        SearchSettings(trials=0).check()
+    epochs_searched = benchmark_spec(base_raw(), {"name": "m", "search": {"training.epochs": {"low": 1, "high": 3, "type": "int"}}},
+                                     **PROTOCOL)
+    with pytest.raises(UserInputError, match="method 'm': search key 'training.epochs' is set by the protocol"):
+        run_search(epochs_searched, tmp_path)
+    benchmark = one_method(base_raw(), **PROTOCOL)
+    for override, message in (("protocol.sampler=grid", "key 'protocol.sampler': Input should be 'gp' or 'tpe'"),
+                              ("protocol.pruner=hyperband", "key 'protocol.pruner'"),
+                              ("protocol.fold_mode=random", "key 'protocol.fold_mode'"),
+                              ("protocol.trials=0", "key 'protocol.trials'")):
+        with pytest.raises(UserInputError, match=message):
+            apply_spec_overrides(benchmark, [override])
     with pytest.raises(UserInputError, match="method 'x': search key 'loss.params.nope'"):
-        search_methods(spec({"name": "x", "search": {"loss.params.nope": {"low": 0.1, "high": 0.2}}}), tmp_path, SETTINGS)
+        run_search(benchmark_spec(base_raw(), {"name": "x", "search": {"loss.params.nope": {"low": 0.1, "high": 0.2}}},
+                                  **PROTOCOL), tmp_path)
     with pytest.raises(UserInputError, match="different numbers of epochs"):
-        search_methods(spec({"name": "a"}, {"name": "b", "overrides": {"training.epochs": 3}}), tmp_path,
-                       SearchSettings(trials=1, folds=2))
+        run_search(benchmark_spec(base_raw(), {"name": "a"}, {"name": "b", "overrides": {"training.epochs": 3}},
+                                  trials=1, folds=2), tmp_path)
     assert not (tmp_path / "study.db").exists()
 
 
 def test_method_raw_config_layers_base_method_and_overrides() -> None:
-    benchmark = spec({"name": "a", "overrides": {"loss.name": "margin", "optimizer.lr": 1e-5}})
+    benchmark = benchmark_spec(base_raw(), {"name": "a", "overrides": {"loss.name": "margin", "optimizer.lr": 1e-5}})
     raw = method_raw_config(benchmark, "a", ["training.epochs=3"])
     config = config_module.from_dict(raw)
     assert (config.loss.name, config.optimizer.lr, config.training.epochs) == ("margin", 1e-5, 3)
@@ -201,33 +200,25 @@ def test_method_raw_config_layers_base_method_and_overrides() -> None:
 @pytest.mark.parametrize("sampler", ["gp", "tpe"])
 def test_samplers_are_seeded(sampler: str) -> None:
     def params_of(seed: int) -> list[dict]:
-        study = optuna.create_study(direction="maximize", sampler=make_sampler(SearchSettings(sampler=sampler, seed=seed)))
-        study.optimize(lambda trial: -(trial.suggest_float("x", -1.0, 1.0) - 0.3) ** 2, n_trials=12)
-        return [trial.params for trial in study.trials]
+        settings = SearchSettings.of(ProtocolSpec(sampler=sampler, search_seed=seed), "sqlite://")
+        searched = optuna.create_study(direction="maximize", sampler=make_sampler(settings))
+        searched.optimize(lambda trial: -(trial.suggest_float("x", -1.0, 1.0) - 0.3) ** 2, n_trials=12)
+        return [trial.params for trial in searched.trials]
 
     assert params_of(1) == params_of(1)
     assert params_of(1) != params_of(2)
-    assert isinstance(make_sampler(SearchSettings()), optuna.samplers.GPSampler)
+    assert isinstance(make_sampler(SearchSettings.of(ProtocolSpec(), "sqlite://")), optuna.samplers.GPSampler)
 
 
-def test_storage_is_any_sqlalchemy_url(tmp_path: Path) -> None:
-    assert storage_url(tmp_path, "postgresql://user@host/db") == "postgresql://user@host/db"
-    assert storage_url(tmp_path) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
-
-
-def test_best_params_refuses_a_method_without_a_completed_trial() -> None:
-    from dmlbench.protocol.search import SearchResult, best_params
-
-    good = SearchResult("a", "sqlite://", 2, 0, 0, 0.4, {"loss.params.margin": 0.2}, "h")
-    unsearched = SearchResult("b", "sqlite://", 1, 0, 0, 0.3, {}, "h")
-    assert best_params({"a": good, "b": unsearched}) == {"a": {"loss.params.margin": 0.2}, "b": {}}
-    with pytest.raises(UserInputError, match="method 'c': no search trial completed"):
-        best_params({"a": good, "c": SearchResult("c", "sqlite://", 0, 2, 0, None, None, "h")})
+def test_storage_is_the_given_url_else_sqlite_for_one_worker_and_a_journal_for_several(tmp_path: Path) -> None:
+    assert resolve_storage(tmp_path, "postgresql://user@host/db", 1) == "postgresql://user@host/db"
+    assert resolve_storage(tmp_path, None, 1) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
+    assert resolve_storage(tmp_path, None, 2) == f"journal:///{tmp_path.resolve() / 'study.journal'}"
 
 
 def test_median_pruning_stops_a_hopeless_trial_after_its_first_fold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fold scores are scripted; the third trial's first fold is below the median of the first two."""
-    from dmlbench.training.loop import TrainResult
+    from dmlbench.training.step import TrainResult
 
     scores = iter([0.5, 0.5, 0.6, 0.6, 0.1, 0.7, 0.7])
     calls = []
@@ -236,25 +227,19 @@ def test_median_pruning_stops_a_hopeless_trial_after_its_first_fold(tmp_path: Pa
         calls.append(run_dir)
         return TrainResult(Path(run_dir), 1, {"map_at_r": next(scores)}, 1)
 
-    monkeypatch.setattr(search_module, "train", scripted_train)
-    raw = base_raw()
-    space = parse_search_space(SEARCH, raw)
-    settings = SearchSettings(trials=4, folds=2, epochs=1, sampler="tpe", seed=0, pruner="median")
-    result = run_search("m", raw, space, tmp_path, settings)
-    trials = optuna.load_study(study_name="m", storage=storage_url(tmp_path)).trials
+    monkeypatch.setattr(loop_module, "train", scripted_train)
+    result = run_search(one_method(base_raw(), trials=4, folds=2, epochs=1, sampler="tpe", pruner="median"), tmp_path)["m"]
+    trials = study(tmp_path, "m").trials
     assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2 + [TrialState.PRUNED, TrialState.COMPLETE]
     assert "after 1 fold" in trials[2].user_attrs["pruned"]  # Optuna keeps its last running mean as its value
     assert len(calls) == 7  # the pruned trial trained one fold, not two
     assert (result.completed, result.pruned, result.failed) == (3, 1, 0)
-    assert result.best_value == pytest.approx(0.7) and search_module.budgeted_trials(
-        optuna.load_study(study_name="m", storage=storage_url(tmp_path))) == 4
-    with pytest.raises(UserInputError, match="pruner"):
-        SearchSettings(pruner="hyperband").check()
+    assert result.best_value == pytest.approx(0.7) and search_module.budgeted_trials(study(tmp_path, "m")) == 4
 
 
 @pytest.mark.parametrize("sampler", ["gp", "tpe"])
 def test_startup_trials_reach_the_sampler(sampler: str) -> None:
     # Optuna's default (10 random start-up trials) would leave a budget of 8 trials unmodelled.
-    default = search_module.make_sampler(search_module.SearchSettings(trials=8, sampler=sampler))
-    chosen = search_module.make_sampler(search_module.SearchSettings(trials=8, sampler=sampler, startup_trials=3))
+    default = make_sampler(SearchSettings.of(ProtocolSpec(trials=8, sampler=sampler), "sqlite://"))
+    chosen = make_sampler(SearchSettings.of(ProtocolSpec(trials=8, sampler=sampler, startup_trials=3), "sqlite://"))
     assert default._n_startup_trials == 10 and chosen._n_startup_trials == 3

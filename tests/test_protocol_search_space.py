@@ -12,7 +12,6 @@ from dmlbench.errors import UserInputError
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.search_space import (
     SearchSpace,
-    apply_assignment,
     as_override_strings,
     parse_search_space,
 )
@@ -57,7 +56,7 @@ def test_trials_become_valid_configs_with_conditionals_respected() -> None:
         seen_names.add(assignment["miner.name"])
         assert ("miner.params.epsilon" in assignment) == (assignment["miner.name"] == "multi_similarity")
         assert set(trial.params) == set(assignment)
-        config = config_module.from_dict(apply_assignment(BASE, assignment))
+        config = config_module.from_dict(config_module.assign(BASE, assignment))
         assert config.loss.params["margin"] == assignment["loss.params.margin"]
         # The override strings say the same thing.
         assert config_module.from_dict(copy.deepcopy(BASE), as_override_strings(assignment)) == config
@@ -75,11 +74,16 @@ def test_override_strings_round_trip_small_floats() -> None:
     assert parse_override(override) == (["optimizer", "lr"], 1e-5)
 
 
-def test_apply_assignment_does_not_modify_its_input() -> None:
+def test_assign_does_not_modify_its_input_and_shares_the_override_setter() -> None:
     raw = {"loss": {"name": "triplet", "params": {"margin": 0.1}}}
-    updated = apply_assignment(raw, {"loss.params.margin": 0.3, "optimizer.lr": 1e-5})
+    updated = config_module.assign(raw, {"loss.params.margin": 0.3, "optimizer.lr": 1e-5})
     assert raw == {"loss": {"name": "triplet", "params": {"margin": 0.1}}}
     assert updated == {"loss": {"name": "triplet", "params": {"margin": 0.3}}, "optimizer": {"lr": 1e-5}}
+    assert updated == config_module.apply_overrides(copy.deepcopy(raw), ["loss.params.margin=0.3", "optimizer.lr=1.0e-05"])
+    for wrong in (lambda: config_module.assign(raw, {"loss.name.x": 1}),
+                  lambda: config_module.apply_overrides(copy.deepcopy(raw), ["loss.name.x=1"])):
+        with pytest.raises(UserInputError, match=r"config key 'loss.name' is not a section \(setting 'loss.name.x'\)"):
+            wrong()
 
 
 @pytest.mark.parametrize(

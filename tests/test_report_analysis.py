@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.reproductions import MethodReproductions, ReproductionOutcome
+from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome
 from dmlbench.protocol.statistics import (
     compare_methods,
     compare_pairs,

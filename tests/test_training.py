@@ -296,16 +296,16 @@ def test_gradient_accumulation_steps_once_per_window(tmp_path: Path) -> None:
 def test_gradient_accumulation_sums_the_batches_gradients(tmp_path: Path) -> None:
     """Two accumulated batches give one SGD step along the mean of their two gradients."""
     from dmlbench.training import loop as training_loop
-    from dmlbench.training.setup import build_components
+    from dmlbench.training.setup import build_components, build_sampler, class_index, load_dataset
 
     config = tiny_config(
         "training.accumulation_steps=2", "training.max_steps_per_epoch=2", "optimizer.name=sgd",
         "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.lr=0.1",
     )
-    dataset = training_loop.load_dataset(config)
+    dataset = load_dataset(config)
     labels = torch.as_tensor(dataset.labels)
-    index = training_loop.class_index(labels.numpy())
-    sampler = training_loop.build_sampler(config, index[labels].numpy())
+    index = class_index(labels.numpy())
+    sampler = build_sampler(config, index[labels].numpy())
     components = build_components(config, int((index >= 0).sum()), torch.device("cpu"))
     reference = build_components(config, int((index >= 0).sum()), torch.device("cpu"))
     stepper = training_loop._Stepper(config, components, torch.device("cpu"), training_loop.ProcessGroup())

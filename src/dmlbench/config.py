@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -182,16 +184,31 @@ def parse_override(override: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``raw`` with each ``key=value`` command-line override (a YAML value) set in place."""
     for override in overrides:
         path, value = parse_override(override)
-        node = raw
-        for depth, part in enumerate(path[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise UserInputError(f"override {override!r}: {'.'.join(path[: depth + 1])} is not a section")
-            node = child
-        node[path[-1]] = value
+        _set(raw, path, value)
     return raw
+
+
+def assign(raw: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``raw`` with each dotted key of ``values`` set to its value, as a Python object
+    (no string round trip, so ``1e-05`` stays a float): search assignments, fold classes, seeds."""
+    result = copy.deepcopy(dict(raw))
+    for key, value in values.items():
+        _set(result, key.split("."), copy.deepcopy(value))
+    return result
+
+
+def _set(node: dict[str, Any], path: list[str], value: Any) -> None:
+    """The one dotted-key setter: sections on the way are created; a value on the way is an error."""
+    for depth, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserInputError(f"config key {'.'.join(path[: depth + 1])!r} is not a section "
+                                 f"(setting {'.'.join(path)!r})")
+        node = child
+    node[path[-1]] = value
 
 
 def _validation_message(error: ValidationError) -> str:

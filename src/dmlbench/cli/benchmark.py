@@ -56,6 +56,7 @@ def benchmark_command(
     """
     from dmlbench.protocol.benchmark import load_spec
     from dmlbench.protocol.pipeline import prepare, run_benchmark
+    from dmlbench.report import write_report
 
     _quiet_optuna()
     config_path, overrides = config_and_overrides(config_path, overrides)
@@ -73,9 +74,9 @@ def benchmark_command(
         if jobs > 1:
             from dmlbench.protocol.jobs import run_jobs
 
-            outcome = run_jobs(prepared, config_path, overrides, progress=not quiet)
+            outcome = run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report)
         else:
-            outcome = run_benchmark(prepared, progress=not quiet)
+            outcome = run_benchmark(prepared, progress=not quiet, report=write_report)
     if outcome is None:
         typer.echo(f"nothing left to do; the report is in the directory of the worker that wrote it "
                    f"(`dmlbench report {output_dir}` builds it here from the storage)")

@@ -23,10 +23,9 @@ from typing import Any
 import yaml
 
 from dmlbench.errors import UserInputError
+from dmlbench.protocol.layout import BENCHMARK_FILE, TEST_ACCESS_FILE, reproduction_study
 from dmlbench.training import records
 
-BENCHMARK_FILE = "benchmark.json"
-TEST_ACCESS_FILE = "test_access.jsonl"
 
 
 def audit(output_dir: Path) -> list[str]:
@@ -35,7 +34,6 @@ def audit(output_dir: Path) -> list[str]:
 
     from dmlbench.protocol import storage as storage_module
     from dmlbench.protocol import work
-    from dmlbench.protocol.reproductions import study_name
     from dmlbench.protocol.search import budgeted_trials
 
     output_dir = Path(output_dir)
@@ -121,8 +119,8 @@ def audit(output_dir: Path) -> list[str]:
         study = optuna.load_study(study_name=method, storage=storage)
         budgeted = budgeted_trials(study)
         settings = study.user_attrs.get("settings", {})
-        reproductions = (len(work.counted(optuna.load_study(study_name=study_name(method), storage=storage)))
-                         if study_name(method) in names else 0)
+        reproductions = (len(work.counted(optuna.load_study(study_name=reproduction_study(method), storage=storage)))
+                         if reproduction_study(method) in names else 0)
         budgets[method] = (budgeted, study.user_attrs.get("epochs"), settings.get("folds"), tuple(sorted(epochs[method])),
                            reproductions, tuple(sorted((k, str(v)) for k, v in settings.items())))
         if budgeted != protocol["trials"]:

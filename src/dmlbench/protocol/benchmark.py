@@ -4,15 +4,14 @@ runs it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from dmlbench import config as config_module
 from dmlbench.errors import UserInputError
+from dmlbench.protocol import layout
 
 DEFAULT_BENCHMARK = Path(__file__).resolve().parent.parent / "configs" / "benchmark.yaml"
 
@@ -41,13 +40,13 @@ class ProtocolSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
-    fold_mode: str = "contiguous"
+    fold_mode: Literal["contiguous", "interleaved"] = "contiguous"
     trials: int = Field(10, ge=1)
     epochs: int | None = Field(None, ge=1)
     patience: int | None = Field(None, ge=1)
-    sampler: str = "gp"
+    sampler: Literal["gp", "tpe"] = "gp"
     startup_trials: int | None = Field(None, ge=1)
-    pruner: str = "none"
+    pruner: Literal["none", "median"] = "none"
     search_seed: int = Field(0, ge=0)
     reproductions: int = Field(3, ge=1)
     first_seed: int = Field(1000, ge=0)
@@ -88,11 +87,10 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise UserInputError(f"benchmark method names must be unique; repeated: {', '.join(duplicates)}")
-    if "untrained" in names:
-        raise UserInputError("benchmark method name 'untrained' is reserved for the baseline row")
-    reserved = sorted({"trunks", "features"} & set(names))
+    reserved = [name for name in layout.RESERVED_METHOD_NAMES if name in names]
     if reserved:
-        raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for the frozen-trunk feature cache")
+        what = "the baseline row" if reserved[0] == layout.UNTRAINED else "the frozen-trunk feature cache"
+        raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for {what}")
     _check_analysis(spec.analysis, names)
     return spec
 
@@ -132,22 +130,6 @@ def _check_analysis(analysis: AnalysisSpec, names: list[str]) -> None:
     same = [pair for pair in analysis.pairs if pair[0] == pair[1]]
     if same:
         raise UserInputError(f"benchmark analysis pair [{same[0][0]}, {same[0][1]}] compares a method with itself")
-
-
-def method_configs(spec: BenchmarkSpec, overrides: list[str]) -> dict[str, config_module.Config]:
-    """Every method's full config, validated before anything is trained."""
-    configs = {}
-    for method in spec.methods:
-        method_overrides = [f"{key}={json.dumps(value)}" for key, value in method.overrides.items()]
-        try:
-            configs[method.name] = config_module.from_dict(
-                yaml.safe_load(yaml.safe_dump(spec.base)) or {}, method_overrides + overrides
-            )
-        except UserInputError as error:
-            raise UserInputError(f"method {method.name!r}: {error}") from None
-    return configs
-
-
 
 
 def load_search_spec(path: Path) -> BenchmarkSpec:

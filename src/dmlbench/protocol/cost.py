@@ -8,13 +8,9 @@ of the first method's first fold, on this machine, in this process (one worker).
 
 from __future__ import annotations
 
-import copy
 import time
-from typing import Any
 
-from dmlbench import config as config_module
 from dmlbench.protocol.pipeline import Prepared
-from dmlbench.protocol.search_space import apply_assignment
 from dmlbench.training.threads import resolve_threads
 
 MEASURED_STEPS = 3
@@ -51,31 +47,15 @@ def measure(prepared: Prepared) -> tuple[float, int, float, float]:
     import torch
 
     from dmlbench.training.embed import embed, resolve_device
-    from dmlbench.training.setup import (
-        build_components,
-        build_sampler,
-        class_index,
-        load_dataset,
-        make_splits,
-        training_view,
-    )
+    from dmlbench.training.setup import set_up_training
+    from dmlbench.training.step import batch_loss
 
     setup_started = time.perf_counter()
-    method_config = next(iter(prepared.configs.values()))
-    fold = prepared.layout.folds[0]
-    raw: dict[str, Any] = apply_assignment(copy.deepcopy(method_config.model_dump(mode="json")), {
-        "data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes),
-    })
-    config = config_module.from_dict(raw)
+    config = next(iter(prepared.plans.values())).run_config({}, prepared.layout.folds[0])
     torch.set_num_threads(resolve_threads(config.training.num_threads))
     device = resolve_device(config.training.device)
-    full = load_dataset(config)
-    dataset, splits = training_view(full, make_splits(config, full))
-    labels = torch.as_tensor(dataset.labels)
-    to_class_index = class_index(labels[splits.train].numpy())
-    train_set = dataset.subset(splits.train)
-    sampler = build_sampler(config, to_class_index[labels[splits.train]].numpy())
-    components = build_components(config, int((to_class_index >= 0).sum()), device)
+    setup = set_up_training(config, device)
+    sampler, components, train_set = setup.sampler, setup.components, setup.train_set
     if getattr(sampler, "needs_embeddings", False):
         sampler.initialize_memory(embed(components.model, train_set, config.evaluation.batch_size, device)[0])
     steps_per_epoch = len(sampler)
@@ -83,7 +63,7 @@ def measure(prepared: Prepared) -> tuple[float, int, float, float]:
         steps_per_epoch = min(steps_per_epoch, config.training.max_steps_per_epoch)
     sampler.set_epoch(1)
     batches = iter(sampler)
-    setup = time.perf_counter() - setup_started
+    setup_seconds = time.perf_counter() - setup_started
     timings = []
     for _ in range(MEASURED_STEPS + 1):  # the first step warms up allocations; not counted
         batch = next(batches, None)
@@ -92,18 +72,16 @@ def measure(prepared: Prepared) -> tuple[float, int, float, float]:
         started = time.perf_counter()
         images, batch_labels, _ = train_set.batch(batch)
         embeddings = components.model(images.to(device))
-        targets = to_class_index[batch_labels].to(device)
-        miner, loss_fn = components.miner, components.loss
-        tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
-        loss = loss_fn(embeddings, targets, tuples)
+        targets = setup.to_class_index[batch_labels].to(device)
+        loss = batch_loss(components.loss, components.miner, embeddings, targets, epoch=1, step=len(timings) + 1)
         components.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         components.optimizer.step()
         timings.append(time.perf_counter() - started)
     step = sum(timings[1:]) / max(len(timings) - 1, 1) if len(timings) > 1 else (timings[0] if timings else 0.0)
     started = time.perf_counter()
-    embed(components.model, dataset.subset(splits.validation), config.evaluation.batch_size, device)
-    return step, steps_per_epoch, time.perf_counter() - started, setup
+    embed(components.model, setup.validation_set, config.evaluation.batch_size, device)
+    return step, steps_per_epoch, time.perf_counter() - started, setup_seconds
 
 
 def _hours(seconds: float) -> str:

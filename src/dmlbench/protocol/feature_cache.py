@@ -23,16 +23,12 @@ from typing import Any
 import torch
 
 from dmlbench import config as config_module
-from dmlbench.protocol.folds import ClassFold
-from dmlbench.protocol.search_space import apply_assignment
 from dmlbench.files import file_sha256
-from dmlbench.training import records
+from dmlbench.protocol.folds import ClassFold
+from dmlbench.protocol.layout import FEATURES_DIR, TRUNK_STAGE, TRUNKS_DIR
+from dmlbench.training import records, train_or_resume
 from dmlbench.training.features import FoldFeatures, trunk_features
 from dmlbench.training.setup import build_model, load_dataset, make_splits, training_view
-
-TRUNKS_DIR = "trunks"
-FEATURES_DIR = "features"
-TRUNK_STAGE = "trunk"
 
 
 class FeatureCache:
@@ -47,7 +43,7 @@ class FeatureCache:
         self._loaded: dict[int, tuple[dict[str, str], FoldFeatures]] = {}
 
     def trunk_config(self, fold: ClassFold) -> config_module.Config:
-        return config_module.from_dict(apply_assignment(self.trunk_raw, {
+        return config_module.from_dict(config_module.assign(self.trunk_raw, {
             "data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes)}))
 
     @contextmanager
@@ -95,12 +91,10 @@ class FeatureCache:
             buffer = io.BytesIO()
             torch.save(build_model(config).trunk.state_dict(), buffer)  # type: ignore[union-attr]
             return None, hashlib.sha256(buffer.getvalue()).hexdigest(), None
-        from dmlbench.protocol.search import train_fold
-
         run_dir = self.output_dir / TRUNKS_DIR / f"fold_{fold.index}"
         if self.progress:
             print(f"== frozen trunk of fold {fold.index}: {run_dir}", flush=True)
-        train_fold(config, run_dir, self.progress, {"stage": TRUNK_STAGE, "fold": fold.index})
+        train_or_resume(config, run_dir, progress=self.progress, record={"stage": TRUNK_STAGE, "fold": fold.index})
         checkpoint = run_dir / records.BEST_CHECKPOINT
         return str(run_dir), file_sha256(checkpoint), lambda: torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
 

@@ -15,11 +15,14 @@ import multiprocessing
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
-from dmlbench.protocol.pipeline import RESULTS_FILE, BenchmarkOutcome, Prepared, _start, run_benchmark
+from dmlbench.protocol.layout import RESULTS_FILE
+from dmlbench.protocol.pipeline import BenchmarkOutcome, Prepared, _start, run_benchmark
 from dmlbench.training import records
 from dmlbench.training.threads import share_cores
 
@@ -27,21 +30,23 @@ from dmlbench.training.threads import share_cores
 STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
 
 
-def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool) -> BenchmarkOutcome | None:
-    """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it)."""
+def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
+             report: Callable[[Path, str], Any] | None = None) -> BenchmarkOutcome | None:
+    """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it).
+    ``report``: the report writer of ``run_benchmark``, a module-level function (it is sent to the workers)."""
     _start(prepared)
     share_cores(prepared.jobs)
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
             config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
-            prepared.heartbeat, prepared.retry_seconds, progress))
+            prepared.heartbeat, prepared.retry_seconds, progress, report))
         for index in range(1, prepared.jobs)
     ]
     for process in workers:
         process.start()
     try:
-        outcome = run_benchmark(prepared, progress=progress)
+        outcome = run_benchmark(prepared, progress=progress, report=report)
     except (RunInterrupted, KeyboardInterrupt):
         # A scheduler may signal this process alone (Kubernetes signals PID 1): pass the stop on, so
         # every worker marks its unit interrupted. A worker that got the signal itself ignores a second.
@@ -64,7 +69,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
 
 
 def _worker(config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
-            heartbeat: int, retry_seconds: int, progress: bool) -> None:
+            heartbeat: int, retry_seconds: int, progress: bool, report: Callable[[Path, str], Any] | None) -> None:
     """One spawned worker: the same checks and the same loop as the parent; exit codes as the CLI's."""
     import logging
 
@@ -79,7 +84,7 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
     try:
         prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat,
                            retry_seconds=retry_seconds)
-        run_benchmark(prepared, progress=progress)
+        run_benchmark(prepared, progress=progress, report=report)
     except UserInputError as error:
         print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)

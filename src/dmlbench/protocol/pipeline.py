@@ -2,63 +2,45 @@
 
 ``prepare`` checks everything a user can get wrong before anything is written (the methods' configs
 and search spaces, the shared budget, the folds against the development classes, the seeds, the
-storage); ``run_benchmark`` then runs, per method, the Optuna search (``protocol.search``: the same
-number of trials and epochs for every method), the reproductions with the best parameters on new
-seeds (``protocol.reproductions``: test scored concatenated and separated), the untrained baseline
-row, and writes the report (``dmlbench.report``). Every stage keeps what it finished, so running the
-same command again after an interruption (Ctrl-C or ``kill -9``) continues where it stopped.
-
-Storage layout of ``OUTPUT_DIR``: ``benchmark.json`` (the spec, overrides, protocol, fold layout,
-dataset hash, git commit: what the report and the audit read), ``study.db`` (one Optuna study per
-method, unless ``--storage``), ``METHOD/trial_NNNN/fold_I`` and ``METHOD/reproduction_RR/fold_I`` run
-directories, ``search.json``, ``reproductions.json``, ``results.json`` (every method's reproductions
-with the baseline and the failures), ``test_access.jsonl`` (every opening of the test data).
+storage) and builds each method's plan once; ``run_benchmark`` then runs, per method, the Optuna
+search (``protocol.search``: the same number of trials and epochs for every method), the
+reproductions with the best parameters on new seeds (``protocol.reproductions``: test scored
+concatenated and separated) and the untrained baseline row (``protocol.baseline``), all through one
+scheduler (``Schedule``; ``run_search_stage`` stops it after the search), and hands the finished
+benchmark to the caller's report writer. Every stage keeps what it finished, so running the same
+command again after an interruption (Ctrl-C, SIGTERM or ``kill -9``) continues where it stopped.
+The files it writes are listed in ``protocol.layout``.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
-from dmlbench.protocol.benchmark import BenchmarkSpec, apply_spec_overrides
-from dmlbench.protocol.folds import FoldLayout, fold_layout
+from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
-from dmlbench.protocol.reproductions import (
-    UNTRAINED,
-    MethodReproduction,
-    MethodReproductions,
-    ReproductionSettings,
-    UntrainedBaseline,
-    study_name,
-    write_results,
-)
-from dmlbench.protocol.search import (
-    POLL_SECONDS,
-    PROTOCOL_KEYS,
-    MethodSearch,
-    SearchSettings,
-    apply_budget,
-    best_trial,
-    method_raw_config,
-    search_methods,
-)
-from dmlbench.protocol.search_space import SearchSpace, parse_search_space
+from dmlbench.protocol.baseline import UntrainedBaseline
+from dmlbench.protocol.benchmark import BenchmarkSpec, apply_spec_overrides
+from dmlbench.protocol.feature_cache import FeatureCache
+from dmlbench.protocol.folds import FoldLayout, fold_layout
+from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings, SearchSettings
+from dmlbench.protocol.reproductions import MethodReproduction
+from dmlbench.protocol.results import MethodReproductions
+from dmlbench.protocol.search import MethodSearch, SearchResult, best_trial
 from dmlbench.training import records
 from dmlbench.training.setup import load_dataset
 
-BENCHMARK_FILE = "benchmark.json"
-RESULTS_FILE = "results.json"
-
+# How often a worker whose remaining work is running elsewhere looks again (seconds).
+POLL_SECONDS = 1.0
 
 # A lost database server is waited for storage.DEFAULT_RETRY_SECONDS per outage (``--db-retry``),
 # doubling the pause between tries up to MAX_RETRY_DELAY; an attempt that worked this long ends an outage.
@@ -68,15 +50,15 @@ RETRY_RESET_SECONDS = 60.0
 
 @dataclass
 class Prepared:
-    """A checked benchmark, ready to run: nothing has been written yet."""
+    """A checked benchmark, ready to run: nothing has been written yet. The single source of what
+    the units work from: each method's plan, the settings, the fold layout."""
 
     spec: BenchmarkSpec
     overrides: list[str]
     output_dir: Path
     search: SearchSettings
     reproduction: ReproductionSettings
-    spaces: dict[str, SearchSpace]
-    configs: dict[str, config_module.Config]
+    plans: dict[str, MethodPlan]
     layout: FoldLayout
     dataset_hash: str
     storage: str  # as given (it may hold a password): never stored or printed, see ``redacted``
@@ -89,28 +71,35 @@ class Prepared:
         return storage_module.redact(self.storage)
 
     @property
+    def configs(self) -> dict[str, config_module.Config]:
+        """Every method's budgeted config (before any search assignment or fold)."""
+        return {name: plan.config for name, plan in self.plans.items()}
+
+    @property
     def config_hash(self) -> str:
         """Identifies the benchmark in a shared storage: two workers with different configs never mix."""
         text = json.dumps(self.description(), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def study_names(self) -> list[str]:
-        return [*self.configs, *(study_name(name) for name in self.configs), study_name(UNTRAINED)]
+        names = [*self.plans, output_layout.UNTRAINED]
+        return [*self.plans, *(output_layout.reproduction_study(name) for name in names)]
 
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically.
         The report-only ``analysis`` section is left out, and so is an unset ``startup_trials``, so that
         benchmarks started before that key existed keep their description and config hash."""
         unset = {"startup_trials"} if self.spec.protocol.startup_trials is None else set()
+        first = next(iter(self.plans.values())).config
         return {
             "spec": self.spec.model_dump(mode="json", exclude={"analysis": True, "protocol": unset}),
             "overrides": list(self.overrides),
             "protocol": self.spec.protocol.model_dump(mode="json", exclude=unset),
             "methods": [method.name for method in self.spec.methods],
-            "metrics": list(next(iter(self.configs.values())).evaluation.metrics),
+            "metrics": list(first.evaluation.metrics),
             "fold_layout": self.layout.as_dict(),
             "fold_layout_hash": self.layout.hash,
-            "dataset": {"name": next(iter(self.configs.values())).data.name, "content_hash": self.dataset_hash},
+            "dataset": {"name": first.data.name, "content_hash": self.dataset_hash},
         }
 
 
@@ -141,59 +130,20 @@ def prepare(
     if output_dir.exists() and not output_dir.is_dir():
         raise UserInputError(f"output {output_dir} is a file, not a directory")
     url = resolve_storage(output_dir, storage, jobs)
-    protocol = spec.protocol
-    search = SearchSettings(
-        trials=protocol.trials, folds=protocol.folds, fold_mode=protocol.fold_mode, epochs=protocol.epochs,
-        patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed, storage=url,
-        pruner=protocol.pruner, startup_trials=protocol.startup_trials, parallel_trials=protocol.parallel_trials,
-        frozen_trunk=protocol.frozen_trunk,
-    )
-    reproduction = ReproductionSettings(
-        reproductions=protocol.reproductions, first_seed=protocol.first_seed, folds=protocol.folds,
-        fold_mode=protocol.fold_mode, epochs=protocol.epochs, patience=protocol.patience, storage=url,
-    )
-    search.check()
-    reproduction.check()
-    spaces, configs = {}, {}
-    for method in spec.methods:
-        raw = method_raw_config(spec, method.name, overrides)
-        space = parse_search_space(method.search, raw, method=method.name)
-        taken = sorted(set(space.keys()) & set(PROTOCOL_KEYS))
-        if taken:
-            raise UserInputError(f"method {method.name!r}: search key {taken[0]!r} is set by the protocol, not searched")
-        try:
-            budgeted = apply_budget(raw, search.epochs, search.patience)
-            configs[method.name] = config_module.from_dict(copy.deepcopy(budgeted))
-        except UserInputError as error:
-            raise UserInputError(f"method {method.name!r}: {error}") from None
-        spaces[method.name] = space
-    epochs = {name: config.training.epochs for name, config in configs.items()}
-    if len(set(epochs.values())) > 1:
-        raise UserInputError(f"methods train for different numbers of epochs {epochs}: set protocol.epochs")
-    first_name, first = next(iter(configs.items()))
-    for name, config in configs.items():
-        if config.data != first.data:
-            raise UserInputError(f"method {name!r} uses other data than {first_name!r}: every method must use the same data")
-        if config.evaluation.metrics != first.evaluation.metrics:
-            raise UserInputError(f"method {name!r} computes other metrics than {first_name!r}")
-    search_seeds = {config.seed for config in configs.values()}
-    reproduction_seeds = set(range(protocol.first_seed, protocol.first_seed + protocol.reproductions))
-    if search_seeds & reproduction_seeds:
-        raise UserInputError(
-            f"reproduction seeds {protocol.first_seed}..{protocol.first_seed + protocol.reproductions - 1} include "
-            f"the search's training seed {min(search_seeds & reproduction_seeds)}: set protocol.first_seed"
-        )
+    plans = {method.name: MethodPlan.build(spec, method.name, overrides) for method in spec.methods}
+    _check_shared(spec, plans)
+    first = next(iter(plans.values())).config
     dataset = load_dataset(first)
-    layout = fold_layout(dataset, k=protocol.folds, mode=protocol.fold_mode)
-    _check_samplers(configs, dataset.labels, layout)
+    layout = fold_layout(dataset, k=spec.protocol.folds, mode=spec.protocol.fold_mode)
+    _check_samplers(plans, dataset.labels, layout)
     storage_module.check_storage(url, default=storage is None, jobs=jobs)
-    prepared = Prepared(spec, overrides, output_dir, search, reproduction, spaces, configs, layout,
-                        dataset.content_hash, url, jobs, heartbeat, retry_seconds)
-    stored_path = output_dir / BENCHMARK_FILE
+    prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
+                        ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
+                        jobs, heartbeat, retry_seconds)
+    stored_path = output_dir / output_layout.BENCHMARK_FILE
     if stored_path.exists():
         stored = records.read_json(stored_path)
-        description = prepared.description()
-        for key, value in description.items():
+        for key, value in prepared.description().items():
             if stored.get(key) != value:
                 raise UserInputError(
                     f"{output_dir} holds a benchmark with another {key}: re-run the same command, or use a new output directory"
@@ -202,7 +152,46 @@ def prepare(
     return prepared
 
 
-def _check_samplers(configs: Mapping[str, config_module.Config], labels: Any, layout: FoldLayout) -> None:
+def _check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
+    """What the protocol shares between methods: epochs, data, metrics, seeds (and with a frozen
+    trunk, the trunk itself)."""
+    epochs = {name: plan.config.training.epochs for name, plan in plans.items()}
+    if len(set(epochs.values())) > 1:
+        raise UserInputError(f"methods train for different numbers of epochs {epochs}: set protocol.epochs")
+    (first_name, first), *others = plans.items()
+    for name, plan in others:
+        if plan.config.data != first.config.data:
+            raise UserInputError(f"method {name!r} uses other data than {first_name!r}: every method must use the same data")
+        if plan.config.evaluation.metrics != first.config.evaluation.metrics:
+            raise UserInputError(f"method {name!r} computes other metrics than {first_name!r}")
+    protocol = spec.protocol
+    search_seeds = {plan.config.seed for plan in plans.values()}
+    reproduction_seeds = set(range(protocol.first_seed, protocol.first_seed + protocol.reproductions))
+    if search_seeds & reproduction_seeds:
+        raise UserInputError(
+            f"reproduction seeds {protocol.first_seed}..{protocol.first_seed + protocol.reproductions - 1} include "
+            f"the search's training seed {min(search_seeds & reproduction_seeds)}: set protocol.first_seed"
+        )
+    if protocol.frozen_trunk:
+        _check_one_trunk(plans)
+
+
+def _check_one_trunk(plans: Mapping[str, MethodPlan]) -> None:
+    """With a frozen trunk every method trains its head on the same trunk: their trunk settings must agree."""
+    def trunk_of(plan: MethodPlan) -> tuple[Any, ...]:
+        model = plan.config.model
+        return model.trunk, model.options, model.pretrained, model.pooling, model.freeze_bn
+    (first, first_plan), *others = plans.items()
+    for name, plan in plans.items():
+        if plan.config.model.ensemble != 1:
+            raise UserInputError(f"method {name!r}: protocol.frozen_trunk needs a single trunk (model.ensemble=1)")
+    for name, plan in others:
+        if trunk_of(plan) != trunk_of(first_plan):
+            raise UserInputError(f"protocol.frozen_trunk: method {name!r} uses another trunk than {first!r} "
+                                 "(model.trunk, options, pretrained, pooling and freeze_bn must agree)")
+
+
+def _check_samplers(plans: Mapping[str, MethodPlan], labels: Any, layout: FoldLayout) -> None:
     """Every method's batch sampler can fill its batches from a fold's training classes (the check
     ``train`` makes), before anything trains: a batch size the sampler cannot fill is exit 2 now,
     not a failed trial in storage an hour later."""
@@ -212,9 +201,9 @@ def _check_samplers(configs: Mapping[str, config_module.Config], labels: Any, la
 
     fold = layout.folds[0]
     train_labels = np.asarray(labels)[np.isin(np.asarray(labels), list(fold.train_classes))]
-    for name, config in configs.items():
+    for name, plan in plans.items():
         try:
-            build_sampler(config, train_labels)
+            build_sampler(plan.config, train_labels)
         except UserInputError as error:
             raise UserInputError(f"method {name!r}: {error}") from None
 
@@ -225,7 +214,7 @@ def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
     if storage:
         storage_module.kind(storage)
         return storage
-    stored = Path(output_dir) / BENCHMARK_FILE
+    stored = Path(output_dir) / output_layout.BENCHMARK_FILE
     if stored.is_file():
         recorded = records.read_json(stored).get("storage")
         if recorded:
@@ -292,7 +281,7 @@ def _completed_runs(output_dir: Path) -> int:
 
 def _start(prepared: Prepared) -> None:
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
-    path = prepared.output_dir / BENCHMARK_FILE
+    path = prepared.output_dir / output_layout.BENCHMARK_FILE
     analysis = prepared.spec.analysis.model_dump(mode="json")
     if not path.exists():
         records.write_json(path, {**prepared.description(), "analysis": analysis, "storage": prepared.redacted,
@@ -306,35 +295,105 @@ def _start(prepared: Prepared) -> None:
         records.write_json(path, {**stored, "analysis": analysis})
 
 
-def run_search_stage(prepared: Prepared, *, progress: bool = True) -> dict[str, Any]:
-    """The search stage alone (``dmlbench search``): every method's study, ``search.json``."""
+class Unit(Protocol):
+    """A stream of units of work (a method's search, its reproductions, the baseline): ``step()``
+    runs one unit this worker took, or says ``work.WAIT`` or ``work.DONE``; ``done`` once it said DONE."""
+
+    done: bool
+
+    def step(self) -> str: ...
+
+
+def drive(units: Callable[[], Iterable[Unit]]) -> None:
+    """The one scheduling loop: step the first unit that has work, from the start of ``units()``
+    again after each, until every unit is ``work.DONE``; while the only work left runs in other
+    workers, look again every ``POLL_SECONDS`` (a stale one may come back to this worker)."""
+    while True:
+        states = []
+        for unit in units():
+            state = unit.step()
+            states.append(state)
+            if state not in (work.WAIT, work.DONE):
+                break
+        else:
+            if all(state == work.DONE for state in states):
+                return
+            time.sleep(POLL_SECONDS)
+
+
+class Schedule:
+    """The units of one worker in the order they are taken: every method's search; a method's
+    reproductions once its search is done (with its best trial's parameters); the untrained
+    baseline once every search is done (the first method with reproductions is its reference)."""
+
+    def __init__(self, prepared: Prepared, context: Context, *, search_only: bool = False) -> None:
+        self.prepared, self.context, self.search_only = prepared, context, search_only
+        plans = prepared.plans
+        # The search's trunks, one per fold, shared by every method: the first method's config.
+        features = (FeatureCache(next(iter(plans.values())).budgeted, prepared.output_dir, prepared.dataset_hash,
+                                 context.progress) if prepared.search.frozen_trunk else None)
+        self.searches = {name: MethodSearch(plan, prepared.search, context, features) for name, plan in plans.items()}
+        self.reproductions: dict[str, MethodReproduction] = {}
+        self.baseline: UntrainedBaseline | None = None
+
+    def units(self) -> Iterator[Unit]:
+        for name, search in self.searches.items():
+            yield search
+            if (not self.search_only and search.done and name not in self.reproductions
+                    and (best := best_trial(search.study)) is not None):
+                self.reproductions[name] = MethodReproduction(self.prepared.plans[name], dict(best.params),
+                                                              self.prepared.reproduction, self.context)
+        if self.search_only:
+            return
+        if self.baseline is None and self.reproductions and all(search.done for search in self.searches.values()):
+            reference = next(name for name in self.prepared.plans if name in self.reproductions)
+            self.baseline = UntrainedBaseline(self.prepared.plans[reference], self.reproductions[reference].params,
+                                              self.prepared.reproduction, self.context)
+        yield from self.reproductions.values()
+        if self.baseline is not None:
+            yield self.baseline
+
+
+def run_search_stage(prepared: Prepared, *, progress: bool = True) -> dict[str, SearchResult]:
+    """The search stage alone (``dmlbench search``): every method's study, then ``search.json``."""
+    return _with_retries(prepared, lambda: _search_only(prepared, progress))
+
+
+def _search_only(prepared: Prepared, progress: bool) -> dict[str, SearchResult]:
     _start(prepared)
     protocol = prepared.spec.protocol
-    reporter = Progress(len(prepared.configs) * protocol.trials * protocol.folds, 0, progress)
+    context = context_of(prepared, Progress(len(prepared.plans) * protocol.trials * protocol.folds, 0, progress), progress)
+    schedule = Schedule(prepared, context, search_only=True)
     try:
-        return search_methods(prepared.spec, prepared.output_dir, prepared.search, prepared.overrides,
-                              progress=progress, reporter=reporter,
-                              worker=work.Worker(prepared.storage, heartbeat=prepared.heartbeat),
-                              config_hash=prepared.config_hash)
-    except RunInterrupted:
+        drive(schedule.units)
+    except (RunInterrupted, KeyboardInterrupt):
         raise RunInterrupted(f"search {prepared.output_dir} stopped; re-run the same command to continue") from None
+    return _write_search_summary(prepared, schedule)
 
 
-def run_benchmark(prepared: Prepared, *, progress: bool = True) -> BenchmarkOutcome | None:
+def run_benchmark(
+    prepared: Prepared, *, progress: bool = True, report: Callable[[Path, str], Any] | None = None,
+) -> BenchmarkOutcome | None:
     """Work on the benchmark until every unit is done (search trials, reproductions, the untrained
     baseline), with any number of other workers on the same storage; then the first worker to find
-    everything done writes the report and gets the outcome. ``None``: another worker wrote it.
-    Resumable; see the module docstring.
+    everything done writes the summaries and calls ``report(output_dir, storage)`` (the caller's
+    report writer, ``dmlbench.report.write_report``) and gets the outcome. ``None``: another worker
+    wrote the report. Resumable; see the module docstring.
 
     A database server that goes away (a restart, a fail-over) is waited for: the worker retries
     with a doubling back-off for up to ``prepared.retry_seconds`` per outage, then stops with a
     ``StorageFailed`` (the same command continues later). A unit whose result could not be stored is
     taken up again through the heartbeat, its finished fold runs kept."""
+    return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report))
+
+
+def _with_retries(prepared: Prepared, attempt: Callable[[], Any]) -> Any:
+    """``attempt()``, again after a lost database connection (see ``run_benchmark``)."""
     delay, outage_started = 1.0, None
     while True:
         attempt_started = time.monotonic()
         try:
-            return _work_on_benchmark(prepared, progress=progress)
+            return attempt()
         except Exception as error:
             lost = storage_module.connection_lost(error) if storage_module.kind(prepared.storage) == "postgresql" else None
             if lost is None:
@@ -352,106 +411,72 @@ def run_benchmark(prepared: Prepared, *, progress: bool = True) -> BenchmarkOutc
             delay = min(2 * delay, MAX_RETRY_DELAY)
 
 
-def _work_on_benchmark(prepared: Prepared, *, progress: bool) -> BenchmarkOutcome | None:
+def context_of(prepared: Prepared, reporter: Progress | None = None, progress: bool = False) -> Context:
+    """What this worker's units share (a new ``work.Worker`` on the benchmark's storage)."""
+    return Context(prepared.output_dir, prepared.layout, work.Worker(prepared.storage, heartbeat=prepared.heartbeat),
+                   prepared.config_hash, progress, reporter)
+
+
+def _work_on_benchmark(prepared: Prepared, progress: bool,
+                       report: Callable[[Path, str], Any] | None) -> BenchmarkOutcome | None:
     _start(prepared)
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol
-    total = len(prepared.configs) * (protocol.trials + protocol.reproductions) * protocol.folds
-    reporter = Progress(total, _completed_runs(output_dir), progress)
-    worker = work.Worker(prepared.storage, heartbeat=prepared.heartbeat)
-    raws = {name: method_raw_config(prepared.spec, name, prepared.overrides) for name in prepared.configs}
+    total = len(prepared.plans) * (protocol.trials + protocol.reproductions) * protocol.folds
+    context = context_of(prepared, Progress(total, _completed_runs(output_dir), progress), progress)
     try:
-        searches = {name: MethodSearch(name, raws[name], prepared.spaces[name], output_dir, prepared.search,
-                                       progress=progress, reporter=reporter, worker=worker,
-                                       config_hash=prepared.config_hash)
-                    for name in prepared.configs}
-        reproductions: dict[str, MethodReproduction] = {}
-        baseline: list[UntrainedBaseline] = []
-        while True:
-            states, worked = [], False
-            for name, search in searches.items():
-                state = search.step()
-                states.append(state)
-                if state not in (work.WAIT, work.DONE):
-                    worked = True
-                    break
-                if state == work.DONE and name not in reproductions and (best := best_trial(search.study)) is not None:
-                    reproductions[name] = MethodReproduction(
-                        name, raws[name], dict(best.params), output_dir, prepared.reproduction, progress=progress,
-                        reporter=reporter, worker=worker, config_hash=prepared.config_hash)
-            if worked:
-                continue
-            if all(state == work.DONE for state in states) and not baseline and reproductions:
-                reference = next(name for name in prepared.configs if name in reproductions)
-                baseline.append(UntrainedBaseline(reference, raws[reference], reproductions[reference].params, output_dir,
-                                                  prepared.reproduction, worker=worker, config_hash=prepared.config_hash))
-            for unit in [*reproductions.values(), *baseline]:
-                state = unit.step()
-                states.append(state)
-                if state not in (work.WAIT, work.DONE):
-                    worked = True
-                    break
-            if worked:
-                continue
-            if all(state == work.DONE for state in states):
-                break
-            time.sleep(POLL_SECONDS)
-        with worker.lock.held():
-            marker = searches[next(iter(searches))].study
+        schedule = Schedule(prepared, context)
+        drive(schedule.units)
+        with context.worker.lock.held():
+            marker = next(iter(schedule.searches.values())).study
             reported = marker.user_attrs.get("report")
-            if reported is not None and (output_dir / "report.md").exists():
+            if reported is not None and (output_dir / output_layout.REPORT_FILE).exists():
                 print(f"dmlbench: nothing left to do: every trial and reproduction of this benchmark is done; "
                       f"worker {reported['worker']} wrote the report", file=sys.stderr, flush=True)
                 return None
-            outcome = _write_outcome(prepared, searches, reproductions, baseline)
-            marker.set_user_attr("report", {"worker": worker.id, "time": records.now()})
-    except RunInterrupted:
-        raise RunInterrupted(f"benchmark {output_dir} stopped; re-run the same command to continue") from None
-    except KeyboardInterrupt:
+            outcome = _write_summaries(prepared, schedule)
+            if report is not None:
+                report(output_dir, prepared.storage)
+            marker.set_user_attr("report", {"worker": context.worker.id, "time": records.now()})
+    except (RunInterrupted, KeyboardInterrupt):
         raise RunInterrupted(f"benchmark {output_dir} stopped; re-run the same command to continue") from None
     return outcome
 
 
-def _write_outcome(
-    prepared: Prepared,
-    searches: Mapping[str, MethodSearch],
-    reproductions: Mapping[str, MethodReproduction],
-    baseline: list[UntrainedBaseline],
-) -> BenchmarkOutcome:
-    """``search.json``, ``reproductions.json``, ``results.json`` and the report, all from storage."""
-    from dmlbench.report import write_report
-
-    output_dir = prepared.output_dir
-    failed: dict[str, str] = {}
-    searched = {name: search.result() for name, search in searches.items()}
-    records.write_json(output_dir / "search.json", {
+def _write_search_summary(prepared: Prepared, schedule: Schedule) -> dict[str, SearchResult]:
+    """``search.json``: the settings and, per method, the best value and parameters, trial counts."""
+    searched = {name: search.result() for name, search in schedule.searches.items()}
+    records.write_json(prepared.output_dir / output_layout.SEARCH_FILE, {
         "settings": {**asdict(prepared.search), "storage": prepared.redacted},
         "methods": {name: {"best_value": r.best_value, "best_params": r.best_params, "completed": r.completed,
                            "failed": r.failed, "pruned": r.pruned, "fold_layout_hash": r.fold_layout_hash,
                            "storage": r.storage} for name, r in searched.items()},
     })
-    for name, result in searched.items():
-        if result.best_params is None:
-            failed[name] = f"no search trial completed ({result.failed} failed)"
-    results: dict[str, MethodReproductions] = {name: unit.result() for name, unit in reproductions.items()}
+    return searched
+
+
+def _write_summaries(prepared: Prepared, schedule: Schedule) -> BenchmarkOutcome:
+    """``search.json``, ``reproductions.json`` and ``results.json``, all from storage."""
+    output_dir = prepared.output_dir
+    failed = {name: f"no search trial completed ({result.failed} failed)"
+              for name, result in _write_search_summary(prepared, schedule).items() if result.best_params is None}
+    results: dict[str, MethodReproductions] = {name: unit.result() for name, unit in schedule.reproductions.items()}
     for name, result in results.items():
         reasons = [f"reproduction {o.reproduction}: {o.reason}" for o in result.outcomes if o.scores is None]
         if reasons:
             failed[name] = "; ".join(reasons)
     if results:
-        write_results(results, output_dir)
-        records.write_json(output_dir / "reproductions.json", {
+        records.write_json(output_dir / output_layout.REPRODUCTIONS_FILE, {
             "settings": {**asdict(prepared.reproduction), "storage": prepared.redacted},
             "methods": {name: {"params": r.params, "fold_layout_hash": r.fold_layout_hash,
                                "outcomes": [asdict(o) for o in r.outcomes]} for name, r in results.items()},
         })
-    for unit in baseline:
-        results[UNTRAINED] = unit.result()
-    records.write_json(output_dir / RESULTS_FILE, {
+    if schedule.baseline is not None:
+        results[output_layout.UNTRAINED] = schedule.baseline.result()
+    records.write_json(output_dir / output_layout.RESULTS_FILE, {
         "methods": {name: {"params": result.params, "fold_layout_hash": result.fold_layout_hash,
                            "outcomes": [asdict(outcome) for outcome in result.outcomes]}
                     for name, result in results.items()},
         "failed": failed,
     })
-    write_report(output_dir, prepared.storage)
     return BenchmarkOutcome(output_dir, results, failed)

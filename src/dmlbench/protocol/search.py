@@ -32,83 +32,28 @@ Every run directory is ``OUTPUT_DIR/METHOD/trial_SSSS/fold_I`` (``SSSS``: the sl
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
-import shutil
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dmlbench import config as config_module
-from dmlbench.errors import RunInterrupted, UserInputError
-from dmlbench.files import storage_error
-from dmlbench.protocol.benchmark import BenchmarkSpec
-from dmlbench.protocol import work
-from dmlbench.protocol.folds import DEFAULT_K, FOLD_MODES, FoldLayout, fold_layout
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import layout, work
 from dmlbench.protocol.feature_cache import FeatureCache
+from dmlbench.protocol.folds import FoldLayout
+from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.storage import redact
-from dmlbench.protocol.search_space import SearchSpace, apply_assignment, parse_search_space
-from dmlbench.training import records, train
+from dmlbench.training import records, train_or_resume
 from dmlbench.training.features import train_head
-from dmlbench.training.setup import load_dataset
-
-STUDY_FILE = "study.db"
-SUMMARY_FILE = "search.json"
-SAMPLERS = ("gp", "tpe")
-PRUNERS = ("none", "median")
-STAGE = "search"
-# How often a worker whose remaining work is running elsewhere looks again (seconds).
-POLL_SECONDS = 1.0
-# Keys the protocol sets for every method alike; a search space may not search them.
-PROTOCOL_KEYS = ("seed", "training.epochs", "training.early_stopping_patience", "data.train_classes", "data.val_classes")
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    """The budget and machinery of a search, the same for every method (recorded in each study).
-
-    ``epochs``: maximum epochs of every run (``None``: the methods' common ``training.epochs``);
-    ``patience``: early stopping after this many evaluations without improvement (``None``: none).
-    """
-
-    trials: int = 10
-    folds: int = DEFAULT_K
-    fold_mode: str = "contiguous"
-    epochs: int | None = None
-    patience: int | None = None
-    sampler: str = "gp"
-    seed: int = 0
-    storage: str | None = None
-    pruner: str = "none"
-    startup_trials: int | None = None
-    parallel_trials: int = 1
-    frozen_trunk: bool = False
-
-    def check(self) -> None:
-        """One-line ``UserInputError`` for a setting out of range."""
-        check_budget("search", counts={"trials": self.trials, "folds": self.folds, "parallel_trials": self.parallel_trials}, epochs=self.epochs,
-                     patience=self.patience, seed=self.seed, fold_mode=self.fold_mode)
-        if self.sampler not in SAMPLERS:
-            raise UserInputError(f"search sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
-        if self.pruner not in PRUNERS:
-            raise UserInputError(f"search pruner must be one of {', '.join(PRUNERS)}, got {self.pruner!r}")
-        if not isinstance(self.frozen_trunk, bool):
-            raise UserInputError(f"protocol.frozen_trunk must be true or false, got {self.frozen_trunk!r}")
-
-    def recorded(self) -> dict[str, Any]:
-        """What must not change when a study is resumed (everything but ``trials`` and ``storage``)."""
-        return {key: value for key, value in asdict(self).items() if key not in ("trials", "storage")}
-
 
 @dataclass
 class SearchResult:
-    """The state of one method's study after ``run_search``."""
+    """The state of one method's study: trial counts, the best trial's value and parameters."""
 
     method: str
     storage: str
@@ -125,14 +70,9 @@ class TrialFailed(RuntimeError):
     """A trial that has no score (a failed run, a non-finite validation score)."""
 
 
-def storage_url(output_dir: Path, storage: str | None = None) -> str:
-    """``storage`` if given (any SQLAlchemy URL), else SQLite ``OUTPUT_DIR/study.db``."""
-    return storage if storage else f"sqlite:///{Path(output_dir).resolve() / STUDY_FILE}"
-
-
 def make_sampler(settings: SearchSettings, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The seeded sampler: ``GPSampler`` (Bayesian optimisation, seed 001 §3.3) or ``TPESampler``;
-    ``seed`` replaces ``settings.seed`` (``run_search`` seeds one sampler per trial, ``trial_seed``)."""
+    ``seed`` replaces ``settings.seed`` (one sampler is seeded per trial, ``trial_seed``)."""
     seed = settings.seed if seed is None else seed
     startup = {} if settings.startup_trials is None else {"n_startup_trials": settings.startup_trials}
     if settings.sampler == "gp":
@@ -159,217 +99,50 @@ def trial_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest[:4], "big") % (2**31 - 1)
 
 
-def method_raw_config(spec: BenchmarkSpec, method_name: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """The raw config mapping of one method: the benchmark's ``base``, the method's overrides, then
-    the command-line ``overrides`` (validated; errors name the method)."""
-    method = next((m for m in spec.methods if m.name == method_name), None)
-    if method is None:
-        raise UserInputError(f"unknown method {method_name!r}")
-    raw = apply_assignment(copy.deepcopy(spec.base), method.overrides)
-    raw = config_module.apply_overrides(raw, list(overrides or []))
-    try:
-        config_module.from_dict(copy.deepcopy(raw))
-    except UserInputError as error:
-        raise UserInputError(f"method {method_name!r}: {error}") from None
-    return raw
-
-
-def search_methods(
-    spec: BenchmarkSpec,
-    output_dir: Path,
-    settings: SearchSettings,
-    overrides: list[str] | None = None,
-    *,
-    progress: bool = False,
-    reporter: Callable[[dict[str, Any]], None] | None = None,
-    worker: work.Worker | None = None,
-    config_hash: str | None = None,
-) -> dict[str, SearchResult]:
-    """``run_search`` for every method of ``spec`` (a worker takes units of any method), after checking every method's config and search
-    space (and that all methods train for the same number of epochs) before anything trains.
-
-    Writes ``OUTPUT_DIR/search.json``: the settings and, per method, the best value and parameters
-    (the input of ``protocol.reproductions``), trial counts and the fold layout hash."""
-    settings.check()
-    prepared = {}
-    for method in spec.methods:
-        raw = method_raw_config(spec, method.name, overrides)
-        space = parse_search_space(method.search, raw, method=method.name)
-        prepared[method.name] = (raw, space)
-    if settings.epochs is None:
-        epochs = {name: config_module.from_dict(copy.deepcopy(raw)).training.epochs for name, (raw, _) in prepared.items()}
-        if len(set(epochs.values())) > 1:
-            raise UserInputError(f"methods train for different numbers of epochs {epochs}: set the search epochs")
-    trunk_raw = apply_budget(next(iter(prepared.values()))[0], settings.epochs, settings.patience)
-    if settings.frozen_trunk:
-        _check_one_trunk({name: raw for name, (raw, _) in prepared.items()})
-    searches = [MethodSearch(name, raw, space, output_dir, settings, progress=progress, reporter=reporter, worker=worker,
-                             config_hash=config_hash, trunk_raw=trunk_raw)
-                for name, (raw, space) in prepared.items()]
-    run_units([search.step for search in searches])
-    results = {search.method: search.result() for search in searches}
-    records.write_json(Path(output_dir) / SUMMARY_FILE, {
-        "settings": {**asdict(settings), "storage": None if settings.storage is None else redact(settings.storage)},
-        "methods": {
-            name: {"best_value": result.best_value, "best_params": result.best_params, "completed": result.completed,
-                   "failed": result.failed, "pruned": result.pruned, "fold_layout_hash": result.fold_layout_hash, "storage": result.storage}
-            for name, result in results.items()
-        },
-    })
-    return results
-
-
-def _check_one_trunk(raws: Mapping[str, Mapping[str, Any]]) -> None:
-    """With a frozen trunk every method trains its head on the same trunk: their trunk settings must agree."""
-    def trunk_of(raw: Mapping[str, Any]) -> tuple[Any, ...]:
-        model = config_module.from_dict(copy.deepcopy(dict(raw))).model
-        return model.trunk, model.options, model.pretrained, model.pooling, model.freeze_bn
-    (first, first_raw), *others = raws.items()
-    for name, raw in others:
-        if trunk_of(raw) != trunk_of(first_raw):
-            raise UserInputError(f"protocol.frozen_trunk: method {name!r} uses another trunk than {first!r} "
-                                 "(model.trunk, options, pretrained, pooling and freeze_bn must agree)")
-
-
-def run_units(steps: list[Callable[[], str]]) -> None:
-    """Call the first step that has work until every one is ``work.DONE``; while the only work left
-    runs in other workers, look again every ``POLL_SECONDS`` (a stale one may come back to us)."""
-    while True:
-        states = []
-        for step in steps:
-            state = step()
-            states.append(state)
-            if state not in (work.WAIT, work.DONE):
-                break
-        else:
-            if all(state == work.DONE for state in states):
-                return
-            time.sleep(POLL_SECONDS)
-
-
-def best_params(results: Mapping[str, SearchResult]) -> dict[str, dict[str, Any]]:
-    """Every method's best parameters, the input of ``reproductions.reproduce_methods``.
-
-    A method without a completed trial is a ``UserInputError``: it is never reproduced with defaults.
-    """
-    chosen = {}
-    for method, result in results.items():
-        if result.best_params is None:
-            raise UserInputError(f"method {method!r}: no search trial completed ({result.failed} failed); nothing to reproduce")
-        chosen[method] = dict(result.best_params)
-    return chosen
-
-
-def run_search(
-    method: str,
-    raw_config: Mapping[str, Any],
-    space: SearchSpace,
-    output_dir: Path,
-    settings: SearchSettings,
-    *,
-    progress: bool = False,
-    reporter: Callable[[dict[str, Any]], None] | None = None,
-    worker: work.Worker | None = None,
-) -> SearchResult:
-    """Run (or continue, or help other workers with) the study of one method until its
-    ``settings.trials`` slots are done.
-
-    ``raw_config`` is the method's raw config mapping (``method_raw_config``); ``space`` its parsed
-    search space. Interrupting (Ctrl-C, a killed process) leaves the study resumable.
-    """
-    search = MethodSearch(method, raw_config, space, output_dir, settings, progress=progress, reporter=reporter,
-                          worker=worker)
-    while (state := search.step()) != work.DONE:
-        if state == work.WAIT:
-            time.sleep(POLL_SECONDS)
-    return search.result()
-
-
 class MethodSearch:
     """One method's study as units of work: ``step()`` runs one trial this worker took, or says
     ``work.WAIT`` (the rest is running elsewhere) or ``work.DONE``."""
 
-    def __init__(
-        self,
-        method: str,
-        raw_config: Mapping[str, Any],
-        space: SearchSpace,
-        output_dir: Path,
-        settings: SearchSettings,
-        *,
-        progress: bool = False,
-        reporter: Callable[[dict[str, Any]], None] | None = None,
-        worker: work.Worker | None = None,
-        config_hash: str | None = None,
-        trunk_raw: Mapping[str, Any] | None = None,
-    ) -> None:
-        settings.check()
-        taken = sorted(set(space.keys()) & set(PROTOCOL_KEYS))
-        if taken:
-            raise UserInputError(f"method {method!r}: search key {taken[0]!r} is set by the protocol, not searched")
-        self.method, self.space, self.settings = method, space, settings
-        self.output_dir = Path(output_dir)
-        self.progress, self.reporter = progress, reporter
-        self.base = apply_budget(raw_config, settings.epochs, settings.patience)
-        try:
-            self.config = config_module.from_dict(copy.deepcopy(self.base))
-        except UserInputError as error:
-            raise UserInputError(f"method {method!r}: {error}") from None
-        dataset = load_dataset(self.config)
-        self.layout = fold_layout(dataset, k=settings.folds, mode=settings.fold_mode)
-        # The search's trunks (one per fold, shared by every method): the first method's config by default.
-        self.features = (FeatureCache(trunk_raw if trunk_raw is not None else self.base, self.output_dir, dataset.content_hash,
-                                      progress) if settings.frozen_trunk else None)
-        if self.features is not None and self.config.model.ensemble != 1:
-            raise UserInputError(f"method {method!r}: protocol.frozen_trunk needs a single trunk (model.ensemble=1)")
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.url = storage_url(self.output_dir, settings.storage)
-        self.worker = worker or work.Worker(self.url)
-        with self.worker.lock.held():
+    def __init__(self, plan: MethodPlan, settings: SearchSettings, context: Context,
+                 features: FeatureCache | None = None) -> None:
+        self.plan, self.settings, self.context, self.features = plan, settings, context, features
+        self.done = False
+        with context.worker.lock.held():
             # Every suggestion is made in a separate seeded study (``propose``): this one's sampler
             # never samples, it only hands out the enqueued parameters.
             self.study = optuna.create_study(
-                storage=self.worker.storage, study_name=method, direction="maximize",
+                storage=context.worker.storage, study_name=plan.name, direction="maximize",
                 sampler=optuna.samplers.RandomSampler(seed=0), pruner=make_pruner(settings), load_if_exists=True,
             )
-            _check_or_record_settings(self.study, method, settings, self.layout, self.config, config_hash)
+            _check_or_record_settings(self.study, plan, settings, context.layout, context.config_hash)
             if self.study.user_attrs.get("trials") != settings.trials:
                 self.study.set_user_attr("trials", settings.trials)  # the budget ``dmlbench status`` counts against
 
+    @property
+    def method(self) -> str:
+        return self.plan.name
+
     def step(self) -> str:
-        outcome = work.claim(self.study, self.worker, budget=self.settings.trials, ready=self._ready, propose=self._propose)
-        if isinstance(outcome, str):
-            return outcome
-        trial, slot = outcome.trial, outcome.slot
+        claimed = work.claim(self.study, self.context.worker, budget=self.settings.trials, ready=self._ready,
+                             propose=self._propose)
+        if isinstance(claimed, str):
+            self.done = claimed == work.DONE
+            return claimed
         started = work.Cost.start()
         samples: list[int] = []
-        with work.Beating(self.study, trial, self.worker):
-            try:
-                value, attributes = _cross_validate(trial, self.method, self.base, self.space, self.layout, self.output_dir,
-                                                    self.progress, self.reporter, slot, samples, self.features)
-            except (RunInterrupted, KeyboardInterrupt):
-                work.interrupt(self.study, trial)
-                raise
-            except optuna.TrialPruned as pruned:
-                work.finish(self.study, trial, state=TrialState.PRUNED, attributes={
-                    "pruned": str(pruned), "cost": asdict(work.Cost.since(started, sum(samples)))})
-                if self.progress:
-                    print(f"== {self.method} trial {slot}: pruned ({pruned})", flush=True)
-                return "worked"
-            except Exception as error:  # any failure of a trial is a FAILED trial; Ctrl-C / exit propagate
-                if storage_error(error) is not None:  # the disk failed, not the method: re-run next time
-                    work.interrupt(self.study, trial)
-                    raise
-                work.finish(self.study, trial, state=TrialState.FAIL, attributes={
-                    "fail_reason": f"{type(error).__name__}: {error}".strip(),
-                    "cost": asdict(work.Cost.since(started, sum(samples)))})
-                if self.progress:
-                    print(f"== {self.method} trial {slot}: failed ({type(error).__name__}: {error})", flush=True)
-                return "worked"
-            attributes["cost"] = asdict(work.Cost.since(started, sum(samples)))
-            work.finish(self.study, trial, value=value, attributes=attributes)
-        if self.progress:
-            print(f"== {self.method} trial {slot}: {value:.4f} {trial.params}", flush=True)
+        value: list[float] = []
+
+        def body(attributes: dict[str, Any]) -> float:
+            mean, found = _cross_validate(claimed.trial, self.plan, self.context, claimed.slot, samples, self.features)
+            attributes.update(found)
+            value.append(mean)
+            return mean
+
+        what = work.execute(self.study, claimed, self.context.worker, body,
+                            lambda: work.Cost.since(started, sum(samples)))
+        if self.context.progress:
+            shown = what if what is not None else f"{value[0]:.4f} {claimed.trial.params}"
+            print(f"== {self.method} trial {claimed.slot}: {shown}", flush=True)
         return "worked"
 
     def _ready(self, slot: int, finished: Mapping[int, FrozenTrial]) -> bool:
@@ -392,77 +165,39 @@ class MethodSearch:
                 intermediate_values=dict(trial.intermediate_values),
             ))
         suggestion = history.ask()
-        assignment = self.space.suggest(suggestion)
+        assignment = self.plan.space.suggest(suggestion)
         return dict(suggestion.params), {"params": assignment}
 
     def result(self) -> SearchResult:
-        return _result(self.study, self.method, self.url, self.layout)
-
-
-def apply_budget(raw_config: Mapping[str, Any], epochs: int | None, patience: int | None) -> dict[str, Any]:
-    """The method's raw config with the protocol's shared budget (epochs, early stopping) applied;
-    the same for the search and the reproductions."""
-    fixed: dict[str, Any] = {}
-    if epochs is not None:
-        fixed["training.epochs"] = epochs
-    if patience is not None:
-        fixed["training.early_stopping_patience"] = patience
-    return apply_assignment(dict(raw_config), fixed)
-
-
-def check_budget(
-    stage: str, *, counts: Mapping[str, Any], epochs: Any, patience: Any, seed: Any, fold_mode: Any
-) -> None:
-    """The settings the search and the reproductions share: positive counts, optional positive
-    epochs and patience, a non-negative seed, a known fold mode (one-line ``UserInputError``)."""
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserInputError(f"{stage} {name} must be a positive integer, got {value!r}")
-    for name, value in (("epochs", epochs), ("patience", patience)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise UserInputError(f"{stage} {name} must be a positive integer or unset, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserInputError(f"{stage} seed must be a non-negative integer, got {seed!r}")
-    if fold_mode not in FOLD_MODES:
-        raise UserInputError(f"fold mode must be one of {', '.join(FOLD_MODES)}, got {fold_mode!r}")
+        return _result(self.study, self.method, self.settings.storage, self.context.layout)
 
 
 def _cross_validate(
     trial: optuna.trial.Trial,
-    method: str,
-    base: dict[str, Any],
-    space: SearchSpace,
-    layout: FoldLayout,
-    output_dir: Path,
-    progress: bool,
-    reporter: Callable[[dict[str, Any]], None] | None = None,
-    slot: int = 0,
-    samples: list[int] | None = None,
-    features: FeatureCache | None = None,
+    plan: MethodPlan,
+    context: Context,
+    slot: int,
+    samples: list[int],
+    features: FeatureCache | None,
 ) -> tuple[float, dict[str, Any]]:
     """Train one run per fold with the trial's assignment; the fold-mean best validation score.
 
     The run directories are the slot's (``trial_SSSS``): a retried slot continues the fold runs its
     killed attempt left (completed ones are kept, a partial one resumes from its checkpoint)."""
-    assignment = space.suggest(trial)
-    raw = apply_assignment(base, assignment)
+    assignment = plan.space.suggest(trial)
+    folds = context.layout.folds
     scores, run_dirs, epochs_run, curves = [], [], [], []
-    for fold in layout.folds:
-        fold_raw = apply_assignment(raw, {
-            "data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes),
-        })
-        config = config_module.from_dict(fold_raw)
-        run_dir = output_dir / method / f"trial_{slot:04d}" / f"fold_{fold.index}"
-        record = {"method": method, "stage": STAGE, "trial": slot, "fold": fold.index,
-                  "fold_layout_hash": layout.hash}
-        if reporter is not None:
-            reporter({"method": method, "stage": STAGE, "trial": slot, "fold": fold.index, "run_dir": str(run_dir)})
+    for fold in folds:
+        config = plan.run_config(assignment, fold)
+        run_dir = layout.fold_dir(layout.trial_dir(context.output_dir, plan.name, slot), fold.index)
+        record = {"method": plan.name, "stage": layout.SEARCH_STAGE, "trial": slot, "fold": fold.index,
+                  "fold_layout_hash": context.layout.hash}
+        context.report({**record, "run_dir": str(run_dir)})
         if features is None:
-            result = train_fold(config, run_dir, progress, record)
+            result = train_or_resume(config, run_dir, progress=context.progress, record=record)
         else:
             result = train_head(config, run_dir, features.features(fold), record)
-        if samples is not None:
-            samples.append(run_samples(run_dir))
+        samples.append(run_samples(run_dir))
         curves.append(validation_curves(run_dir))
         key = config.evaluation.selection_metric
         score = None if result.best_validation is None else result.best_validation.get(key)
@@ -471,21 +206,12 @@ def _cross_validate(
         scores.append(float(score))
         run_dirs.append(str(run_dir))
         epochs_run.append(result.epochs_run)
-        if len(scores) < len(layout.folds):
+        if len(scores) < len(folds):
             trial.report(sum(scores) / len(scores), step=len(scores) - 1)
             if trial.should_prune():
                 raise optuna.TrialPruned(f"fold-mean {sum(scores) / len(scores):.4f} after {len(scores)} fold(s)")
     value = sum(scores) / len(scores)
     return value, {"fold_values": scores, "run_dirs": run_dirs, "epochs_run": epochs_run, "curves": curves}
-
-
-def train_fold(config: config_module.Config, run_dir: Path, progress: bool, record: dict[str, Any]) -> Any:
-    """Train a fold run, or continue the one an interrupted attempt left, or return a completed one."""
-    if (run_dir / records.RUN_FILE).is_file():
-        return train(config, run_dir, resume=True, progress=progress, record=record)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)  # killed before its first record: nothing worth keeping
-    return train(config, run_dir, progress=progress, record=record)
 
 
 def run_samples(run_dir: Path) -> int:
@@ -505,29 +231,28 @@ def validation_curves(run_dir: Path) -> dict[str, list[float]]:
 
 
 def _check_or_record_settings(
-    study: optuna.Study, method: str, settings: SearchSettings, layout: FoldLayout, config: config_module.Config,
-    config_hash: str | None = None,
+    study: optuna.Study, plan: MethodPlan, settings: SearchSettings, fold_layout: FoldLayout, config_hash: str,
 ) -> None:
     """Record the shared budget and fold layout on a new study; refuse to resume one made differently."""
+    config = plan.config
     recorded = {
         "settings": settings.recorded(),
         "epochs": config.training.epochs,
         "early_stopping_patience": config.training.early_stopping_patience,
         "selection_metric": config.evaluation.selection_metric,
-        "fold_layout_hash": layout.hash,
+        "fold_layout_hash": fold_layout.hash,
+        "config_hash": config_hash,
     }
-    if config_hash is not None:
-        recorded["config_hash"] = config_hash
     stored = study.user_attrs
     if not any(key in stored for key in recorded):
         for key, value in recorded.items():
             study.set_user_attr(key, value)
-        study.set_user_attr("fold_layout", layout.as_dict())
+        study.set_user_attr("fold_layout", fold_layout.as_dict())
         return
     for key, value in recorded.items():
         if stored.get(key) != value:
             raise UserInputError(
-                f"study {method!r} was started with {key} = {stored.get(key)!r}, now {value!r}: "
+                f"study {plan.name!r} was started with {key} = {stored.get(key)!r}, now {value!r}: "
                 "use a new output directory or storage"
             )
 
@@ -537,7 +262,7 @@ def budgeted_trials(study: optuna.Study) -> int:
     return len(work.counted(study))
 
 
-def _result(study: optuna.Study, method: str, url: str, layout: FoldLayout) -> SearchResult:
+def _result(study: optuna.Study, method: str, url: str, fold_layout: FoldLayout) -> SearchResult:
     trials = study.get_trials(deepcopy=False)
     budgeted = work.counted(study)
     complete = [trial for trial in budgeted if trial.state == TrialState.COMPLETE]
@@ -550,7 +275,7 @@ def _result(study: optuna.Study, method: str, url: str, layout: FoldLayout) -> S
         pruned=sum(1 for trial in budgeted if trial.state == TrialState.PRUNED),
         best_value=None if best is None else float(best.value),  # type: ignore[arg-type]
         best_params=None if best is None else dict(best.params),
-        fold_layout_hash=layout.hash,
+        fold_layout_hash=fold_layout.hash,
         trials=[
             {"number": trial.number, "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
              "user_attrs": dict(trial.user_attrs)}

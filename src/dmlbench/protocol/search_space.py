@@ -17,12 +17,11 @@ each bound and each choice set, so an unknown key, a hyper-parameter a component
 unknown component name, an empty range (``low >= high``) or an empty choice list is a one-line
 ``UserInputError`` naming the key before anything trains. ``SearchSpace.suggest`` turns an Optuna
 trial into a ``{dotted key: value}`` assignment with ``trial.suggest_float`` / ``suggest_int`` /
-``suggest_categorical``; ``apply_assignment`` writes it into a raw config mapping.
+``suggest_categorical``; ``config.assign`` writes it into a raw config mapping.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -92,24 +91,6 @@ class SearchSpace:
                 )
             assignment[parameter.key] = value
         return assignment
-
-
-def apply_assignment(raw: dict[str, Any], assignment: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of the raw config mapping ``raw`` with each dotted key of ``assignment`` set to its value.
-
-    Values are set as Python objects (no string round-trip, so ``1e-05`` stays a float).
-    """
-    result = copy.deepcopy(raw)
-    for key, value in assignment.items():
-        node = result
-        parts = key.split(".")
-        for depth, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise UserInputError(f"config key {'.'.join(parts[: depth + 1])!r} is not a section (setting {key!r})")
-            node = child
-        node[parts[-1]] = copy.deepcopy(value)
-    return result
 
 
 def as_override_strings(assignment: Mapping[str, Any]) -> list[str]:
@@ -255,7 +236,7 @@ def _check_against_schema(
         for value in parameter.representatives():
             assignment = _representative_assignment(space, parameter, value)
             try:
-                validate(apply_assignment(base, assignment))
+                validate(config_module.assign(base, assignment))
             except UserInputError as error:
                 raise UserInputError(f"{where}search key {parameter.key!r} = {value!r}: {error}") from None
 

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from optuna.trial import TrialState
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
-from dmlbench.protocol.reproductions import UNTRAINED, study_name
+from dmlbench.protocol.layout import BENCHMARK_FILE, UNTRAINED, reproduction_study
 from dmlbench.training import records
 
 RECENT_SECONDS = 300
-PREFIX = study_name("")
+PREFIX = reproduction_study("")
 
 
 def status_lines(directory: Path | None, storage: str | None) -> list[str]:
@@ -31,7 +30,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     if storage is None:
         if directory is None:
             raise UserInputError("give a benchmark directory or --storage URL")
-        path = Path(directory) / "benchmark.json"
+        path = Path(directory) / BENCHMARK_FILE
         if not path.is_file():
             raise UserInputError(f"{directory} holds no benchmark study (no benchmark.json)")
         storage = str(records.read_json(path)["storage"])
@@ -66,13 +65,13 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         running = sum(1 for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING)
         failed = sum(1 for t in counted if t.state == TrialState.FAIL)
         left = max(budget - len(counted), 0)
-        reproduction_study = studies.get(study_name(name))
-        wanted = int((reproduction_study.user_attrs.get("reproductions") if reproduction_study else None) or 0)
-        done_reproductions = len(work.counted(reproduction_study)) if reproduction_study is not None else 0
+        reproductions = studies.get(reproduction_study(name))
+        wanted = int((reproductions.user_attrs.get("reproductions") if reproductions else None) or 0)
+        done_reproductions = len(work.counted(reproductions)) if reproductions is not None else 0
         left_units += left + max(wanted - done_reproductions, 0)
-        shown = f"{done_reproductions}/{wanted}" if reproduction_study is not None else "not started"
+        shown = f"{done_reproductions}/{wanted}" if reproductions is not None else "not started"
         lines.append(f"{name:<28} {len(counted):>5} {running:>7} {failed:>6} {left:>5} {shown:>13}")
-    baseline = studies.get(study_name(UNTRAINED))
+    baseline = studies.get(reproduction_study(UNTRAINED))
     if baseline is not None:
         lines.append(f"untrained baseline: {len(work.counted(baseline))}/{baseline.user_attrs.get('reproductions')} scored")
     recent = sorted(worker for worker, seen in workers.items() if now - seen <= RECENT_SECONDS)

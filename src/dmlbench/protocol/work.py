@@ -26,12 +26,14 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from dmlbench.errors import RunInterrupted
+from dmlbench.files import storage_error
 from dmlbench.protocol import storage as storage_module
 from dmlbench.training import records
 
@@ -190,11 +192,6 @@ def claim(
         return Claim(trial, int(slot))
 
 
-def note_worker(study: optuna.Study, worker: Worker) -> None:
-    """Record that ``worker`` looked at ``study`` (``dmlbench status`` lists recent workers)."""
-    study.set_user_attr(f"worker:{worker.id}", worker.stamp())
-
-
 class Beating:
     """While a unit runs: Optuna's heartbeat (database servers) and a ``heartbeat`` time in the
     trial's user attributes (what ``dmlbench status`` reads), every ``interval`` seconds."""
@@ -273,3 +270,34 @@ def interrupt(study: optuna.Study, trial: optuna.Trial) -> None:
     """Ctrl-C during a unit: fail it as interrupted so that the next claim re-enqueues its slot."""
     _mark_interrupted(study, trial._trial_id, "interrupted: stopped by the user")
     _ACTIVE.discard(trial._trial_id)
+
+
+def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[[dict[str, Any]], float],
+            cost: Callable[[], Cost]) -> str | None:
+    """Run one claimed unit and tell its outcome: ``None`` when it completed with the value ``body``
+    returns, else what happened (``"pruned (...)"``, ``"failed (...)"``).
+
+    ``body`` fills the attributes it has as it goes (kept with a failure). A stop (Ctrl-C, SIGTERM)
+    or a failing disk is not the method's failure: the unit is marked interrupted, so that it is run
+    again, and the exception goes on. Any other exception fails the unit with its reason."""
+    attributes: dict[str, Any] = {}
+    with Beating(study, claimed.trial, worker):
+        try:
+            value = body(attributes)
+        except (RunInterrupted, KeyboardInterrupt):
+            interrupt(study, claimed.trial)
+            raise
+        except optuna.TrialPruned as pruned:
+            finish(study, claimed.trial, state=TrialState.PRUNED,
+                   attributes={"pruned": str(pruned), "cost": asdict(cost())})
+            return f"pruned ({pruned})"
+        except Exception as error:
+            if storage_error(error) is not None:
+                interrupt(study, claimed.trial)
+                raise
+            reason = f"{type(error).__name__}: {error}".strip()
+            finish(study, claimed.trial, state=TrialState.FAIL,
+                   attributes={**attributes, "fail_reason": reason, "cost": asdict(cost())})
+            return f"failed ({reason})"
+        finish(study, claimed.trial, value=value, attributes={**attributes, "cost": asdict(cost())})
+    return None

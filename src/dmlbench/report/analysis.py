@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.reproductions import MODES, UNTRAINED, MethodReproductions, result_rows, seed_scores
+from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol.results import MODES, MethodReproductions, result_rows, seed_scores
 from dmlbench.protocol.statistics import (
     Correlation,
     PairedComparison,

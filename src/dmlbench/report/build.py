@@ -5,7 +5,7 @@ without password) and the Optuna studies: per method its search trials (objectiv
 validation curves, cost) and its reproductions (test scores, validation curves, cost), and the
 untrained baseline. Nothing else is read, so the report is the same whichever worker writes it and
 on whichever machine (each worker of a multi-machine benchmark has its own run directories).
-Outputs: ``results.csv`` and ``runs.csv`` (``protocol.reproductions.write_results``: the same bytes
+Outputs: ``results.csv`` and ``runs.csv`` (``protocol.results.write_results``: the same bytes
 whoever writes them), ``comparisons.csv`` (every pair of methods), the claim files of
 ``report.analysis`` (``claim_comparisons.csv``, ``embedding_space.csv``, ``correlations.csv``,
 ``rankings.csv``), the figures of ``report.plots`` as PNG files, ``report.md`` (linking them),
@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.reproductions import (
+from dmlbench.protocol.layout import BENCHMARK_FILE, TEST_ACCESS_FILE, UNTRAINED, reproduction_study
+from dmlbench.protocol.results import (
     MODES,
-    TEST_ACCESS_FILE,
-    UNTRAINED,
     MethodReproductions,
     compare_reproductions,
+    read_reproductions,
     result_rows,
     write_results,
 )
@@ -41,7 +41,6 @@ from dmlbench.report import plots
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, analyse, scored_methods
 from dmlbench.training import records
 
-BENCHMARK_FILE = "benchmark.json"
 LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
 METRIC_TITLES = {"precision_at_1": "P@1", "r_precision": "R-Precision", "map_at_r": "MAP@R"}
 CURVE_METRICS = ("precision_at_1", "map_at_r")
@@ -74,7 +73,6 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
 
     from dmlbench.protocol import storage as storage_module
     from dmlbench.protocol import work
-    from dmlbench.protocol.reproductions import read_reproductions, study_name
 
     output_dir = Path(output_dir)
     path = output_dir / BENCHMARK_FILE
@@ -107,7 +105,7 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
     if not any(trials.values()):
         raise UserInputError(f"{output_dir} holds no benchmark study (no trials in {storage_module.redact(url)})")
     for method in [*methods, UNTRAINED]:
-        name = study_name(method)
+        name = reproduction_study(method)
         if name not in names:
             continue
         study = optuna.load_study(study_name=name, storage=storage)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dmlbench.protocol.reproductions import UNTRAINED
+from dmlbench.protocol.layout import UNTRAINED
 from dmlbench.report.analysis import SPACE_QUANTITIES, SpacePoint
 
 Figure = tuple[str, str, bytes]  # title, file name, PNG

@@ -1,6 +1,7 @@
 """Training: the loop, optimiser groups, checkpoints and resumption, run records."""
 
-from dmlbench.training.loop import TrainingDiverged, TrainResult, train
+from dmlbench.training.loop import train, train_or_resume
+from dmlbench.training.step import TrainingDiverged, TrainResult
 from dmlbench.training.runs import evaluate_run
 
-__all__ = ["TrainResult", "TrainingDiverged", "evaluate_run", "train"]
+__all__ = ["TrainResult", "TrainingDiverged", "evaluate_run", "train", "train_or_resume"]

@@ -8,7 +8,6 @@ schedule, validation and selection as ``training.loop``, without images or augme
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Mapping
@@ -26,9 +25,9 @@ from dmlbench.errors import UserInputError
 from dmlbench.models.embedding import EmbeddingHead, binarize
 from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
-from dmlbench.training.loop import TrainingDiverged
 from dmlbench.training.schedule import set_learning_rates
 from dmlbench.training.setup import build_loss_and_miner, build_model, build_optimizer, build_sampler, class_index
+from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, finish_record
 from dmlbench.training.threads import resolve_threads
 
 HEAD_CHECKPOINT = "head_best.pt"
@@ -44,17 +43,6 @@ class FoldFeatures:
     validation: Tensor
     validation_labels: Tensor
     source: Mapping[str, Any]
-
-
-@dataclass
-class HeadResult:
-    """What ``train_head`` returns (the fields ``training.TrainResult`` has)."""
-
-    run_dir: Path
-    best_epoch: int | None
-    best_validation: dict[str, float] | None
-    epochs_run: int
-    already_complete: bool = False
 
 
 def trunk_features(config: Config, trunk_state: Mapping[str, Tensor] | None, split: ImageDataset) -> Tensor:
@@ -85,7 +73,7 @@ class _HeadOnly(nn.Module):
         return list(self.head.parameters())
 
 
-def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Mapping[str, Any]) -> HeadResult:
+def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Mapping[str, Any]) -> TrainResult:
     """Train ``config``'s head, loss and miner on ``features`` for ``training.epochs`` epochs of the
     sampler's batches; validate after each evaluation epoch on the validation features and keep the
     best epoch by ``evaluation.selection_metric``. Writes ``config.yaml``, ``run.json`` and
@@ -96,7 +84,7 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
     if run_file.is_file():
         stored = records.read_json(run_file)
         if stored.get("status") == "completed":
-            return HeadResult(run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
+            return TrainResult(run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
                               already_complete=True)
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -138,7 +126,7 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
         return {key: float(value) for key, value in results.items()}
 
     key = config.evaluation.selection_metric
-    best_epoch, best_value, best_metrics, stale = None, -math.inf, None, 0
+    state = SelectionState()
     epoch = 0
     try:
         records.append_metrics(run_dir, {"epoch": 0, "validation": validate()})
@@ -149,23 +137,21 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
         for epoch in range(1, config.training.epochs + 1):
             entry = _head_epoch(epoch, config, head, loss_fn, miner, optimizer, sampler, train_x, targets_all, accumulation)
             if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
-                entry["validation"] = validation = validate()
-                if validation[key] > best_value:
-                    best_epoch, best_value, best_metrics, stale = epoch, validation[key], validation, 0
+                entry["validation"] = validate()
+                if state.observe(epoch, entry["validation"], key):
                     records.atomic_torch_save(run_dir / HEAD_CHECKPOINT, {
                         "epoch": epoch, "head": head.state_dict(), "loss": loss_fn.state_dict()})
-                else:
-                    stale += 1
             records.append_metrics(run_dir, entry)
             patience = config.training.early_stopping_patience
-            if patience is not None and stale >= patience:
+            if patience is not None and state.epochs_without_improvement >= patience:
                 break
     except BaseException as error:
         reason = f"training diverged: {error}" if isinstance(error, TrainingDiverged) else f"{type(error).__name__}: {error}".strip()
-        _finish(run_dir, run_record, clock, status="failed", reason=reason)
+        finish_record(run_dir, run_record, "failed", clock, reason=reason)
         raise
-    _finish(run_dir, run_record, clock, status="completed", best_epoch=best_epoch, best_validation=best_metrics, epochs_run=epoch)
-    return HeadResult(run_dir, best_epoch, best_metrics, epoch)
+    finish_record(run_dir, run_record, "completed", clock, best_epoch=state.best_epoch,
+                  best_validation=state.best_metrics, epochs_run=epoch)
+    return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
 
 
 def _head_epoch(
@@ -185,10 +171,7 @@ def _head_epoch(
         index = torch.as_tensor(batch, dtype=torch.long)
         targets = targets_all[index].to(train_x.device)
         embeddings = head(train_x[index.to(train_x.device)])
-        tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
-        loss = loss_fn(embeddings, targets, tuples)
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {steps + 1}")
+        loss = batch_loss(loss_fn, miner, embeddings, targets, epoch=epoch, step=steps + 1)
         (loss / accumulation if accumulation > 1 else loss).backward()
         if (steps + 1) % accumulation == 0 or steps + 1 == total:
             optimizer.step()
@@ -202,9 +185,3 @@ def _head_epoch(
             break
     return {"epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps, "learning_rates": rates, "samples": seen,
             "seconds": round(time.perf_counter() - started, 3)}
-
-
-def _finish(run_dir: Path, record: dict[str, Any], clock: records.Clock, **fields: Any) -> None:
-    record.update(finished=records.now(), cost=clock.cost(run_dir), **fields)
-    record["samples_seen"] = record["cost"]["samples_seen"]
-    records.write_json(run_dir / records.RUN_FILE, record)

@@ -5,10 +5,9 @@ processes of ``torchrun`` (``training.distributed``), where rank 0 alone writes 
 from __future__ import annotations
 
 import contextlib
-import math
+import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +24,9 @@ from dmlbench.training import distributed, records
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.schedule import set_learning_rates, set_warmup
-from dmlbench.training.setup import (
-    Components,
-    build_components,
-    build_sampler,
-    class_index,
-    load_dataset,
-    make_splits,
-    training_view,
-)
+from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, finish_record
+from dmlbench.training.setup import Components, set_up_training
 from dmlbench.training.threads import resolve_threads
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run is marked failed."""
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    best_epoch: int | None
-    best_validation: dict[str, float] | None
-    epochs_run: int
-    already_complete: bool = False
 
 
 def train(
@@ -92,22 +71,13 @@ def train(
         device = torch.device("cuda", group.local_rank)
     check_precision(config.training.precision, device)
     torch.set_num_threads(resolve_threads(config.training.num_threads))
-    full_dataset = load_dataset(config)
-    dataset_hash = full_dataset.content_hash
-    full_splits = make_splits(config, full_dataset)
-    dataset, splits = training_view(full_dataset, full_splits)
-    del full_dataset
+    setup = set_up_training(config, device)
+    dataset, splits, sampler, components = setup.dataset, setup.splits, setup.sampler, setup.components
+    train_set, validation_set, to_class_index = setup.train_set, setup.validation_set, setup.to_class_index
     labels = torch.as_tensor(dataset.labels)
-    to_class_index = class_index(labels[splits.train].numpy())
-    num_classes = int((to_class_index >= 0).sum())
-    train_set = dataset.subset(splits.train)
-    validation_set = dataset.subset(splits.validation)
-    train_targets = to_class_index[labels[splits.train]]
-    sampler = build_sampler(config, train_targets.numpy())
-    components = build_components(config, num_classes, device)
     stepper = _Stepper(config, components, device, group)
 
-    start_epoch, state = 0, _SelectionState()
+    start_epoch, state = 0, SelectionState()
     if resume and (run_dir / records.LAST_CHECKPOINT).exists():
         start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, components, sampler, stepper)
         if main:
@@ -116,7 +86,7 @@ def train(
         records.create_run_dir(run_dir)
         records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
-    run_record = _start_record(run_dir, config, dataset_hash, full_splits, resume, group, device)
+    run_record = _start_record(run_dir, config, setup.dataset_hash, setup.full_splits, resume, group, device)
     run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
     run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
     # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
@@ -154,25 +124,38 @@ def train(
             if patience is not None and state.epochs_without_improvement >= patience:
                 break
     except TrainingDiverged as error:
-        _finish_record(run_dir, run_record, "failed", group, clock, reason=f"training diverged: {error}")
+        finish_record(run_dir, run_record, "failed", clock, write=main, reason=f"training diverged: {error}")
         raise
     except KeyboardInterrupt:
-        _finish_record(run_dir, run_record, "interrupted", group, clock)
+        finish_record(run_dir, run_record, "interrupted", clock, write=main)
         raise RunInterrupted(f"run {run_dir} stopped; continue it with: dmlbench train --resume -o {run_dir}") from None
     except BaseException as error:
         full = storage_error(error)
         if full is None:
-            _finish_record(run_dir, run_record, "failed", group, clock, reason=f"{type(error).__name__}: {error}".strip())
+            finish_record(run_dir, run_record, "failed", clock, write=main, reason=f"{type(error).__name__}: {error}".strip())
             raise
         with contextlib.suppress(OSError):  # the record itself may not fit on the disk
-            _finish_record(run_dir, run_record, "interrupted", group, clock)
+            finish_record(run_dir, run_record, "interrupted", clock, write=main)
         raise StorageFailed(f"{describe(full)}; free space, then continue the run with: "
                             f"dmlbench train --resume -o {run_dir}") from error
-    _finish_record(
-        run_dir, run_record, "completed", group, clock,
+    finish_record(
+        run_dir, run_record, "completed", clock, write=main,
         best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
     )
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
+
+
+def train_or_resume(
+    config: Config, run_dir: Path, *, progress: bool = True, record: Mapping[str, Any] | None = None
+) -> TrainResult:
+    """The protocol's way to train a run: continue it after an interruption, return it as it is
+    once completed, and start it afresh when a killed attempt left no ``run.json`` (nothing worth keeping)."""
+    run_dir = Path(run_dir)
+    if (run_dir / records.RUN_FILE).is_file():
+        return train(config, run_dir, resume=True, progress=progress, record=record)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    return train(config, run_dir, progress=progress, record=record)
 
 
 def check_precision(precision: str, device: torch.device) -> None:
@@ -268,10 +251,7 @@ def _train_epoch(
         ends_window = (steps + 1) % accumulation == 0 or steps + 1 == total
         with stepper.no_sync(ends_window):
             embeddings = distributed.gather(stepper.forward(images.to(device)).float(), group)
-            tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
-            loss = loss_fn(embeddings, targets, tuples)
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {steps + 1}")
+            loss = batch_loss(loss_fn, miner, embeddings, targets, epoch=epoch, step=steps + 1)
             stepper.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
         if ends_window:
             stepper.scaler.step(optimizer)
@@ -295,29 +275,6 @@ def _train_epoch(
     }
 
 
-class _SelectionState:
-    """Best epoch by the validation selection metric (the test split is never looked at)."""
-
-    def __init__(self) -> None:
-        self.best_epoch: int | None = None
-        self.best_value = -math.inf
-        self.best_metrics: dict[str, float] | None = None
-        self.epochs_without_improvement = 0
-
-    def observe(self, epoch: int, metrics: dict[str, float], key: str) -> None:
-        if metrics[key] > self.best_value:
-            self.best_epoch, self.best_value, self.best_metrics = epoch, metrics[key], metrics
-            self.epochs_without_improvement = 0
-        else:
-            self.epochs_without_improvement += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        vars(self).update(state)
-
-
 def _validate(
     model: torch.nn.Module, validation_set: ImageDataset, config: Config, device: torch.device,
     group: ProcessGroup = ProcessGroup(),
@@ -334,7 +291,7 @@ def _validate(
 
 
 def _save_checkpoint(
-    path: Path, epoch: int, components: Components, state: _SelectionState, sampler: Sampler[list[int]],
+    path: Path, epoch: int, components: Components, state: SelectionState, sampler: Sampler[list[int]],
     stepper: _Stepper,
 ) -> None:
     payload = {
@@ -354,7 +311,7 @@ def _save_checkpoint(
 
 def _load_checkpoint(
     path: Path, components: Components, sampler: Sampler[list[int]], stepper: _Stepper
-) -> tuple[int, _SelectionState]:
+) -> tuple[int, SelectionState]:
     payload = torch.load(path, map_location="cpu", weights_only=False)
     components.model.load_state_dict(payload["model"])
     components.loss.load_state_dict(payload["loss"])
@@ -365,7 +322,7 @@ def _load_checkpoint(
         sampler.initialize_memory(payload["sampler_memory"])
     if payload.get("grad_scaler"):
         stepper.scaler.load_state_dict(payload["grad_scaler"])
-    state = _SelectionState()
+    state = SelectionState()
     state.load_state_dict(payload["selection"])
     return int(payload["epoch"]), state
 
@@ -409,15 +366,6 @@ def _start_record(
     if group.is_main:
         records.write_json(run_dir / records.RUN_FILE, record)
     return record
-
-
-def _finish_record(
-    run_dir: Path, record: dict[str, Any], status: str, group: ProcessGroup, clock: records.Clock, **fields: Any
-) -> None:
-    record.update(status=status, finished=records.now(), cost=clock.cost(run_dir, record.get("cost")), **fields)
-    record["samples_seen"] = record["cost"]["samples_seen"]
-    if group.is_main:
-        records.write_json(run_dir / records.RUN_FILE, record)
 
 
 def _print_epoch(record: dict[str, Any], key: str) -> None:

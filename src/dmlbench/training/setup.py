@@ -158,6 +158,36 @@ def build_sampler(config: Config, train_labels: np.ndarray) -> Sampler[list[int]
     )
 
 
+@dataclass
+class TrainingSetup:
+    """What a run trains with: the dataset without its test split (``training_view``) and its
+    splits, the full dataset's splits and content hash (for the record), the class lookup, the
+    train and validation subsets, the seeded batch sampler and the components."""
+
+    dataset: ImageDataset
+    splits: Splits
+    full_splits: Splits
+    dataset_hash: str
+    to_class_index: torch.Tensor
+    train_set: ImageDataset
+    validation_set: ImageDataset
+    sampler: Sampler[list[int]]
+    components: Components
+
+
+def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
+    """The one set-up of a training run (``training.train`` and ``protocol.cost``)."""
+    full_dataset = load_dataset(config)
+    full_splits = make_splits(config, full_dataset)
+    dataset, splits = training_view(full_dataset, full_splits)
+    labels = torch.as_tensor(dataset.labels)
+    to_class_index = class_index(labels[splits.train].numpy())
+    sampler = build_sampler(config, to_class_index[labels[splits.train]].numpy())
+    components = build_components(config, int((to_class_index >= 0).sum()), device)
+    return TrainingSetup(dataset, splits, full_splits, full_dataset.content_hash, to_class_index,
+                         dataset.subset(splits.train), dataset.subset(splits.validation), sampler, components)
+
+
 def build_components(config: Config, num_classes: int, device: torch.device) -> Components:
     model = build_model(config).to(device)
     loss, miner = build_loss_and_miner(config, num_classes, device)

@@ -1,0 +1,75 @@
+"""The ``untrained`` row of the leaderboard: reproduction ``r`` of the reference method (the first
+method of the benchmark with best parameters) with its models as initialised (same seeds, no
+training step), scored on the test classes like every method. It needs no run directory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dmlbench.protocol import layout, work
+from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
+from dmlbench.protocol.reproductions import claim_reproduction, objective, open_unit_study, record_test_access, score_modes
+from dmlbench.protocol.results import MethodReproductions, read_reproductions
+from dmlbench.training import records
+
+
+class UntrainedBaseline:
+    """The baseline's reproductions as units of work, shared by any number of workers."""
+
+    def __init__(self, reference: MethodPlan, params: Mapping[str, Any], settings: ReproductionSettings,
+                 context: Context) -> None:
+        self.reference, self.params, self.settings, self.context = reference, dict(params), settings, context
+        self.done = False
+        self.study = open_unit_study(context.worker, layout.reproduction_study(layout.UNTRAINED), {
+            "method": layout.UNTRAINED, "reference": reference.name, "params": self.params,
+            "reproductions": settings.reproductions, "first_seed": settings.first_seed,
+            "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash,
+        })
+
+    def step(self) -> str:
+        claimed = claim_reproduction(self.study, self.context.worker, self.settings)
+        if isinstance(claimed, str):
+            self.done = claimed == work.DONE
+            return claimed
+        seed = self.settings.first_seed + claimed.slot
+        started = work.Cost.start()
+
+        def body(attributes: dict[str, Any]) -> float:
+            attributes["seed"] = seed
+            scores = self._scores(claimed.slot, seed)
+            attributes.update(scores=scores, run_dirs=[])
+            return objective(scores)
+
+        work.execute(self.study, claimed, self.context.worker, body, lambda: work.Cost.since(started, 0))
+        return "worked"
+
+    def _scores(self, reproduction: int, seed: int) -> dict[str, dict[str, float]]:
+        from dmlbench.training.embed import embed, resolve_device
+        from dmlbench.training.runs import query_mask
+        from dmlbench.training.setup import build_model, load_dataset, make_splits
+
+        output_dir = self.context.output_dir
+        directory = layout.reproduction_dir(output_dir, layout.UNTRAINED, reproduction)
+        record_test_access(output_dir, {
+            "stage": layout.REPRODUCTION_STAGE, "method": layout.UNTRAINED, "reproduction": directory.name,
+            "model": "untrained", "reference": self.reference.name, "runs": [],
+        })
+        embeddings, labels, mask = {}, None, None
+        for fold in self.context.layout.folds:
+            config = self.reference.run_config(self.params, fold, seed)
+            dataset = load_dataset(config)
+            device = resolve_device(config.training.device)
+            # The model exactly as reproduction ``r`` of the reference started training it (same seed).
+            model = build_model(config).to(device)
+            test = make_splits(config, dataset).test
+            embeddings[f"fold_{fold.index}"], labels = embed(model, dataset.subset(test), config.evaluation.batch_size, device)
+            mask = query_mask(dataset, test)  # queries against the gallery for a dataset with roles
+        assert labels is not None
+        scores = score_modes(embeddings, labels, self.reference.config.evaluation.metrics, seed, mask)
+        directory.mkdir(parents=True, exist_ok=True)
+        records.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": records.now(), "scores": scores})
+        return scores
+
+    def result(self) -> MethodReproductions:
+        return read_reproductions(self.study, layout.UNTRAINED, {}, self.context.layout.hash, self.context.output_dir)

@@ -1,0 +1,143 @@
+"""What every unit of the protocol works from, built once by ``pipeline.prepare``: the settings of
+the search and the reproductions (views of the validated ``protocol`` section), each method's plan
+(its configs and search space) and the context the units share (output directory, fold layout,
+worker). A unit never rebuilds any of it."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dmlbench import config as config_module
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import work
+from dmlbench.protocol.benchmark import BenchmarkSpec, ProtocolSpec
+from dmlbench.protocol.folds import ClassFold, FoldLayout
+from dmlbench.protocol.search_space import SearchSpace
+
+# Keys the protocol sets for every method alike; a search space may not search them.
+PROTOCOL_KEYS = ("seed", "training.epochs", "training.early_stopping_patience", "data.train_classes", "data.val_classes")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """The budget and machinery of a search, the same for every method (recorded in each study).
+
+    ``epochs``: maximum epochs of every run (``None``: the methods' common ``training.epochs``);
+    ``patience``: early stopping after this many evaluations without improvement (``None``: none).
+    """
+
+    trials: int
+    folds: int
+    fold_mode: str
+    epochs: int | None
+    patience: int | None
+    sampler: str
+    seed: int
+    storage: str
+    pruner: str
+    startup_trials: int | None
+    parallel_trials: int
+    frozen_trunk: bool
+
+    @classmethod
+    def of(cls, protocol: ProtocolSpec, storage: str) -> SearchSettings:
+        return cls(trials=protocol.trials, folds=protocol.folds, fold_mode=protocol.fold_mode, epochs=protocol.epochs,
+                   patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed, storage=storage,
+                   pruner=protocol.pruner, startup_trials=protocol.startup_trials,
+                   parallel_trials=protocol.parallel_trials, frozen_trunk=protocol.frozen_trunk)
+
+    def recorded(self) -> dict[str, Any]:
+        """What must not change when a study is resumed (everything but ``trials`` and ``storage``)."""
+        return {key: value for key, value in asdict(self).items() if key not in ("trials", "storage")}
+
+
+@dataclass(frozen=True)
+class ReproductionSettings:
+    """How many reproductions, their seeds and the shared training budget (as in the search)."""
+
+    reproductions: int
+    first_seed: int
+    folds: int
+    fold_mode: str
+    epochs: int | None
+    patience: int | None
+    storage: str
+
+    @classmethod
+    def of(cls, protocol: ProtocolSpec, storage: str) -> ReproductionSettings:
+        return cls(reproductions=protocol.reproductions, first_seed=protocol.first_seed, folds=protocol.folds,
+                   fold_mode=protocol.fold_mode, epochs=protocol.epochs, patience=protocol.patience, storage=storage)
+
+
+@dataclass(frozen=True)
+class MethodPlan:
+    """One method's configs: ``raw`` (the benchmark's base, the method's overrides, the command-line
+    overrides), ``budgeted`` (``raw`` with the protocol's epochs and patience), its validated
+    ``config`` and its search ``space``."""
+
+    name: str
+    raw: dict[str, Any]
+    budgeted: dict[str, Any]
+    config: config_module.Config
+    space: SearchSpace
+
+    @classmethod
+    def build(cls, spec: BenchmarkSpec, name: str, overrides: list[str]) -> MethodPlan:
+        """The plan of method ``name``; a one-line ``UserInputError`` naming the method."""
+        from dmlbench.protocol.search_space import parse_search_space
+
+        raw = method_raw_config(spec, name, overrides)
+        method = next(method for method in spec.methods if method.name == name)
+        space = parse_search_space(method.search, raw, method=name)
+        taken = sorted(set(space.keys()) & set(PROTOCOL_KEYS))
+        if taken:
+            raise UserInputError(f"method {name!r}: search key {taken[0]!r} is set by the protocol, not searched")
+        budget = {"training.epochs": spec.protocol.epochs, "training.early_stopping_patience": spec.protocol.patience}
+        budgeted = config_module.assign(raw, {key: value for key, value in budget.items() if value is not None})
+        try:
+            config = config_module.from_dict(copy.deepcopy(budgeted))
+        except UserInputError as error:
+            raise UserInputError(f"method {name!r}: {error}") from None
+        return cls(name, raw, budgeted, config, space)
+
+    def run_config(self, assignment: Mapping[str, Any], fold: ClassFold, seed: int | None = None) -> config_module.Config:
+        """The config of one fold run: the budgeted config, the search assignment (or the best
+        parameters), the fold's classes and, for a reproduction, its seed."""
+        fixed: dict[str, Any] = {} if seed is None else {"seed": seed}
+        fixed.update({"data.train_classes": list(fold.train_classes), "data.val_classes": list(fold.val_classes)})
+        return config_module.from_dict(config_module.assign(self.budgeted, {**assignment, **fixed}))
+
+
+@dataclass
+class Context:
+    """What the units of one worker share: where they write, the folds, the worker, the benchmark's
+    config hash (recorded in every study) and how progress is shown."""
+
+    output_dir: Path
+    layout: FoldLayout
+    worker: work.Worker
+    config_hash: str
+    progress: bool = False
+    reporter: Callable[[dict[str, Any]], None] | None = None
+
+    def report(self, event: dict[str, Any]) -> None:
+        if self.reporter is not None:
+            self.reporter(event)
+
+
+def method_raw_config(spec: BenchmarkSpec, method_name: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The raw config mapping of one method: the benchmark's ``base``, the method's overrides, then
+    the command-line ``overrides`` (validated; errors name the method)."""
+    method = next((m for m in spec.methods if m.name == method_name), None)
+    if method is None:
+        raise UserInputError(f"unknown method {method_name!r}")
+    raw = config_module.apply_overrides(config_module.assign(spec.base, method.overrides), list(overrides or []))
+    try:
+        config_module.from_dict(copy.deepcopy(raw))
+    except UserInputError as error:
+        raise UserInputError(f"method {method_name!r}: {error}") from None
+    return raw

@@ -1,0 +1,135 @@
+"""A benchmark's results as tables: each method's reproductions, ``results.csv`` (mean and 95%
+Student-t interval per method, mode and metric: ``method,mode,metric,mean,ci_low,ci_high,n``) and
+``runs.csv`` (each reproduction's value: ``method,reproduction,mode,metric,value``), and paired
+comparisons of methods by reproduction seed (seed 001 §3.3: average over runs with confidence intervals).
+A reproduction whose training failed has no score: it is kept with its reason and left out of ``n``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import layout, work
+from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
+from dmlbench.training import records
+
+MODES = ("concatenated", "separated")
+RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
+RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
+
+
+@dataclass
+class ReproductionOutcome:
+    """One reproduction of one method: its seed, fold runs and test scores (``None`` if it failed)."""
+
+    reproduction: int
+    seed: int
+    run_dirs: list[str]
+    scores: dict[str, dict[str, float]] | None = None  # mode -> metric -> value
+    reason: str | None = None
+    # Per fold model: rho, pi_intra, pi_inter, pi_ratio on its training classes (``training_space``).
+    embedding_space: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class MethodReproductions:
+    method: str
+    params: dict[str, Any]
+    fold_layout_hash: str
+    outcomes: list[ReproductionOutcome] = field(default_factory=list)
+
+
+def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, Any], layout_hash: str,
+                       output_dir: Path) -> MethodReproductions:
+    """A method's reproductions as stored in its study: one outcome per done slot, in order."""
+    result = MethodReproductions(method, dict(params), layout_hash)
+    for trial in work.counted(study):
+        attrs = trial.user_attrs
+        run_dirs = [str(Path(output_dir) / run_dir) for run_dir in attrs.get("run_dirs", [])]
+        scores = attrs.get("scores") if trial.state == TrialState.COMPLETE else None
+        result.outcomes.append(ReproductionOutcome(int(attrs["slot"]), int(attrs["seed"]), run_dirs, scores,
+                                                   None if scores is not None else attrs.get("fail_reason"),
+                                                   list(attrs.get("embedding_space", []))))
+    return result
+
+
+def run_rows(results: Mapping[str, MethodReproductions]) -> list[dict[str, Any]]:
+    """One row per method, scored reproduction, mode and metric (the columns of ``runs.csv``)."""
+    rows = []
+    for method, reproductions in results.items():
+        for outcome in reproductions.outcomes:
+            for mode, metrics in (outcome.scores or {}).items():
+                for metric, value in metrics.items():
+                    rows.append({"method": method, "reproduction": outcome.reproduction, "mode": mode,
+                                 "metric": metric, "value": value})
+    return rows
+
+
+def result_rows(results: Mapping[str, MethodReproductions]) -> list[dict[str, Any]]:
+    """Mean and 95% Student-t interval over reproductions per method, mode and metric (``results.csv``)."""
+    grouped: dict[tuple[str, str, str], list[float]] = {}
+    for row in run_rows(results):
+        grouped.setdefault((row["method"], row["mode"], row["metric"]), []).append(row["value"])
+    rows = []
+    for (method, mode, metric), values in grouped.items():
+        interval = mean_interval(values)
+        rows.append({"method": method, "mode": mode, "metric": metric, "mean": interval.mean,
+                     "ci_low": interval.low, "ci_high": interval.high, "n": interval.n})
+    return rows
+
+
+def compare_reproductions(
+    results: Mapping[str, MethodReproductions], mode: str = "concatenated", metric: str = "map_at_r"
+) -> list[PairedComparison]:
+    """Every pair of methods on one mode and metric, reproductions paired by seed (``statistics.compare_methods``:
+    paired t-test, Wilcoxon signed-rank, Holm across the pairs, Cohen's d_z). Only seeds that every
+    method scored are compared, so a failed reproduction removes its seed from all methods."""
+    return compare_methods(seed_scores(results, mode, metric))
+
+
+def seed_scores(results: Mapping[str, MethodReproductions], mode: str, metric: str) -> dict[str, dict[int, float]]:
+    """``method -> seed -> score`` on one mode and metric, for the seeds that every method scored
+    (a failed reproduction removes its seed from all methods, so every comparison stays paired)."""
+    if mode not in MODES:
+        raise UserInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    scores: dict[str, dict[int, float]] = {}
+    for method, reproductions in results.items():
+        scores[method] = {}
+        for outcome in reproductions.outcomes:
+            if outcome.scores is None:
+                continue
+            if metric not in outcome.scores[mode]:
+                raise UserInputError(f"metric {metric!r} was not computed; computed: {', '.join(outcome.scores[mode])}")
+            scores[method][outcome.seed] = outcome.scores[mode][metric]
+    common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
+    return {method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()}
+
+
+def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) -> tuple[Path, Path]:
+    """Write ``results.csv`` and ``runs.csv`` atomically (an undefined interval, n = 1, is written ``nan``)."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = output_dir / layout.RESULTS_CSV, output_dir / layout.RUNS_CSV
+    for path, columns, rows in ((paths[0], RESULTS_COLUMNS, result_rows(results)), (paths[1], RUNS_COLUMNS, run_rows(results))):
+        stream = io.StringIO()
+        writer = csv.DictWriter(stream, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: _cell(value) for key, value in row.items()})
+        records.atomic_write_text(path, stream.getvalue())
+    return paths
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else repr(value)
+    return value

@@ -1,0 +1,41 @@
+"""The protocol's one path in tests: a benchmark spec, its search stage, one method's units."""
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.protocol.pipeline import Prepared, context_of, drive, prepare, run_search_stage
+from dmlbench.protocol.reproductions import MethodReproduction
+from dmlbench.protocol.results import MethodReproductions
+from dmlbench.protocol.search import MethodSearch, SearchResult
+from dmlbench.protocol.storage import default_url
+
+
+def benchmark_spec(base: dict[str, Any], *methods: dict[str, Any], **protocol: Any) -> BenchmarkSpec:
+    return BenchmarkSpec.model_validate({"base": base, "methods": list(methods), "protocol": protocol})
+
+
+def run_search(spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None) -> dict[str, SearchResult]:
+    """``dmlbench search`` in process: prepare, then the scheduler's search stage."""
+    return run_search_stage(prepare(spec, output_dir, overrides), progress=False)
+
+
+def study(output_dir: Path, name: str) -> optuna.Study:
+    """A study of the default (SQLite) storage of ``output_dir``."""
+    return optuna.load_study(study_name=name, storage=default_url(output_dir, 1))
+
+
+def method_search(prepared: Prepared, name: str) -> MethodSearch:
+    prepared.output_dir.mkdir(parents=True, exist_ok=True)
+    return MethodSearch(prepared.plans[name], prepared.search, context_of(prepared))
+
+
+def reproduce(spec: BenchmarkSpec, output_dir: Path, name: str, params: dict[str, Any]) -> MethodReproductions:
+    """Method ``name``'s reproductions with ``params`` (as if its search had chosen them), driven to the end."""
+    prepared = prepare(spec, output_dir)
+    prepared.output_dir.mkdir(parents=True, exist_ok=True)
+    unit = MethodReproduction(prepared.plans[name], params, prepared.reproduction, context_of(prepared))
+    drive(lambda: [unit])
+    return unit.result()
