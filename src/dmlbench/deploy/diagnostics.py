@@ -16,7 +16,7 @@ from dmlbench.deploy.images import thumbnail_data_uri
 from dmlbench.deploy.model import load_run_model
 from dmlbench.deploy.pages import Row, Thumbnails, Tile, write_page
 from dmlbench.evaluation import verification
-from dmlbench.evaluation.per_query import PerQuery, per_query
+from dmlbench.evaluation.per_query import PerQuery
 from dmlbench.files import atomic_write
 from dmlbench.training.embed import embed
 from dmlbench.training.runs import query_mask

@@ -136,7 +136,7 @@ def prepare(
     dataset = load_dataset(first)
     layout = fold_layout(dataset, k=spec.protocol.folds, mode=spec.protocol.fold_mode)
     _check_samplers(plans, dataset.labels, layout)
-    storage_module.check_storage(url, default=storage is None, jobs=jobs)
+    storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
                         jobs, heartbeat, retry_seconds)
@@ -212,7 +212,7 @@ def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
     """``--storage``, else the storage an existing benchmark in ``output_dir`` records, else the
     default for ``jobs`` workers (``storage.default_url``)."""
     if storage:
-        storage_module.kind(storage)
+        storage_module.storage_for(storage)  # a supported kind, or one line
         return storage
     stored = Path(output_dir) / output_layout.BENCHMARK_FILE
     if stored.is_file():
@@ -395,7 +395,7 @@ def _with_retries(prepared: Prepared, attempt: Callable[[], Any]) -> Any:
         try:
             return attempt()
         except Exception as error:
-            lost = storage_module.connection_lost(error) if storage_module.kind(prepared.storage) == "postgresql" else None
+            lost = storage_module.storage_for(prepared.storage).connection_lost(error)
             if lost is None:
                 raise
             now = time.monotonic()

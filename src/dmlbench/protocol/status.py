@@ -34,7 +34,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         if not path.is_file():
             raise UserInputError(f"{directory} holds no benchmark study (no benchmark.json)")
         storage = str(records.read_json(path)["storage"])
-    storage_module.check_storage(storage, default=False)
+    storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
     if not names:
         raise UserInputError(f"storage {storage_module.redact(storage)} holds no study")

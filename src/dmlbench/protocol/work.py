@@ -54,9 +54,11 @@ class Worker:
     pid: int = field(default_factory=os.getpid)
 
     def __post_init__(self) -> None:
-        self.kind = storage_module.kind(self.url)
+        self.kind = storage_module.storage_for(self.url)
         self.lock = storage_module.WorkLock(self.url)
-        self.storage = storage_module.open_storage(self.url, heartbeat=self.heartbeat if self.kind == "postgresql" else None)
+        # Optuna's heartbeat is a database server's; a file storage's workers are this machine's processes.
+        self.beats = self.heartbeat is not None and not self.kind.processes_of_one_machine
+        self.storage = self.kind.open(heartbeat=self.heartbeat if self.beats else None)
 
     def stamp(self) -> dict[str, Any]:
         return {"id": self.id, "host": self.host, "pid": self.pid, "last_seen": time.time()}
@@ -102,7 +104,7 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
     Database servers: Optuna's heartbeat (``fail_stale_trials``; its callback enqueues the retry).
     File storages, used on one machine only: a RUNNING trial whose process no longer exists, or one
     of this process that it is not running now."""
-    if worker.kind == "postgresql" and worker.heartbeat is not None:
+    if worker.beats:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
@@ -110,9 +112,9 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
         owner = trial.user_attrs.get("worker") or {}
         if owner.get("host") != worker.host:
             continue
-        mine_but_idle = owner.get("pid") == worker.pid and trial._trial_id not in _ACTIVE
-        if mine_but_idle or (worker.kind != "postgresql" and not _process_exists(int(owner.get("pid", -1)))):
-            _mark_interrupted(study, trial._trial_id, "interrupted: the worker process stopped")
+        mine_but_idle = owner.get("pid") == worker.pid and storage_module.trial_id(trial) not in _ACTIVE
+        if mine_but_idle or (worker.kind.processes_of_one_machine and not _process_exists(int(owner.get("pid", -1)))):
+            _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: the worker process stopped")
 
 
 def _process_exists(pid: int) -> bool:
@@ -129,9 +131,10 @@ def _process_exists(pid: int) -> bool:
 
 def _mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
     try:
-        study._storage.set_trial_user_attr(trial_id, "interrupted", True)
-        study._storage.set_trial_user_attr(trial_id, "interrupted_reason", reason)
-        study._storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        backend = storage_module.backend(study)
+        backend.set_trial_user_attr(trial_id, "interrupted", True)
+        backend.set_trial_user_attr(trial_id, "interrupted_reason", reason)
+        backend.set_trial_state_values(trial_id, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         pass  # another worker finished or failed it first
 
@@ -182,7 +185,7 @@ def claim(
             params, attributes = propose(slot, finished)
             study.enqueue_trial(params, user_attrs={**attributes, "slot": slot})
         trial = study.ask()
-        _ACTIVE.add(trial._trial_id)
+        _ACTIVE.add(storage_module.trial_id(trial))
         stamp = worker.stamp()
         trial.set_user_attr("worker", stamp)
         trial.set_user_attr("started", records.now())
@@ -202,7 +205,7 @@ class Beating:
         self.thread: threading.Thread | None = None
 
     def __enter__(self) -> "Beating":
-        if self.worker.kind != "sqlite":  # SQLite: one worker, and a second writer thread would lock it
+        if self.worker.kind.concurrent:  # SQLite: one worker, and a second writer thread would lock it
             self.thread = threading.Thread(target=self._beat, daemon=True)
             self.thread.start()
         return self
@@ -211,16 +214,16 @@ class Beating:
         self.stop.set()
         if self.thread is not None:
             self.thread.join()
-        _ACTIVE.discard(self.trial._trial_id)
+        _ACTIVE.discard(storage_module.trial_id(self.trial))
 
     def _beat(self) -> None:
         interval = self.worker.heartbeat or 30
-        storage = self.study._storage
+        backend, trial_id = storage_module.backend(self.study), storage_module.trial_id(self.trial)
         while True:
             try:
-                if self.worker.kind == "postgresql" and self.worker.heartbeat is not None:
-                    storage.record_heartbeat(self.trial._trial_id)
-                storage.set_trial_user_attr(self.trial._trial_id, "heartbeat", time.time())
+                if self.worker.beats:
+                    backend.record_heartbeat(trial_id)
+                backend.set_trial_user_attr(trial_id, "heartbeat", time.time())
             except Exception:  # noqa: S110  a database restarting: beat again at the next interval
                 pass
             if self.stop.wait(interval):
@@ -268,8 +271,8 @@ def finish(study: optuna.Study, trial: optuna.Trial, *, value: float | None = No
 
 def interrupt(study: optuna.Study, trial: optuna.Trial) -> None:
     """Ctrl-C during a unit: fail it as interrupted so that the next claim re-enqueues its slot."""
-    _mark_interrupted(study, trial._trial_id, "interrupted: stopped by the user")
-    _ACTIVE.discard(trial._trial_id)
+    _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: stopped by the user")
+    _ACTIVE.discard(storage_module.trial_id(trial))
 
 
 def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[[dict[str, Any]], float],

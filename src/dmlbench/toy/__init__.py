@@ -26,14 +26,9 @@ The fixed choices (network, optimiser, batches, pairs, data layout) are listed i
 """
 
 from dmlbench.toy.experiment import (
-    DEFAULT_P_SWITCH,
-    DEFAULT_SEEDS,
     FIGURE_FILE,
     JSON_FILE,
     SWEEP,
-    ModelRun,
-    ToyResult,
-    ToySettings,
     format_summary,
     parse_p_switches,
     parse_variants,
@@ -41,6 +36,7 @@ from dmlbench.toy.experiment import (
     train_model,
 )
 from dmlbench.toy.lines import VARIANTS, LineData, make_lines
+from dmlbench.toy.results import DEFAULT_P_SWITCH, DEFAULT_SEEDS, ModelRun, ToyResult, ToySettings
 
 __all__ = [
     "DEFAULT_P_SWITCH", "DEFAULT_SEEDS", "FIGURE_FILE", "JSON_FILE", "SWEEP", "VARIANTS",

@@ -12,14 +12,11 @@ not overlap those of the other test rows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dmlbench.files import atomic_write
-
-if TYPE_CHECKING:
-    from dmlbench.toy.experiment import ModelRun, ToyResult
+from dmlbench.toy.results import ModelRun, ToyResult
 
 TRAIN_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")
 TEST_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#17becf")
