@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def unit_costs(directory: Path) -> list[dict[str, float]]:
     """The ``cost`` of every unit of work the benchmark in ``directory`` stored."""
-    from dmlbench.report.build import load_report_data
+    from dmlbench.report.data import load_report_data
 
     data = load_report_data(directory)
     costs = [trial.get("cost") for trials in data.trials.values() for trial in trials]

@@ -35,7 +35,7 @@ def ranked_references(rows, queries, references, exclude_self, metric=distance):
 
 
 def retrieval_metrics(labels, queries, references, ranking, exclude_self, ks=(1, 2, 4, 8)):
-    """Every retrieval metric of design.md / the seeds from full rankings (plain loops)."""
+    """Every retrieval metric of docs/decisions.md / the seeds from full rankings (plain loops)."""
     sums = {"precision_at_1": 0.0, "r_precision": 0.0, "map_at_r": 0.0, "mrr": 0.0, "map_at_c": 0.0, "map_at_1000": 0.0}
     sums.update({f"recall_at_{k}": 0.0 for k in ks})
     counted = 0

@@ -8,19 +8,19 @@ import optuna
 import pytest
 import torch
 from optuna.trial import TrialState
+from protocol_fixtures import benchmark_spec, method_search, run_search, study
+from training_fixtures import TINY
 
 from dmlbench import config as config_module
 from dmlbench.data.splits import train_test_split
 from dmlbench.errors import RunInterrupted, UserInputError
-from dmlbench.protocol import search as search_module
+from dmlbench.protocol import work
 from dmlbench.protocol.benchmark import ProtocolSpec, apply_spec_overrides
 from dmlbench.protocol.pipeline import prepare, resolve_storage, run_benchmark
 from dmlbench.protocol.plan import SearchSettings, method_raw_config
 from dmlbench.protocol.search import make_sampler
 from dmlbench.training import loop as loop_module
 from dmlbench.training.setup import load_dataset
-from protocol_fixtures import benchmark_spec, method_search, run_search, study
-from training_fixtures import TINY
 
 torch.set_num_threads(1)
 optuna.logging.set_verbosity(logging.WARNING)
@@ -155,7 +155,7 @@ def test_a_trial_left_running_by_a_dead_process_is_retried_with_its_parameters(t
     assert trials[0].user_attrs["interrupted"] is True
     assert trials[1].params == {"loss.params.margin": 0.25} and trials[1].user_attrs["retry_of"] == 0
     assert [t.user_attrs["slot"] for t in trials] == [0, 0, 1]
-    assert result.completed == 2 and search_module.budgeted_trials(searched) == 2
+    assert result.completed == 2 and len(work.counted(searched)) == 2
 
 
 def test_parallel_trials_lets_a_batch_start_before_the_earlier_slots_finish(tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ def test_median_pruning_stops_a_hopeless_trial_after_its_first_fold(tmp_path: Pa
     assert "after 1 fold" in trials[2].user_attrs["pruned"]  # Optuna keeps its last running mean as its value
     assert len(calls) == 7  # the pruned trial trained one fold, not two
     assert (result.completed, result.pruned, result.failed) == (3, 1, 0)
-    assert result.best_value == pytest.approx(0.7) and search_module.budgeted_trials(study(tmp_path, "m")) == 4
+    assert result.best_value == pytest.approx(0.7) and len(work.counted(study(tmp_path, "m"))) == 4
 
 
 @pytest.mark.parametrize("sampler", ["gp", "tpe"])
@@ -243,3 +243,52 @@ def test_startup_trials_reach_the_sampler(sampler: str) -> None:
     default = make_sampler(SearchSettings.of(ProtocolSpec(trials=8, sampler=sampler), "sqlite://"))
     chosen = make_sampler(SearchSettings.of(ProtocolSpec(trials=8, sampler=sampler, startup_trials=3), "sqlite://"))
     assert default._n_startup_trials == 10 and chosen._n_startup_trials == 3
+
+
+def test_a_trial_whose_claim_broke_off_before_its_stamp_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A RUNNING trial without a worker stamp (a lost connection or a kill between ``ask`` and the
+    stamp, both under the work lock) would otherwise be waited for forever: no process, no heartbeat."""
+    from dmlbench.training.step import TrainResult
+
+    def scripted_train(config, run_dir, **kwargs):
+        return TrainResult(Path(run_dir), 1, {"map_at_r": config.loss.params["margin"]}, 1)
+
+    monkeypatch.setattr(loop_module, "train", scripted_train)
+    benchmark = one_method(base_raw(), trials=2, folds=2, epochs=1, sampler="tpe")
+    searched = method_search(prepare(benchmark, tmp_path), "m").study
+    searched.enqueue_trial({"loss.params.margin": 0.25}, user_attrs={"slot": 0})
+    searched.ask().suggest_float("loss.params.margin", 0.05, 0.5)
+    result = run_search(benchmark, tmp_path)["m"]
+    trials = study(tmp_path, "m").trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert trials[0].user_attrs["interrupted_reason"] == "interrupted: the claim broke off"
+    assert trials[1].params == {"loss.params.margin": 0.25} and result.completed == 2
+
+
+def test_a_claim_that_fails_after_its_stamp_leaves_the_trial_to_this_workers_next_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection lost in the middle of a claim: the worker retries, and its next claim releases
+    the half-claimed trial (its own, not running) instead of waiting for it."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    worker = work.Worker(url)
+    units = optuna.create_study(storage=worker.storage, study_name="units")
+    real = optuna.trial.Trial.set_user_attr
+    failures = iter([RuntimeError("connection lost")])
+
+    def flaky(self, key, value):
+        if key == "started":
+            error = next(failures, None)
+            if error is not None:
+                raise error
+        return real(self, key, value)
+
+    monkeypatch.setattr(optuna.trial.Trial, "set_user_attr", flaky)
+    arguments = {"budget": 1, "ready": lambda slot, finished: True, "propose": lambda slot, finished: ({}, {})}
+    with pytest.raises(RuntimeError, match="connection lost"):
+        work.claim(units, worker, **arguments)
+    claimed = work.claim(units, worker, **arguments)
+    assert isinstance(claimed, work.Claim) and claimed.slot == 0
+    first, second = units.get_trials(deepcopy=False)
+    assert first.state == TrialState.FAIL and first.user_attrs["interrupted"] is True
+    assert second.number == claimed.trial.number and second.user_attrs["retry_of"] == 0

@@ -164,12 +164,13 @@ def test_analyse_without_an_analysis_section_or_embedding_space_still_ranks() ->
 def test_a_best_value_on_a_bound_of_its_range_is_flagged() -> None:
     from pathlib import Path
 
-    from dmlbench.report.build import ReportData, _edge
+    from dmlbench.report.data import ReportData
+    from dmlbench.report.tables import range_edge
 
     spec = {"methods": [{"name": "m", "search": {"loss.params.margin": {"low": 0.05, "high": 0.5},
                                                  "miner.name": {"choices": ["semihard", "hard"]}}}]}
     data = ReportData(Path("."), {"spec": spec}, ["m"], {})
-    assert _edge(data, "m", "loss.params.margin", 0.5) == " (range edge)"
-    assert _edge(data, "m", "loss.params.margin", 0.05) == " (range edge)"
-    assert _edge(data, "m", "loss.params.margin", 0.3) == ""
-    assert _edge(data, "m", "miner.name", "hard") == "" and _edge(data, "other", "loss.params.margin", 0.5) == ""
+    assert range_edge(data, "m", "loss.params.margin", 0.5) == " (range edge)"
+    assert range_edge(data, "m", "loss.params.margin", 0.05) == " (range edge)"
+    assert range_edge(data, "m", "loss.params.margin", 0.3) == ""
+    assert range_edge(data, "m", "miner.name", "hard") == "" and range_edge(data, "other", "loss.params.margin", 0.5) == ""

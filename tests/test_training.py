@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_fixtures import TINY
 
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.training import TrainingDiverged, evaluate_run, loop, records, runs, train
-from training_fixtures import TINY
 
 
 def tiny_config(*overrides: str) -> config_module.Config:
@@ -296,32 +296,30 @@ def test_gradient_accumulation_steps_once_per_window(tmp_path: Path) -> None:
 def test_gradient_accumulation_sums_the_batches_gradients(tmp_path: Path) -> None:
     """Two accumulated batches give one SGD step along the mean of their two gradients."""
     from dmlbench.training import loop as training_loop
-    from dmlbench.training.setup import build_components, build_sampler, class_index, load_dataset
+    from dmlbench.training.setup import build_components, set_up_training
 
     config = tiny_config(
         "training.accumulation_steps=2", "training.max_steps_per_epoch=2", "optimizer.name=sgd",
         "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.lr=0.1",
     )
-    dataset = load_dataset(config)
-    labels = torch.as_tensor(dataset.labels)
-    index = class_index(labels.numpy())
-    sampler = build_sampler(config, index[labels].numpy())
-    components = build_components(config, int((index >= 0).sum()), torch.device("cpu"))
-    reference = build_components(config, int((index >= 0).sum()), torch.device("cpu"))
-    stepper = training_loop._Stepper(config, components, torch.device("cpu"), training_loop.ProcessGroup())
-    training_loop._train_epoch(1, config, components, sampler, dataset, index, torch.device("cpu"), False, stepper)
-    sampler.set_epoch(1)
+    cpu = torch.device("cpu")
+    setup = set_up_training(config, cpu)
+    index = setup.to_class_index
+    reference = build_components(config, int((index >= 0).sum()), cpu)
+    stepper = training_loop._Stepper(config, setup.components, cpu, training_loop.ProcessGroup())
+    training_loop._train_epoch(1, setup, stepper, False)
+    setup.sampler.set_epoch(1)
     reference.model.train()
     gradients = None
-    for batch, _ in zip(sampler, range(2)):
-        images, batch_labels, _ = dataset.batch(batch)
+    for batch, _ in zip(setup.sampler, range(2)):
+        images, batch_labels, _ = setup.train_set.batch(batch)
         loss = reference.loss(reference.model(images), index[batch_labels], None)
         grads = torch.autograd.grad(loss, list(reference.model.parameters()))
         gradients = grads if gradients is None else [a + b for a, b in zip(gradients, grads)]
     with torch.no_grad():
         for parameter, gradient in zip(reference.model.parameters(), gradients):
             parameter -= 0.1 * gradient / 2
-    for (name, trained), expected in zip(components.model.named_parameters(), reference.model.parameters()):
+    for (name, trained), expected in zip(setup.components.model.named_parameters(), reference.model.parameters()):
         torch.testing.assert_close(trained, expected, msg=name)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import signal
 import sqlite3
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from dmlbench.errors import UserInputError
 
@@ -33,6 +34,28 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """
     with signals_deferred():
         _write_and_replace(path, write)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``text`` as UTF-8, written atomically."""
+    data = text.encode()
+    atomic_write(path, lambda stream: stream.write(data))
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """``payload`` as indented JSON, written atomically."""
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def atomic_torch_save(path: Path, payload: Any) -> None:
+    """``torch.save`` of ``payload``, written atomically."""
+    import torch
+
+    atomic_write(path, lambda stream: torch.save(payload, stream))
 
 
 def _write_and_replace(path: Path, write: Callable[[BinaryIO], None]) -> None:

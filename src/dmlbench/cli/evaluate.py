@@ -57,14 +57,7 @@ def evaluate_command(
     from dmlbench import evaluation
     from dmlbench.evaluation.table import format_table
 
-    if (run is None) == (not embeddings):
-        raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
-    if run is None and (per_query or worst or verification):
-        raise UserInputError("--per-query, --worst and --verification evaluate a RUN's test split")
-    if (worst is None) != (html is None):
-        raise UserInputError("--worst N and --html OUT.html go together")
-    if roc is not None and not verification:
-        raise UserInputError("--roc goes with --verification")
+    _check_options(run, embeddings, per_query, worst, html, verification, roc)
     for option, target in (("--json", json_path), ("--per-query", per_query), ("--html", html), ("--roc", roc)):
         _check_writable(option, target)
     options: dict[str, Any] = {"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize}
@@ -75,14 +68,10 @@ def evaluate_command(
         options["query_mask"] = load_array(query_mask, "query mask")
 
     if run is not None:
-        from dmlbench.training.runs import embed_run, evaluate_run
-
-        run_defaults = {"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}
-        changed = {name: value for name, value in options.items() if run_defaults.get(name, object()) != value}
-        results = evaluate_run(run, **changed)
-        trained = {name: value for name, value in results.items() if name != "untrained"}
-        typer.echo(format_table({"trained": trained, "untrained": results.get("untrained", {})}))
+        results = _evaluate_run(run, options)
         if analysis:
+            from dmlbench.training.runs import embed_run
+
             # Roth et al. 2020 measure the embedding space on the training data, never on the test split.
             train_embeddings, train_labels = embed_run(run, "train")
             results = {**results, "analysis": _analyze(train_embeddings, train_labels, drop, center, normalize, plot, "train split")}
@@ -108,6 +97,35 @@ def evaluate_command(
         combined = arrays[0] if len(arrays) == 1 else np.concatenate([_unit_rows(array) for array in arrays], axis=1)
         results = {**results, "analysis": _analyze(combined, label_array, drop, center, normalize, plot, "analysis")}
     _write_json(json_path, results)
+
+
+def _check_options(
+    run: Path | None, embeddings: list[Path] | None, per_query: Path | None, worst: int | None, html: Path | None,
+    verification: bool, roc: Path | None,
+) -> None:
+    """The combinations of options that make sense; a one-line error for any other."""
+    if (run is None) == (not embeddings):
+        raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
+    if run is None and (per_query or worst or verification):
+        raise UserInputError("--per-query, --worst and --verification evaluate a RUN's test split")
+    if (worst is None) != (html is None):
+        raise UserInputError("--worst N and --html OUT.html go together")
+    if roc is not None and not verification:
+        raise UserInputError("--roc goes with --verification")
+
+
+def _evaluate_run(run: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """A run's test scores, trained and untrained, printed as a table; only options changed from their
+    defaults are passed on, so the run's own evaluation settings hold otherwise."""
+    from dmlbench.evaluation.table import format_table
+    from dmlbench.training.runs import evaluate_run
+
+    run_defaults = {"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}
+    changed = {name: value for name, value in options.items() if run_defaults.get(name, object()) != value}
+    results = evaluate_run(run, **changed)
+    trained = {name: value for name, value in results.items() if name != "untrained"}
+    typer.echo(format_table({"trained": trained, "untrained": results.get("untrained", {})}))
+    return results
 
 
 def _analyze(

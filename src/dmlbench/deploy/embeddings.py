@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from dmlbench import __version__
+from dmlbench import __version__, files
 from dmlbench.data.base import ImageDataset
 from dmlbench.deploy.images import InputSpec, model_inputs
 from dmlbench.deploy.model import RunModel
@@ -143,7 +143,7 @@ def embed_collection(
     if start == 0:
         rows = np.lib.format.open_memmap(partial_file, mode="w+", dtype=np.float32, shape=(len(collection), run.embedding_dim))
         _reserve(partial_file)
-        records.write_json(progress_file, {"fingerprint": meta["fingerprint"], "rows_done": 0})
+        files.write_json(progress_file, {"fingerprint": meta["fingerprint"], "rows_done": 0})
     else:
         rows = np.load(partial_file, mmap_mode="r+")
     computed = 0
@@ -157,7 +157,7 @@ def embed_collection(
             rows[first:last] = batch
             rows.flush()
             # The count moves only after the rows are on disk: a crash repeats at most one batch.
-            records.write_json(progress_file, {"fingerprint": meta["fingerprint"], "rows_done": last})
+            files.write_json(progress_file, {"fingerprint": meta["fingerprint"], "rows_done": last})
             computed += last - first
             bar.update(last - first)
     except KeyboardInterrupt:
@@ -214,7 +214,7 @@ def _resume_point(partial_file: Path, progress_file: Path, fingerprint: str, bat
     if not (partial_file.is_file() and progress_file.is_file()):
         return 0
     try:
-        progress = records.read_json(progress_file)
+        progress = files.read_json(progress_file)
     except (OSError, ValueError):
         return 0
     if progress.get("fingerprint") != fingerprint:
@@ -228,5 +228,5 @@ def _finish(prefix: Path, collection: Collection, meta: dict[str, Any]) -> None:
     if collection.labels is not None:
         labels = collection.labels
         atomic_write(side_file(prefix, ".labels.npy"), lambda stream: np.save(stream, labels, allow_pickle=False))
-    records.atomic_write_text(side_file(prefix, ".paths.txt"), "".join(f"{path}\n" for path in collection.paths))
-    records.write_json(side_file(prefix, ".json"), meta)
+    files.atomic_write_text(side_file(prefix, ".paths.txt"), "".join(f"{path}\n" for path in collection.paths))
+    files.write_json(side_file(prefix, ".json"), meta)

@@ -19,12 +19,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dmlbench import __version__
+from dmlbench import __version__, files, provenance
 from dmlbench.deploy.images import InputSpec
 from dmlbench.deploy.model import RunModel
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write
-from dmlbench.training import records
 
 FORMATS = ("onnx", "torchscript")
 TOLERANCE = 1e-4
@@ -67,11 +66,11 @@ def export_model(run: RunModel, spec: InputSpec, sample: Tensor, out: str | Path
         "run": str(run.run_dir.resolve()),
         "checkpoint_epoch": run.epoch,
         "sha256": hashlib.sha256(data).hexdigest(),
-        "exported": records.now(),
+        "exported": provenance.now(),
         "dmlbench": __version__,
         "torch": torch.__version__,
     }
-    records.write_json(out.with_name(out.name + ".json"), meta)
+    files.write_json(out.with_name(out.name + ".json"), meta)
     return meta
 
 

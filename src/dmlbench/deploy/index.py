@@ -21,13 +21,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dmlbench import __version__
+from dmlbench import __version__, files, provenance
 from dmlbench.deploy.embeddings import EmbeddingSet
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
 from dmlbench.evaluation.neighbors import nearest_neighbors
 from dmlbench.files import atomic_write
-from dmlbench.training import records
 from dmlbench.validation import check_positive_int
 
 KINDS = ("exact", "ivf", "hnsw")
@@ -145,7 +144,7 @@ def build_index(
         "seed": seed,
         "build_seconds": round(time.perf_counter() - started, 3),
         "embeddings": {"prefix": str(embedding_set.prefix.resolve()), **embedding_set.meta},
-        "built": records.now(),
+        "built": provenance.now(),
         "dmlbench": __version__,
         "faiss": faiss.__version__,
     }
@@ -228,6 +227,6 @@ def _store(out: Path, index: faiss.Index, rows: np.ndarray, embedding_set: Embed
     if embedding_set.labels is not None:
         labels = np.asarray(embedding_set.labels, dtype=np.int64)
         atomic_write(out / LABELS_FILE, lambda stream: np.save(stream, labels, allow_pickle=False))
-    records.atomic_write_text(out / PATHS_FILE, "".join(f"{path}\n" for path in embedding_set.paths))
+    files.atomic_write_text(out / PATHS_FILE, "".join(f"{path}\n" for path in embedding_set.paths))
     # The meta file last: an index directory without it is incomplete and is refused on load.
-    records.write_json(out / META_FILE, meta)
+    files.write_json(out / META_FILE, meta)

@@ -13,8 +13,8 @@ from torch import Tensor
 
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation import clustering, retrieval
-from dmlbench.evaluation.neighbors import nearest_neighbors
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
+from dmlbench.evaluation.neighbors import nearest_neighbors
 from dmlbench.validation import check_positive_int
 
 RETRIEVAL_METRICS = ("precision_at_1", "r_precision", "map_at_r", "map_at_c", "map_at_1000", "mrr")
@@ -51,7 +51,7 @@ def evaluate(
     kmeans_iterations: int = clustering.DEFAULT_KMEANS_ITERATIONS,
     nprobe: int | None = None,
 ) -> dict[str, float]:
-    """Metrics of ``embeddings`` ``[N, D]`` with integer ``labels`` ``[N]`` (definitions: design.md).
+    """Metrics of ``embeddings`` ``[N, D]`` with integer ``labels`` ``[N]`` (definitions: docs/decisions.md).
 
     Queries are the references (each query excluded from its own list) unless ``query_mask``
     (bool ``[N]``) marks the queries; the rest is then the gallery. Distances are Euclidean on

@@ -1,4 +1,4 @@
-"""Clustering metrics on a k-means assignment with as many clusters as classes (design.md)."""
+"""Clustering metrics on a k-means assignment with as many clusters as classes (docs/decisions.md, Definitions)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def ami(labels: np.ndarray, clusters: np.ndarray) -> float:
 
 
 def pairwise_f1(labels: np.ndarray, clusters: np.ndarray) -> float:
-    """Pairwise clustering F1 = 2PR/(P+R) over sample pairs, Roth et al. 2020 supp. eq. 28 (pairwise form per design.md).
+    """Pairwise clustering F1 = 2PR/(P+R) over sample pairs, Roth et al. 2020 supp. eq. 28 (pairwise form, docs/decisions.md).
 
     P: share of same-cluster pairs that share a class; R: share of same-class pairs put in one cluster.
     """

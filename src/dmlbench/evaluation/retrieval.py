@@ -70,7 +70,7 @@ def map_at_c(hits: Tensor, class_sizes: Tensor) -> float:
 
     k_c is the number of samples of the query's class (the query included when queries are the
     references), so a query whose class has no other member scores 0. The authors' released code
-    averages cumulative precisions instead; we follow the equation (design.md).
+    averages cumulative precisions instead; we follow the equation (docs/decisions.md).
     """
     within = torch.arange(hits.shape[1]).unsqueeze(0) < class_sizes.unsqueeze(1)
     found = (hits & within).sum(dim=1, dtype=torch.float64)

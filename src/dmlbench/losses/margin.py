@@ -19,7 +19,7 @@ class MarginLoss(MetricLoss):
 
     ``y_ij = +1`` for positive and ``-1`` for negative pairs, ``d`` the Euclidean distance
     (embeddings expected L2-normalised). ``beta`` is one learnable boundary, or one per class with
-    ``beta_per_class`` (then indexed by the label of the pair's anchor, design.md; needs
+    ``beta_per_class`` (then indexed by the label of the pair's anchor, docs/decisions.md; needs
     ``num_classes``). Its regulariser ``nu * beta_{y_i}`` is added per pair, as in Wu et al.'s
     objective. Reduction: eq. 10 writes a bare sum; here the mean over all pairs (zeros included),
     so the scale does not grow with the batch (Wu et al. divide by the number of non-zero pairs

@@ -25,7 +25,7 @@ class DistanceWeightedMiner(Miner):
     Eq. 24's clip ``min(lambda, q^-1(d))`` is realised as in Wu et al.'s and the authors' code:
     distances are clamped below at ``lower_cutoff`` (0.5, the lambda of the paper), which caps the
     weight of close negatives at ``q^-1(0.5)`` (``q^-1`` decreases on ``(0, sqrt 2)``), and just below
-    2 above. Negatives at ``d >= upper_cutoff`` (1.4; ``None`` disables it) get weight 0 (design.md).
+    2 above. Negatives at ``d >= upper_cutoff`` (1.4; ``None`` disables it) get weight 0 (docs/decisions.md).
     Per anchor: a uniformly random positive and one weighted negative; anchors without a positive
     or without an eligible negative give no triplet.
     """

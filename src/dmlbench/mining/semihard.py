@@ -19,7 +19,7 @@ DISTANCES = {"euclidean": euclidean, "squared_euclidean": squared_euclidean}
 class SemihardMiner(Miner):
     """Semihard mining, Schroff et al. 2015 / Roth et al. 2020 supp. eq. 20: negatives with d_ap < d_an < d_ap + margin.
 
-    The upper bound of the window is design.md's (eq. 20 only asks ``d_ap < d_an``).
+    The upper bound of the window is docs/decisions.md's (eq. 20 only asks ``d_ap < d_an``).
 
     Per anchor a random positive, then a random negative inside the window, measured with
     ``distance`` (use the loss's distance and margin: Euclidean and 0.2 for the triplet loss).

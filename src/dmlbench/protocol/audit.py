@@ -20,28 +20,32 @@ import json
 from pathlib import Path
 from typing import Any
 
+import optuna
 import yaml
 
+from dmlbench import files
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.layout import BENCHMARK_FILE, TEST_ACCESS_FILE, reproduction_study
+from dmlbench.protocol import storage as storage_module
+from dmlbench.protocol import work
+from dmlbench.protocol.layout import (
+    BENCHMARK_FILE,
+    REPRODUCTION_STAGE,
+    SEARCH_STAGE,
+    TEST_ACCESS_FILE,
+    TRUNK_STAGE,
+    TRUNKS_DIR,
+    reproduction_study,
+)
 from dmlbench.training import records
-
 
 
 def audit(output_dir: Path) -> list[str]:
     """Every problem found in ``output_dir`` (one line each, naming the run); ``[]`` if none."""
-    import optuna
-
-    from dmlbench.protocol import storage as storage_module
-    from dmlbench.protocol import work
-    from dmlbench.protocol.search import budgeted_trials
-
     output_dir = Path(output_dir)
     path = output_dir / BENCHMARK_FILE
     if not path.is_file():
         raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
-    benchmark = records.read_json(path)
-    protocol = benchmark["protocol"]
+    benchmark = files.read_json(path)
     test_classes = set(benchmark["fold_layout"]["test_classes"])
     problems: list[str] = []
     runs: dict[str, dict[str, Any]] = {}
@@ -49,64 +53,90 @@ def audit(output_dir: Path) -> list[str]:
     for method in benchmark["methods"]:
         epochs[method] = set()
         for run_file in sorted((output_dir / method).glob("*/fold_*/" + records.RUN_FILE)):
-            run_dir = run_file.parent
-            name = str(run_dir.relative_to(output_dir))
+            name = str(run_file.parent.relative_to(output_dir))
             try:
-                record = records.read_json(run_file)
+                record = files.read_json(run_file)
             except (OSError, ValueError) as error:
                 problems.append(f"{name}: run.json cannot be read ({error})")
                 continue
             runs[name] = record
-            stage = record.get("stage")
-            train = set(record.get("train_classes") or [])
-            val = set(record.get("val_classes") or [])
-            recorded_test = set(record.get("test_classes") or [])
-            if record.get("method") != method:
-                problems.append(f"{name}: run.json names method {record.get('method')!r}")
-            if stage == "search":
-                seen = sorted((train | val) & test_classes)
-                if seen:
-                    problems.append(f"{name}: search-stage run saw test classes {seen[:10]}")
-                if "test_classes" in record:
-                    problems.append(f"{name}: search-stage run records test classes")
-            elif stage == "reproduction":
-                if recorded_test and recorded_test != test_classes:
-                    problems.append(f"{name}: recorded test classes differ from the fold layout's")
-            else:
-                problems.append(f"{name}: unknown stage {stage!r}")
-            run_test = recorded_test or test_classes
-            for a, b, words in ((train, val, "train and validation"), (train, run_test, "train and test"),
-                                (val, run_test, "validation and test")):
-                common = sorted(a & b)
-                if common:
-                    problems.append(f"{name}: {words} classes overlap {common[:10]}")
-            for entry in records.read_metrics(run_dir):
-                if any(key.startswith("test") for key in entry):
-                    problems.append(f"{name}: epoch {entry.get('epoch')} records test metrics")
-                    break
-            config_path = run_dir / records.CONFIG_FILE
-            if config_path.is_file():
-                config = yaml.safe_load(config_path.read_text()) or {}
-                selection = (config.get("evaluation") or {}).get("selection_metric", "map_at_r")
-                if str(selection).startswith("test"):
-                    problems.append(f"{name}: checkpoint selected on {selection!r}")
-                if record.get("status") == "completed":
-                    epochs[method].add(int((config.get("training") or {}).get("epochs", 0)))
+            problems += _audit_run(name, run_file.parent, record, method, test_classes, epochs[method])
     problems += _audit_trunks(output_dir, benchmark, test_classes, runs)
-    accesses = output_dir / TEST_ACCESS_FILE
-    if accesses.is_file():
-        for number, line in enumerate(accesses.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            entry = json.loads(line)
-            if entry.get("stage") != "reproduction":
-                problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened in stage {entry.get('stage')!r}")
-            for name in entry.get("runs", []):
-                record = runs.get(name)
-                if record is None or record.get("stage") != "reproduction":
-                    problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened for {name}, not a reproduction run")
-                elif str(record.get("finished", "~")) > str(entry.get("time", "")):
-                    problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened for {name} before it finished")
+    problems += _audit_test_access(output_dir / TEST_ACCESS_FILE, runs)
+    problems += _audit_budgets(benchmark, epochs)
+    return problems
+
+
+def _audit_run(
+    name: str, run_dir: Path, record: dict[str, Any], method: str, test_classes: set[int], epochs: set[int]
+) -> list[str]:
+    """One run of ``method``: its stage, its classes, its per-epoch records and its selection metric.
+
+    Adds the epochs of a completed run to ``epochs`` (the budget check compares them across methods).
+    """
+    problems: list[str] = []
+    stage = record.get("stage")
+    train = set(record.get("train_classes") or [])
+    val = set(record.get("val_classes") or [])
+    recorded_test = set(record.get("test_classes") or [])
+    if record.get("method") != method:
+        problems.append(f"{name}: run.json names method {record.get('method')!r}")
+    if stage == SEARCH_STAGE:
+        seen = sorted((train | val) & test_classes)
+        if seen:
+            problems.append(f"{name}: search-stage run saw test classes {seen[:10]}")
+        if "test_classes" in record:
+            problems.append(f"{name}: search-stage run records test classes")
+    elif stage == REPRODUCTION_STAGE:
+        if recorded_test and recorded_test != test_classes:
+            problems.append(f"{name}: recorded test classes differ from the fold layout's")
+    else:
+        problems.append(f"{name}: unknown stage {stage!r}")
+    run_test = recorded_test or test_classes
+    for a, b, words in ((train, val, "train and validation"), (train, run_test, "train and test"),
+                        (val, run_test, "validation and test")):
+        common = sorted(a & b)
+        if common:
+            problems.append(f"{name}: {words} classes overlap {common[:10]}")
+    for entry in records.read_metrics(run_dir):
+        if any(key.startswith("test") for key in entry):
+            problems.append(f"{name}: epoch {entry.get('epoch')} records test metrics")
+            break
+    config_path = run_dir / records.CONFIG_FILE
+    if config_path.is_file():
+        config = yaml.safe_load(config_path.read_text()) or {}
+        selection = (config.get("evaluation") or {}).get("selection_metric", "map_at_r")
+        if str(selection).startswith("test"):
+            problems.append(f"{name}: checkpoint selected on {selection!r}")
+        if record.get("status") == "completed":
+            epochs.add(int((config.get("training") or {}).get("epochs", 0)))
+    return problems
+
+
+def _audit_test_access(accesses: Path, runs: dict[str, dict[str, Any]]) -> list[str]:
+    """Every opening of the test data was for a reproduction run, after that run finished."""
+    problems: list[str] = []
+    if not accesses.is_file():
+        return problems
+    for number, line in enumerate(accesses.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        if entry.get("stage") != REPRODUCTION_STAGE:
+            problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened in stage {entry.get('stage')!r}")
+        for name in entry.get("runs", []):
+            record = runs.get(name)
+            if record is None or record.get("stage") != REPRODUCTION_STAGE:
+                problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened for {name}, not a reproduction run")
+            elif str(record.get("finished", "~")) > str(entry.get("time", "")):
+                problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened for {name} before it finished")
+    return problems
+
+
+def _audit_budgets(benchmark: dict[str, Any], epochs: dict[str, set[int]]) -> list[str]:
+    """Each method's study spent the protocol's trials, and all methods spent the same budgets."""
+    problems: list[str] = []
+    protocol = benchmark["protocol"]
     budgets: dict[str, tuple[Any, ...]] = {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = str(benchmark["storage"])
@@ -117,7 +147,7 @@ def audit(output_dir: Path) -> list[str]:
             problems.append(f"method {method}: no study in {storage_module.redact(url)}")
             continue
         study = optuna.load_study(study_name=method, storage=storage)
-        budgeted = budgeted_trials(study)
+        budgeted = len(work.counted(study))
         settings = study.user_attrs.get("settings", {})
         reproductions = (len(work.counted(optuna.load_study(study_name=reproduction_study(method), storage=storage)))
                          if reproduction_study(method) in names else 0)
@@ -136,14 +166,12 @@ def _audit_trunks(
     output_dir: Path, benchmark: dict[str, Any], test_classes: set[int], runs: dict[str, dict[str, Any]]
 ) -> list[str]:
     """The frozen-trunk runs: each trained on exactly its fold's train classes, selected on its val classes."""
-    from dmlbench.protocol.feature_cache import TRUNK_STAGE, TRUNKS_DIR
-
     problems: list[str] = []
     folds = {int(fold["index"]): fold for fold in benchmark["fold_layout"]["folds"]}
     for run_file in sorted((output_dir / TRUNKS_DIR).glob("*/" + records.RUN_FILE)):
         name = str(run_file.parent.relative_to(output_dir))
         try:
-            record = records.read_json(run_file)
+            record = files.read_json(run_file)
         except (OSError, ValueError) as error:
             problems.append(f"{name}: run.json cannot be read ({error})")
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dmlbench import files, provenance
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
 from dmlbench.protocol.reproductions import claim_reproduction, objective, open_unit_study, record_test_access, score_modes
@@ -68,7 +69,7 @@ class UntrainedBaseline:
         assert labels is not None
         scores = score_modes(embeddings, labels, self.reference.config.evaluation.metrics, seed, mask)
         directory.mkdir(parents=True, exist_ok=True)
-        records.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": records.now(), "scores": scores})
+        files.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": provenance.now(), "scores": scores})
         return scores
 
     def result(self) -> MethodReproductions:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from dmlbench import config as config_module
+from dmlbench import files
 from dmlbench.files import file_sha256
 from dmlbench.protocol.folds import ClassFold
 from dmlbench.protocol.layout import FEATURES_DIR, TRUNK_STAGE, TRUNKS_DIR
@@ -75,7 +76,7 @@ class FeatureCache:
         if payload is None or payload.get("key") != key:
             payload = self._extract(config, state() if state is not None else None, key)
             path.parent.mkdir(parents=True, exist_ok=True)
-            records.atomic_torch_save(path, payload)
+            files.atomic_torch_save(path, payload)
         source = {"trunk_run": trunk_run, "features": str(path), "trunk_sha256": trunk_sha}
         features = FoldFeatures(payload["train"], payload["train_labels"], payload["validation"],
                                 payload["validation_labels"], source)

@@ -19,13 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dmlbench import files
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.layout import RESULTS_FILE
 from dmlbench.protocol.pipeline import BenchmarkOutcome, Prepared, _start, run_benchmark
-from dmlbench.training import records
 from dmlbench.training.threads import share_cores
-
 
 STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
 
@@ -63,7 +62,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
     for failure in failures:
         print(f"dmlbench: warning: {failure}", file=sys.stderr, flush=True)
     if outcome is None and (prepared.output_dir / RESULTS_FILE).is_file():
-        stored = records.read_json(prepared.output_dir / RESULTS_FILE)
+        stored = files.read_json(prepared.output_dir / RESULTS_FILE)
         return BenchmarkOutcome(prepared.output_dir, {}, dict(stored.get("failed", {})))
     return outcome
 

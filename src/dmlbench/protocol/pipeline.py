@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dmlbench import config as config_module
+from dmlbench import files, provenance
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
@@ -142,7 +143,7 @@ def prepare(
                         jobs, heartbeat, retry_seconds)
     stored_path = output_dir / output_layout.BENCHMARK_FILE
     if stored_path.exists():
-        stored = records.read_json(stored_path)
+        stored = files.read_json(stored_path)
         for key, value in prepared.description().items():
             if stored.get(key) != value:
                 raise UserInputError(
@@ -216,7 +217,7 @@ def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
         return storage
     stored = Path(output_dir) / output_layout.BENCHMARK_FILE
     if stored.is_file():
-        recorded = records.read_json(stored).get("storage")
+        recorded = files.read_json(stored).get("storage")
         if recorded:
             return str(recorded)
     return storage_module.default_url(output_dir, jobs)
@@ -273,7 +274,7 @@ def _completed_runs(output_dir: Path) -> int:
     count = 0
     for path in output_dir.glob("*/*/fold_*/" + records.RUN_FILE):
         try:
-            count += records.read_json(path).get("status") == "completed"
+            count += files.read_json(path).get("status") == "completed"
         except (OSError, ValueError):
             continue
     return count
@@ -284,15 +285,15 @@ def _start(prepared: Prepared) -> None:
     path = prepared.output_dir / output_layout.BENCHMARK_FILE
     analysis = prepared.spec.analysis.model_dump(mode="json")
     if not path.exists():
-        records.write_json(path, {**prepared.description(), "analysis": analysis, "storage": prepared.redacted,
+        files.write_json(path, {**prepared.description(), "analysis": analysis, "storage": prepared.redacted,
                                   "config_hash": prepared.config_hash,
-                                  "git_commit": records.git_commit(), "created": records.now(),
+                                  "git_commit": provenance.git_commit(), "created": provenance.now(),
                                   # the machine of the worker that started it (each run.json has its own)
-                                  "environment": records.environment()})
+                                  "environment": provenance.environment()})
         return
-    stored = records.read_json(path)
+    stored = files.read_json(path)
     if stored.get("analysis") != analysis:  # report-only settings: the latest config's apply
-        records.write_json(path, {**stored, "analysis": analysis})
+        files.write_json(path, {**stored, "analysis": analysis})
 
 
 class Unit(Protocol):
@@ -437,7 +438,7 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
             outcome = _write_summaries(prepared, schedule)
             if report is not None:
                 report(output_dir, prepared.storage)
-            marker.set_user_attr("report", {"worker": context.worker.id, "time": records.now()})
+            marker.set_user_attr("report", {"worker": context.worker.id, "time": provenance.now()})
     except (RunInterrupted, KeyboardInterrupt):
         raise RunInterrupted(f"benchmark {output_dir} stopped; re-run the same command to continue") from None
     return outcome
@@ -446,7 +447,7 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
 def _write_search_summary(prepared: Prepared, schedule: Schedule) -> dict[str, SearchResult]:
     """``search.json``: the settings and, per method, the best value and parameters, trial counts."""
     searched = {name: search.result() for name, search in schedule.searches.items()}
-    records.write_json(prepared.output_dir / output_layout.SEARCH_FILE, {
+    files.write_json(prepared.output_dir / output_layout.SEARCH_FILE, {
         "settings": {**asdict(prepared.search), "storage": prepared.redacted},
         "methods": {name: {"best_value": r.best_value, "best_params": r.best_params, "completed": r.completed,
                            "failed": r.failed, "pruned": r.pruned, "fold_layout_hash": r.fold_layout_hash,
@@ -466,14 +467,14 @@ def _write_summaries(prepared: Prepared, schedule: Schedule) -> BenchmarkOutcome
         if reasons:
             failed[name] = "; ".join(reasons)
     if results:
-        records.write_json(output_dir / output_layout.REPRODUCTIONS_FILE, {
+        files.write_json(output_dir / output_layout.REPRODUCTIONS_FILE, {
             "settings": {**asdict(prepared.reproduction), "storage": prepared.redacted},
             "methods": {name: {"params": r.params, "fold_layout_hash": r.fold_layout_hash,
                                "outcomes": [asdict(o) for o in r.outcomes]} for name, r in results.items()},
         })
     if schedule.baseline is not None:
         results[output_layout.UNTRAINED] = schedule.baseline.result()
-    records.write_json(output_dir / output_layout.RESULTS_FILE, {
+    files.write_json(output_dir / output_layout.RESULTS_FILE, {
         "methods": {name: {"params": result.params, "fold_layout_hash": result.fold_layout_hash,
                            "outcomes": [asdict(outcome) for outcome in result.outcomes]}
                     for name, result in results.items()},

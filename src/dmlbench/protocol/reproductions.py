@@ -24,6 +24,7 @@ from typing import Any
 
 import optuna
 
+from dmlbench import files, provenance
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation import COUNT_KEYS, embedding_space, evaluate_many
 from dmlbench.protocol import layout, work
@@ -123,7 +124,7 @@ def objective(scores: Mapping[str, Mapping[str, float]]) -> float:
 
 def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
     """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.audit``)."""
-    line = json.dumps({"time": records.now(), **entry}) + "\n"
+    line = json.dumps({"time": provenance.now(), **entry}) + "\n"
     with open(Path(output_dir) / layout.TEST_ACCESS_FILE, "a") as stream:
         stream.write(line)
         stream.flush()
@@ -156,7 +157,7 @@ def _test_scores(
     stored_path = directory / records.TEST_METRICS_FILE
     key = {"seed": seed, "run_dirs": [run_dir.name for run_dir in run_dirs], "metrics": list(metrics)}
     if stored_path.exists():
-        stored = records.read_json(stored_path)
+        stored = files.read_json(stored_path)
         if stored.get("key") == key:
             return stored["scores"]
     record_test_access(output_dir, {
@@ -174,5 +175,5 @@ def _test_scores(
     assert labels is not None
     # queries against the gallery for a dataset with roles
     scores = score_modes(embeddings, labels, metrics, seed, test_query_mask(run_dirs[0]))
-    records.write_json(stored_path, {"evaluated": records.now(), "key": key, "scores": scores})
+    files.write_json(stored_path, {"evaluated": provenance.now(), "key": key, "scores": scores})
     return scores

@@ -17,10 +17,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
-from dmlbench.training import records
 
 MODES = ("concatenated", "separated")
 RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
@@ -125,7 +125,7 @@ def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) 
         writer.writeheader()
         for row in rows:
             writer.writerow({key: _cell(value) for key, value in row.items()})
-        records.atomic_write_text(path, stream.getvalue())
+        files.atomic_write_text(path, stream.getvalue())
     return paths
 
 

@@ -42,6 +42,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.feature_cache import FeatureCache
@@ -50,6 +51,7 @@ from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.storage import redact
 from dmlbench.training import records, train_or_resume
 from dmlbench.training.features import train_head
+
 
 @dataclass
 class SearchResult:
@@ -217,7 +219,7 @@ def _cross_validate(
 def run_samples(run_dir: Path) -> int:
     """Training samples a run has seen (0 for a run that recorded none)."""
     path = run_dir / records.RUN_FILE
-    return int(records.read_json(path).get("samples_seen", 0)) if path.is_file() else 0
+    return int(files.read_json(path).get("samples_seen", 0)) if path.is_file() else 0
 
 
 def validation_curves(run_dir: Path) -> dict[str, list[float]]:
@@ -255,11 +257,6 @@ def _check_or_record_settings(
                 f"study {plan.name!r} was started with {key} = {stored.get(key)!r}, now {value!r}: "
                 "use a new output directory or storage"
             )
-
-
-def budgeted_trials(study: optuna.Study) -> int:
-    """Slots that used the budget: complete, pruned and genuinely failed trials (interrupted ones are re-run)."""
-    return len(work.counted(study))
 
 
 def _result(study: optuna.Study, method: str, url: str, fold_layout: FoldLayout) -> SearchResult:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
+from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
 from dmlbench.protocol.layout import BENCHMARK_FILE, UNTRAINED, reproduction_study
-from dmlbench.training import records
 
 RECENT_SECONDS = 300
 PREFIX = reproduction_study("")
@@ -33,7 +33,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         path = Path(directory) / BENCHMARK_FILE
         if not path.is_file():
             raise UserInputError(f"{directory} holds no benchmark study (no benchmark.json)")
-        storage = str(records.read_json(path)["storage"])
+        storage = str(files.read_json(path)["storage"])
     storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
     if not names:

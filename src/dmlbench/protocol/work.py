@@ -32,10 +32,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from dmlbench import provenance
 from dmlbench.errors import RunInterrupted
 from dmlbench.files import storage_error
 from dmlbench.protocol import storage as storage_module
-from dmlbench.training import records
 
 WAIT, DONE = "wait", "done"
 # Trial ids this process is running now: a RUNNING trial of this very process that is not among
@@ -103,13 +103,18 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
 
     Database servers: Optuna's heartbeat (``fail_stale_trials``; its callback enqueues the retry).
     File storages, used on one machine only: a RUNNING trial whose process no longer exists, or one
-    of this process that it is not running now."""
+    of this process that it is not running now. Any storage: a RUNNING trial that no worker stamped."""
     if worker.beats:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = trial.user_attrs.get("worker") or {}
+        owner = trial.user_attrs.get("worker")
+        if owner is None:
+            # Claims stamp their trial under this lock, so a RUNNING trial without a stamp is a claim
+            # that broke off between ``ask`` and the stamp (a lost connection, a killed worker).
+            _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: the claim broke off")
+            continue
         if owner.get("host") != worker.host:
             continue
         mine_but_idle = owner.get("pid") == worker.pid and storage_module.trial_id(trial) not in _ACTIVE
@@ -185,13 +190,18 @@ def claim(
             params, attributes = propose(slot, finished)
             study.enqueue_trial(params, user_attrs={**attributes, "slot": slot})
         trial = study.ask()
-        _ACTIVE.add(storage_module.trial_id(trial))
+        trial_id = storage_module.trial_id(trial)
+        if worker.beats:
+            # Beating from the claim on: a worker lost before its unit starts leaves a trial that goes stale.
+            storage_module.backend(study).record_heartbeat(trial_id)
         stamp = worker.stamp()
         trial.set_user_attr("worker", stamp)
-        trial.set_user_attr("started", records.now())
+        trial.set_user_attr("started", provenance.now())
         study.set_user_attr(f"worker:{worker.id}", stamp)
         slot = trial.user_attrs.get("slot")
         assert slot is not None, "every enqueued unit carries its slot"
+        # Active only once the claim is complete: one broken off (a lost connection) is idle, and released.
+        _ACTIVE.add(trial_id)
         return Claim(trial, int(slot))
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dmlbench import evaluation
+from dmlbench import evaluation, files, provenance
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
@@ -82,7 +82,7 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
     run_dir = Path(run_dir)
     run_file = run_dir / records.RUN_FILE
     if run_file.is_file():
-        stored = records.read_json(run_file)
+        stored = files.read_json(run_file)
         if stored.get("status") == "completed":
             return TrainResult(run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
                               already_complete=True)
@@ -104,15 +104,15 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
     train_x, val_x = features.train.to(device), features.validation.to(device)
 
     records.create_run_dir(run_dir)
-    records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
+    files.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
     run_record: dict[str, Any] = {
-        "status": "running", "seed": config.seed, "git_commit": records.git_commit(),
+        "status": "running", "seed": config.seed, "git_commit": provenance.git_commit(),
         "train_classes": sorted(int(c) for c in features.train_labels.unique()),
         "val_classes": sorted(int(c) for c in features.validation_labels.unique()),
         "split_sizes": {"train": len(features.train), "validation": len(features.validation), "test": 0},
-        "frozen_trunk": dict(features.source), "started": records.now(), **record,
+        "frozen_trunk": dict(features.source), "started": provenance.now(), **record,
     }
-    records.write_json(run_file, run_record)
+    files.write_json(run_file, run_record)
 
     def validate() -> dict[str, float]:
         head.eval()
@@ -139,7 +139,7 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
             if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
                 entry["validation"] = validate()
                 if state.observe(epoch, entry["validation"], key):
-                    records.atomic_torch_save(run_dir / HEAD_CHECKPOINT, {
+                    files.atomic_torch_save(run_dir / HEAD_CHECKPOINT, {
                         "epoch": epoch, "head": head.state_dict(), "loss": loss_fn.state_dict()})
             records.append_metrics(run_dir, entry)
             patience = config.training.early_stopping_patience

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Sampler
 from tqdm import tqdm
 
-from dmlbench import evaluation
+from dmlbench import evaluation, files, provenance
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
@@ -24,8 +24,8 @@ from dmlbench.training import distributed, records
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.schedule import set_learning_rates, set_warmup
+from dmlbench.training.setup import Components, TrainingSetup, set_up_training
 from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, finish_record
-from dmlbench.training.setup import Components, set_up_training
 from dmlbench.training.threads import resolve_threads
 
 
@@ -47,19 +47,9 @@ def train(
     group = distributed.current()
     main = group.is_main
     distributed.check_batch(config.training.batch_size, group)
-    # Rank 0 alone decides about the run directory (the others would see the one it creates) and
-    # tells the others, so that a refusal stops every rank with the same line.
-    refusal = None
-    if main:
-        try:
-            _check_run_dir(run_dir, resume)
-        except UserInputError as error:
-            refusal = str(error)
-    refusal = distributed.broadcast(refusal, group)
-    if refusal is not None:
-        raise UserInputError(refusal)
+    _agree_on_run_dir(run_dir, resume, group)
     if resume:
-        stored = records.read_json(run_dir / records.RUN_FILE)
+        stored = files.read_json(run_dir / records.RUN_FILE)
         if stored.get("status") == "completed":
             # Nothing to train: the run directory stays exactly as it is.
             return TrainResult(
@@ -72,57 +62,19 @@ def train(
     check_precision(config.training.precision, device)
     torch.set_num_threads(resolve_threads(config.training.num_threads))
     setup = set_up_training(config, device)
-    dataset, splits, sampler, components = setup.dataset, setup.splits, setup.sampler, setup.components
-    train_set, validation_set, to_class_index = setup.train_set, setup.validation_set, setup.to_class_index
-    labels = torch.as_tensor(dataset.labels)
-    stepper = _Stepper(config, components, device, group)
-
+    stepper = _Stepper(config, setup.components, device, group)
     start_epoch, state = 0, SelectionState()
     if resume and (run_dir / records.LAST_CHECKPOINT).exists():
-        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, components, sampler, stepper)
+        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, setup.components, setup.sampler, stepper)
         if main:
             records.truncate_metrics(run_dir, start_epoch)
     elif main:
         records.create_run_dir(run_dir)
-        records.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
+        files.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
-    run_record = _start_record(run_dir, config, setup.dataset_hash, setup.full_splits, resume, group, device)
-    run_record["train_classes"] = sorted(int(c) for c in labels[splits.train].unique())
-    run_record["val_classes"] = sorted(int(c) for c in labels[splits.validation].unique())
-    # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
-    run_record["unreadable_images"] = len(dataset.metadata.get("unreadable_items", []))
-    run_record.update(record or {})
-    if main:
-        records.write_json(run_dir / records.RUN_FILE, run_record)
-
-    model = components.model
-    progress = progress and main
-    epoch = start_epoch
+    run_record = _start_record(run_dir, setup, stepper, resume, record)
     try:
-        if start_epoch == 0:
-            # The untrained model's validation scores: the baseline every epoch is compared with.
-            untrained = _validate(model, validation_set, config, device, group)
-            if main:
-                records.append_metrics(run_dir, {"epoch": 0, "validation": untrained})
-        if getattr(sampler, "needs_embeddings", False) and sampler.memory is None:
-            memory = distributed.embed_sharded(embed, model, train_set, config.evaluation.batch_size, device, group)
-            sampler.initialize_memory(memory[0])
-        for epoch in range(start_epoch + 1, config.training.epochs + 1):
-            record = _train_epoch(epoch, config, components, sampler, train_set, to_class_index, device, progress, stepper)
-            if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
-                validation = _validate(model, validation_set, config, device, group)
-                record["validation"] = validation
-                state.observe(epoch, validation, config.evaluation.selection_metric)
-                if main and state.best_epoch == epoch:
-                    _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, components, state, sampler, stepper)
-            if main:
-                records.append_metrics(run_dir, record)
-                _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, components, state, sampler, stepper)
-            if progress:
-                _print_epoch(record, config.evaluation.selection_metric)
-            patience = config.training.early_stopping_patience
-            if patience is not None and state.epochs_without_improvement >= patience:
-                break
+        epoch = _run_epochs(run_dir, setup, stepper, state, start_epoch, progress and main)
     except TrainingDiverged as error:
         finish_record(run_dir, run_record, "failed", clock, write=main, reason=f"training diverged: {error}")
         raise
@@ -143,6 +95,54 @@ def train(
         best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
     )
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
+
+
+def _agree_on_run_dir(run_dir: Path, resume: bool, group: ProcessGroup) -> None:
+    """Rank 0 alone decides about the run directory (the others would see the one it creates) and
+    tells the others, so that a refusal stops every rank with the same line."""
+    refusal = None
+    if group.is_main:
+        try:
+            _check_run_dir(run_dir, resume)
+        except UserInputError as error:
+            refusal = str(error)
+    refusal = distributed.broadcast(refusal, group)
+    if refusal is not None:
+        raise UserInputError(refusal)
+
+
+def _run_epochs(
+    run_dir: Path, setup: TrainingSetup, stepper: _Stepper, state: SelectionState, start_epoch: int, progress: bool
+) -> int:
+    """Epochs ``start_epoch + 1`` onwards, each validated on its schedule and checkpointed; returns the last one run."""
+    config, model, sampler = stepper.config, setup.components.model, setup.sampler
+    device, group, main = stepper.device, stepper.group, stepper.group.is_main
+    if start_epoch == 0:
+        # The untrained model's validation scores: the baseline every epoch is compared with.
+        untrained = _validate(model, setup.validation_set, config, device, group)
+        if main:
+            records.append_metrics(run_dir, {"epoch": 0, "validation": untrained})
+    if getattr(sampler, "needs_embeddings", False) and sampler.memory is None:
+        memory = distributed.embed_sharded(embed, model, setup.train_set, config.evaluation.batch_size, device, group)
+        sampler.initialize_memory(memory[0])
+    epoch = start_epoch
+    for epoch in range(start_epoch + 1, config.training.epochs + 1):
+        record = _train_epoch(epoch, setup, stepper, progress)
+        if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
+            validation = _validate(model, setup.validation_set, config, device, group)
+            record["validation"] = validation
+            state.observe(epoch, validation, config.evaluation.selection_metric)
+            if main and state.best_epoch == epoch:
+                _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, setup.components, state, sampler, stepper)
+        if main:
+            records.append_metrics(run_dir, record)
+            _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, setup.components, state, sampler, stepper)
+        if progress:
+            _print_epoch(record, config.evaluation.selection_metric)
+        patience = config.training.early_stopping_patience
+        if patience is not None and state.epochs_without_improvement >= patience:
+            break
+    return epoch
 
 
 def train_or_resume(
@@ -217,25 +217,17 @@ class _Stepper:
         return ddp.no_sync()
 
 
-def _train_epoch(
-    epoch: int,
-    config: Config,
-    components: Components,
-    sampler: Sampler[list[int]],
-    train_set: ImageDataset,
-    to_class_index: torch.Tensor,
-    device: torch.device,
-    progress: bool,
-    stepper: _Stepper,
-) -> dict[str, Any]:
+def _train_epoch(epoch: int, setup: TrainingSetup, stepper: _Stepper, progress: bool) -> dict[str, Any]:
     """One pass over the sampler's batches; raises ``TrainingDiverged`` on a non-finite loss.
 
     With ``accumulation_steps`` k the optimiser steps after every k batches (and after the epoch's
     last), each batch's loss divided by k. In data-parallel training ``sampler`` yields this rank's
     slice of each global batch and the loss is computed on the gathered global batch.
     """
+    config, components, device, group = stepper.config, stepper.components, stepper.device, stepper.group
     loss_fn, miner, optimizer = components.loss, components.miner, components.optimizer
-    group, accumulation = stepper.group, config.training.accumulation_steps
+    sampler, train_set, to_class_index = setup.sampler, setup.train_set, setup.to_class_index
+    accumulation = config.training.accumulation_steps
     sampler.set_epoch(epoch)
     rates = stepper.begin_epoch(epoch)
     epoch_loss, steps, images_seen, started = 0.0, 0, 0, time.perf_counter()
@@ -306,7 +298,7 @@ def _save_checkpoint(
         "sampler_memory": getattr(sampler, "memory", None),
         "grad_scaler": stepper.scaler.state_dict(),
     }
-    records.atomic_torch_save(path, payload)
+    files.atomic_torch_save(path, payload)
 
 
 def _load_checkpoint(
@@ -338,19 +330,20 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 def _start_record(
-    run_dir: Path, config: Config, dataset_hash: str, splits: Any, resume: bool, group: ProcessGroup,
-    device: torch.device,
+    run_dir: Path, setup: TrainingSetup, stepper: _Stepper, resume: bool, extra: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    record: dict[str, Any] = records.read_json(run_dir / records.RUN_FILE) if resume else {}
+    config, group = stepper.config, stepper.group
+    labels = torch.as_tensor(setup.dataset.labels)
+    record: dict[str, Any] = files.read_json(run_dir / records.RUN_FILE) if resume else {}
     record.update({
         "status": "running",
         "seed": config.seed,
-        "git_commit": records.git_commit(),
-        "packages": records.package_versions(),
-        "dataset": {"name": config.data.name, "content_hash": dataset_hash},
-        "split_sizes": {name: int(len(getattr(splits, name))) for name in ("train", "validation", "test")},
+        "git_commit": provenance.git_commit(),
+        "packages": provenance.package_versions(),
+        "dataset": {"name": config.data.name, "content_hash": setup.dataset_hash},
+        "split_sizes": {name: int(len(getattr(setup.full_splits, name))) for name in ("train", "validation", "test")},
         "num_threads": torch.get_num_threads(),
-        "environment": records.environment(str(device)),
+        "environment": provenance.environment(str(stepper.device)),
         "training_choices": {
             "model": config.model.model_dump(mode="json"),
             "optimizer": config.optimizer.model_dump(mode="json"),
@@ -358,13 +351,18 @@ def _start_record(
             "world_size": group.world_size,
             "batch_per_process": config.training.batch_size // group.world_size,
         },
-        "started": record.get("started", records.now()),
+        "started": record.get("started", provenance.now()),
     })
     record.setdefault("resumed", [])
     if resume:
-        record["resumed"].append(records.now())
+        record["resumed"].append(provenance.now())
+    record["train_classes"] = sorted(int(c) for c in labels[setup.splits.train].unique())
+    record["val_classes"] = sorted(int(c) for c in labels[setup.splits.validation].unique())
+    # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
+    record["unreadable_images"] = len(setup.dataset.metadata.get("unreadable_items", []))
+    record.update(extra or {})
     if group.is_main:
-        records.write_json(run_dir / records.RUN_FILE, record)
+        files.write_json(run_dir / records.RUN_FILE, record)
     return record
 
 

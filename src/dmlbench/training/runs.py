@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from dmlbench import config as config_module
-from dmlbench import evaluation
+from dmlbench import evaluation, files, provenance
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
@@ -35,7 +35,7 @@ def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
     options = {key: _jsonable(value) for key, value in sorted(evaluate_kwargs.items())}
     record = _completed_record(run_dir)
     if stored_path.exists():
-        stored = records.read_json(stored_path)
+        stored = files.read_json(stored_path)
         if stored.get("options") == options:
             return stored["results"]
     run = _CompletedRun(run_dir, record)
@@ -47,7 +47,7 @@ def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
     untrained_embeddings, _ = embed(run.untrained_model(), run.split("test"), run.batch_size, run.device)
     results = dict(evaluation.evaluate(trained_embeddings, labels, **evaluate_kwargs))
     results["untrained"] = dict(evaluation.evaluate(untrained_embeddings, labels, **evaluate_kwargs))
-    records.write_json(stored_path, {"evaluated": records.now(), "options": options, "results": results})
+    files.write_json(stored_path, {"evaluated": provenance.now(), "options": options, "results": results})
     return results
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dmlbench import files, provenance
 from dmlbench.losses.base import MetricLoss
 from dmlbench.mining.base import Miner
 from dmlbench.training import records
@@ -73,7 +74,7 @@ def finish_record(run_dir: Path, record: dict[str, Any], status: str, clock: rec
                   **fields: Any) -> None:
     """End the run record: status, time, cost (added to a resumed run's earlier cost) and any
     ``fields``; ``write``: this process writes the run directory (rank 0 of a data-parallel run)."""
-    record.update(status=status, finished=records.now(), cost=clock.cost(run_dir, record.get("cost")), **fields)
+    record.update(status=status, finished=provenance.now(), cost=clock.cost(run_dir, record.get("cost")), **fields)
     record["samples_seen"] = record["cost"]["samples_seen"]
     if write:
-        records.write_json(run_dir / records.RUN_FILE, record)
+        files.write_json(run_dir / records.RUN_FILE, record)

@@ -1,0 +1,80 @@
+"""Provenance of a number: when, from which source commit, with which packages, on which machine."""
+
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RECORDED_PACKAGES = ("dmlbench", "torch", "torchvision", "numpy", "scipy", "scikit-learn", "faiss-cpu")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> str | None:
+    """The commit of the dmlbench source tree, with ``+dirty`` if the package's own files have
+    uncommitted changes (edits elsewhere in the checkout, e.g. committed reports, change no result)."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            cwd=source, capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for package in RECORDED_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def environment(device: str | None = None) -> dict[str, Any]:
+    """Where a number was computed, for what the same config reproduces to the digit only on: the
+    device, the CPU model and the instruction-set level torch dispatches to, the torch build, its
+    BLAS and oneDNN, and the thread count in use."""
+    import torch.backends.cpu
+
+    build = torch.__config__.show()
+    return {
+        "device": device or "cpu",
+        "device_name": torch.cuda.get_device_name(torch.device(device)) if device and device.startswith("cuda") else None,
+        "cpu_model": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.machine(),
+        "torch_build": {"version": torch.__version__, "git": torch.version.git_version, "cuda": torch.version.cuda,
+                        "debug": torch.version.debug},
+        "blas": _build_setting(build, "BLAS_INFO"),
+        "onednn": next((line.strip(" -") for line in build.splitlines() if "MKL-DNN" in line or "oneDNN" in line), None),
+        "num_threads": torch.get_num_threads(),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _build_setting(build: str, key: str) -> str | None:
+    found = re.search(rf"\b{key}=([^,\s]+)", build)
+    return found.group(1) if found else None

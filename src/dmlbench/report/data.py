@@ -1,0 +1,163 @@
+"""What a report is made of, read from a benchmark's stored studies and ``benchmark.json`` only.
+
+Per method its search trials (objective, parameters, validation curves, cost) and its reproductions
+(test scores, validation curves, cost), and the untrained baseline; from them the failures, the
+curves' lag-one autocorrelation, the paired comparisons and the seeds' claims (``report.analysis``).
+Nothing else is read, so the report is the same whichever worker writes it and on whichever machine.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from dmlbench import files, provenance
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import storage as storage_module
+from dmlbench.protocol import work
+from dmlbench.protocol.layout import BENCHMARK_FILE, UNTRAINED, reproduction_study
+from dmlbench.protocol.results import MODES, MethodReproductions, compare_reproductions, read_reproductions
+from dmlbench.protocol.statistics import PairedComparison, mean_lag_one_autocorrelation
+from dmlbench.report.analysis import Claims, analyse, scored_methods
+
+LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
+METRIC_TITLES = {"precision_at_1": "P@1", "r_precision": "R-Precision", "map_at_r": "MAP@R"}
+CURVE_METRICS = ("precision_at_1", "map_at_r")
+
+
+@dataclass
+class ReportData:
+    output_dir: Path
+    benchmark: dict[str, Any]
+    methods: list[str]
+    trials: dict[str, list[dict[str, Any]]]
+    results: dict[str, MethodReproductions] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)  # method -> stage -> curves of MAP@R
+    autocorrelation: dict[str, dict[str, float]] = field(default_factory=dict)
+    comparisons: list[tuple[str, str, list[PairedComparison] | str]] = field(default_factory=list)
+    reproduction_costs: dict[str, list[dict[str, Any] | None]] = field(default_factory=dict)
+    reproduction_curves: dict[str, list[dict[str, list[float]]]] = field(default_factory=dict)
+    claims: Claims = field(default_factory=Claims)
+    report_commit: str | None = None  # read once, before any file is written
+
+
+def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData:
+    """Read a benchmark from its storage (and ``benchmark.json``); a one-line ``UserInputError`` if
+    there is none. Everything comes from the studies, so any worker's directory gives the same report.
+    ``storage``: the URL to read (by default the one ``benchmark.json`` records, without password)."""
+    output_dir = Path(output_dir)
+    path = output_dir / BENCHMARK_FILE
+    if not path.is_file():
+        raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
+    benchmark = files.read_json(path)
+    methods = list(benchmark["methods"])
+    url = storage or str(benchmark["storage"])
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        names = set(storage_module.study_names(url))
+        opened = storage_module.open_storage(url)
+    except UserInputError:
+        raise
+    except Exception as error:  # an unreachable or foreign storage
+        raise UserInputError(f"storage {storage_module.redact(url)} cannot be read: "
+                             f"{storage_module.scrub(str(error).splitlines()[0], url)}") from None
+    trials = {method: _search_trials(opened, method) if method in names else [] for method in methods}
+    if not any(trials.values()):
+        raise UserInputError(f"{output_dir} holds no benchmark study (no trials in {storage_module.redact(url)})")
+    data = ReportData(output_dir, benchmark, methods, trials)
+    for method in [*methods, UNTRAINED]:
+        if reproduction_study(method) in names:
+            _read_reproductions(data, opened, method)
+    for method in methods:
+        _note_failure(data, method)
+        _curve_statistics(data, method)
+    data.comparisons = _comparisons(data)
+    data.claims = analyse(data.results, benchmark.get("analysis", {}), data.autocorrelation, computed_metrics(data))
+    data.report_commit = provenance.git_commit()
+    return data
+
+
+def computed_metrics(data: ReportData) -> list[str]:
+    """The metrics the reproductions were scored on (those of the first scored outcome)."""
+    for result in data.results.values():
+        for outcome in result.outcomes:
+            if outcome.scores:
+                return list(next(iter(outcome.scores.values())))
+    return []
+
+
+def _search_trials(storage: Any, method: str) -> list[dict[str, Any]]:
+    """The search trials that used the budget, one dictionary each, numbered by slot."""
+    study = optuna.load_study(study_name=method, storage=storage)
+    return [
+        {"number": work.slot_of(trial), "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
+         "interrupted": False, "epochs_run": trial.user_attrs.get("epochs_run"),
+         "curves": trial.user_attrs.get("curves", []), "cost": trial.user_attrs.get("cost")}
+        for trial in work.counted(study)
+    ]
+
+
+def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:
+    study = optuna.load_study(study_name=reproduction_study(method), storage=storage)
+    attrs = study.user_attrs
+    result = read_reproductions(study, method, attrs.get("params", {}), attrs.get("fold_layout_hash", ""), data.output_dir)
+    if result.outcomes:
+        counted = work.counted(study)
+        data.results[method] = result
+        data.reproduction_costs[method] = [t.user_attrs.get("cost") for t in counted]
+        data.reproduction_curves[method] = [curve for t in counted for curve in t.user_attrs.get("curves", [])]
+
+
+def _note_failure(data: ReportData, method: str) -> None:
+    """Why a method has no result: no search trial completed, or reproductions that failed."""
+    trials = data.trials[method]
+    if trials and not any(t["state"] == "COMPLETE" for t in trials):
+        data.failed[method] = f"no search trial completed ({sum(t['state'] == 'FAIL' for t in trials)} failed)"
+    result = data.results.get(method)
+    reasons = [f"reproduction {o.reproduction}: {o.reason}" for o in result.outcomes if o.scores is None] if result else []
+    if reasons:
+        data.failed[method] = "; ".join(reasons)
+
+
+def _curve_statistics(data: ReportData, method: str) -> None:
+    """The method's MAP@R validation curves per stage and the mean lag-one autocorrelation of its curves."""
+    series: dict[str, list[list[float]]] = {metric: [] for metric in CURVE_METRICS}
+    search_curves = [curve for t in data.trials[method] for curve in t["curves"]]
+    reproduction_curves = data.reproduction_curves.get(method, [])
+    for curves in [*search_curves, *reproduction_curves]:
+        for metric in CURVE_METRICS:
+            curve = [float(v) for v in curves.get(metric, [])]
+            if len(curve) >= 3:
+                series[metric].append(curve)
+    data.curves[method] = {"search": [c.get("map_at_r", []) for c in search_curves],
+                           "reproduction": [c.get("map_at_r", []) for c in reproduction_curves]}
+    data.autocorrelation[method] = {
+        metric: mean_lag_one_autocorrelation(curves) if curves else math.nan for metric, curves in series.items()
+    }
+
+
+def _comparisons(data: ReportData) -> list[tuple[str, str, list[PairedComparison] | str]]:
+    """Every pair of scored methods per mode and leaderboard metric, or why they cannot be compared."""
+    scored = list(scored_methods(data.results))
+    if len(scored) < 2:
+        return []
+    comparisons: list[tuple[str, str, list[PairedComparison] | str]] = []
+    for mode in MODES:
+        for metric in LEADERBOARD_METRICS:
+            if metric not in computed_metrics(data):
+                continue
+            try:
+                with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    pairs: list[PairedComparison] | str = compare_reproductions(
+                        {name: data.results[name] for name in scored}, mode=mode, metric=metric)
+            except UserInputError as error:
+                pairs = str(error)
+            comparisons.append((mode, metric, pairs))
+    return comparisons

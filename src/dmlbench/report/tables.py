@@ -1,0 +1,258 @@
+"""The report's tables, CSV files and LaTeX table, each computed from ``ReportData`` alone."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from typing import Any
+
+from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol.results import MODES, result_rows
+from dmlbench.report.analysis import scored_methods
+from dmlbench.report.data import LEADERBOARD_METRICS, METRIC_TITLES, ReportData, computed_metrics
+
+COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
+                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high")
+
+
+def leaderboard(data: ReportData) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: mean ± 95% CI half-width (in %) per method, mode and metric; the baseline last."""
+    rows_by_key = {(row["method"], row["mode"], row["metric"]): row for row in result_rows(data.results)}
+    metrics = [metric for metric in LEADERBOARD_METRICS if metric in computed_metrics(data)]
+    header = ["method"] + [f"{METRIC_TITLES[metric]} ({mode[:3]}.)" for mode in MODES for metric in metrics] + ["n"]
+    rows = []
+    for method in data.results:
+        row = [method]
+        n = 0
+        for mode in MODES:
+            for metric in metrics:
+                entry = rows_by_key.get((method, mode, metric))
+                row.append(_mean_ci(entry))
+                n = max(n, entry["n"] if entry else 0)
+        rows.append(row + [str(n)])
+    return header, rows
+
+
+def _mean_ci(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "-"
+    mean, high = 100 * entry["mean"], 100 * entry["ci_high"]
+    return f"{mean:.2f}" if math.isnan(high) else f"{mean:.2f} ± {high - mean:.2f}"
+
+
+def comparison_rows(data: ReportData) -> list[list[str]]:
+    rows = []
+    for mode, metric, comparisons in data.comparisons:
+        if isinstance(comparisons, str):
+            rows.append([mode, METRIC_TITLES[metric], comparisons, "", "", "", "", "", ""])
+            continue
+        for c in comparisons:
+            rows.append([mode, METRIC_TITLES[metric], f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
+                         pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), f"{c.cohen_dz:.2f}"])
+    return rows
+
+
+COMPARISON_HEADER = ["mode", "metric", "pair", "n", "mean difference (%)", "paired t p (Holm)",
+                     "Wilcoxon p (Holm)", "Cohen's d_z"]
+
+
+COMPARISON_NOTE = ("Reproductions paired by seed; Holm correction across the pairs of each mode and metric; "
+                   "Cohen's d_z of the differences.")
+
+
+SHOWN_PAIRS = 15  # more pairs than this are left to comparisons.csv: the page stays readable
+
+
+def all_pairs_shown(data: ReportData) -> bool:
+    methods = len(scored_methods(data.results))
+    return methods * (methods - 1) // 2 <= SHOWN_PAIRS
+
+
+def pairs_in_csv(data: ReportData) -> str:
+    methods = len(scored_methods(data.results))
+    return (f"All {methods * (methods - 1) // 2} pairs of the {methods} methods, per mode and metric, are in "
+            "`comparisons.csv` (Holm across all of them); the sections above compare with the references.")
+
+
+def pvalue_text(value: float) -> str:
+    return "nan" if math.isnan(value) else f"{value:.3g}"
+
+
+def comparisons_csv(data: ReportData) -> str:
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(COMPARISON_COLUMNS)
+    for mode, metric, comparisons in data.comparisons:
+        if isinstance(comparisons, str):
+            continue
+        for c in comparisons:
+            writer.writerow([mode, metric, c.a, c.b, c.n, repr(c.mean_difference), repr(c.t_statistic),
+                             repr(c.t_pvalue_holm), repr(c.wilcoxon_statistic), repr(c.wilcoxon_pvalue_holm),
+                             repr(c.cohen_dz), repr(c.difference_low), repr(c.difference_high)])
+    return stream.getvalue()
+
+
+BUDGET_HEADER = ["method", "trials", "failed / pruned trials", "best val. MAP@R (%)", "best parameters",
+                 "reproductions scored", "lag-1 autocorr. val. P@1", "lag-1 autocorr. val. MAP@R"]
+
+
+def budget_rows(data: ReportData) -> list[list[str]]:
+    protocol = data.benchmark["protocol"]
+    rows = []
+    for method in data.methods:
+        trials = data.trials.get(method, [])
+        budgeted = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED", "FAIL")]
+        complete = [t for t in trials if t["state"] == "COMPLETE"]
+        result = data.results.get(method)
+        scored = sum(1 for o in result.outcomes if o.scores) if result else 0
+        best = max(complete, key=lambda t: (t["value"], -t["number"])) if complete else None
+        rows.append([
+            method, str(len(budgeted)),
+            f"{sum(t['state'] == 'FAIL' for t in budgeted)} / {sum(t['state'] == 'PRUNED' for t in budgeted)}",
+            "-" if best is None else f"{100 * best['value']:.2f}",
+            "-" if best is None else ", ".join(f"{k}={_short(v)}{range_edge(data, method, k, v)}" for k, v in best["params"].items()),
+            f"{scored}/{protocol['reproductions']}",
+            "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["precision_at_1"]),
+            "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["map_at_r"]),
+        ])
+    return rows
+
+
+COST_HEADER = ["method", "trials + reproductions", "training samples seen", "wall hours", "CPU hours",
+               "peak memory (MiB)"]
+
+
+COST_NOTE = ("Summed over the units of work, whichever worker ran them: wall time, CPU time of the worker "
+             "process (all its threads) and the worker's peak resident memory (`ru_maxrss`) at the end of "
+             "each unit; interrupted attempts are not counted.")
+
+
+def cost_rows(data: ReportData) -> list[list[str]]:
+    """Per method and in total: training runs, samples seen, wall and CPU hours, the largest peak memory."""
+    rows = []
+    totals = {"units": 0, "samples": 0, "wall": 0.0, "cpu": 0.0, "memory": 0}
+    for method in [*data.methods, UNTRAINED]:
+        costs = [t.get("cost") for t in data.trials.get(method, [])] + list(data.reproduction_costs.get(method, []))
+        costs = [cost for cost in costs if cost]
+        if not costs:
+            continue
+        row = {"units": len(costs), "samples": sum(c["samples_seen"] for c in costs),
+               "wall": sum(c["wall_seconds"] for c in costs), "cpu": sum(c["cpu_seconds"] for c in costs),
+               "memory": max(c["peak_memory_kib"] for c in costs)}
+        for key in ("units", "samples", "wall", "cpu"):
+            totals[key] += row[key]
+        totals["memory"] = max(totals["memory"], row["memory"])
+        rows.append([method, *_cost_cells(row)])
+    if rows:
+        rows.append(["total", *_cost_cells(totals)])
+    return rows
+
+
+def _cost_cells(row: dict[str, Any]) -> list[str]:
+    return [str(row["units"]), f"{row['samples']:,}", f"{row['wall'] / 3600:.3f}", f"{row['cpu'] / 3600:.3f}",
+            f"{row['memory'] / 1024:.0f}"]
+
+
+def range_edge(data: ReportData, method: str, key: str, value: Any) -> str:
+    """`` (range edge)`` when a best value sits on a bound of its search range: the optimum may lie outside."""
+    spaces = {m["name"]: m.get("search", {}) for m in data.benchmark.get("spec", {}).get("methods", [])}
+    bounds = spaces.get(method, {}).get(key)
+    if not isinstance(bounds, dict) or not isinstance(value, (int, float)) or "low" not in bounds:
+        return ""
+    return " (range edge)" if any(math.isclose(value, bounds[side], rel_tol=1e-9) for side in ("low", "high")) else ""
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _r(value: float) -> str:
+    return "n/a (< 3 evaluations)" if math.isnan(value) else f"{value:.2f}"
+
+
+def parameters(data: ReportData) -> list[tuple[str, str]]:
+    b = data.benchmark
+    protocol = b["protocol"]
+    epochs = protocol["epochs"] if protocol["epochs"] is not None else "each method's training.epochs"
+    return [
+        ("budget per method", f"{protocol['trials']} trials x {protocol['folds']} folds, then "
+                              f"{protocol['reproductions']} reproductions x {protocol['folds']} folds; at most {epochs} epochs per run"),
+        ("folds", f"{protocol['folds']} class-disjoint ({protocol['fold_mode']}) on the development classes"),
+        ("search", f"Optuna {protocol['sampler']} sampler, seed {protocol['search_seed']}, "
+                   f"{_startup(protocol.get('startup_trials'))} random start-up trials, objective fold-mean "
+                   f"validation MAP@R, pruning: {protocol.get('pruner', 'none')}"),
+        ("early stopping patience", str(protocol["patience"])),
+        ("reproduction seeds", f"{protocol['first_seed']}..{protocol['first_seed'] + protocol['reproductions'] - 1}"),
+        ("fold layout hash", b["fold_layout_hash"]),
+        ("dataset", f"{b['dataset']['name']} (content hash {b['dataset']['content_hash']})"),
+        ("git commit", str(b.get("git_commit"))),
+        ("overrides", " ".join(b.get("overrides", [])) or "none"),
+        ("storage", str(b.get("storage"))),
+        ("parallel trials", str(protocol.get("parallel_trials", 1))),
+        ("frozen-trunk feature cache", "used: the search trained only heads on cached trunk features (one trunk per fold); "
+                                       "the reproductions trained full models" if protocol.get("frozen_trunk") else "not used"),
+    ]
+
+
+def _startup(startup_trials: int | None) -> str:
+    return "Optuna's default number of" if startup_trials is None else str(startup_trials)
+
+
+def latex(data: ReportData) -> str:
+    header, rows = leaderboard(data)
+    tex = lambda cell: str(cell).replace("_", "\\_").replace("±", "$\\pm$").replace("%", "\\%")  # noqa: E731
+    lines = ["% dmlbench benchmark: test metrics in %, mean $\\pm$ 95% CI half-width over reproductions",
+             "\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+             " & ".join(tex(cell) for cell in header) + " \\\\", "\\midrule"]
+    lines += [" & ".join(tex(cell) for cell in row) + " \\\\" for row in rows]
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
+                 "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz")
+
+
+CORRELATION_COLUMNS = ("quantity", "test_metric", "mode", "level", "n", "kind", "estimate", "pvalue", "ci_low", "ci_high")
+
+
+SPACE_COLUMNS = ("method", "reproduction", "seed", "fold", "rho", "pi_intra", "pi_inter", "pi_ratio")
+
+
+RANKING_COLUMNS = ("metric", "method", "rank_concatenated", "rank_separated")
+
+
+def claim_csvs(data: ReportData) -> dict[str, str]:
+    """``claim_comparisons.csv`` (against the references and the pairs), ``embedding_space.csv`` (every
+    fold model's rho and pi on its training classes), ``correlations.csv``, ``rankings.csv``."""
+    claims = data.claims
+    comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
+    comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
+    space = [[name, outcome.reproduction, outcome.seed, fold, *(repr(values[key]) for key in SPACE_COLUMNS[4:])]
+             for name, result in data.results.items() for outcome in result.outcomes
+             for fold, values in enumerate(outcome.embedding_space)]
+    correlations = [[c.quantity, "precision_at_1", c.mode, c.level, statistic.n, statistic.kind, repr(statistic.estimate),
+                     repr(statistic.pvalue), repr(statistic.low), repr(statistic.high)]
+                    for c in claims.correlations for statistic in (c.pearson, c.spearman)]
+    rankings = [[metric, name, first, second] for metric, agreement in claims.rankings
+                for name, (first, second) in agreement.ranks.items()]
+    tables = {
+        "claim_comparisons.csv": (CLAIM_COLUMNS, [
+            [family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
+                c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm,
+                c.wilcoxon_pvalue, c.wilcoxon_pvalue_holm, c.cohen_dz))] for family, mode, metric, c in comparisons]),
+        "embedding_space.csv": (SPACE_COLUMNS, space),
+        "correlations.csv": (CORRELATION_COLUMNS, correlations),
+        "rankings.csv": (RANKING_COLUMNS, rankings),
+    }
+    texts = {}
+    for name, (columns, rows) in tables.items():
+        if not rows:
+            continue
+        stream = io.StringIO()
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+        texts[name] = stream.getvalue()
+    return texts
