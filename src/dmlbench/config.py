@@ -152,6 +152,7 @@ class EvaluationConfig(Section):
 
 class Config(Section):
     seed: int = Field(0, ge=0)
+    plugins: list[str] = Field(default_factory=list)  # modules or .py files that register components
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -221,11 +222,14 @@ def _validation_message(error: ValidationError) -> str:
 
 
 def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
+    from dmlbench import plugins
+
     raw = apply_overrides(raw, overrides or [])
     try:
         config = Config.model_validate(raw)
     except ValidationError as error:
         raise UserInputError(_validation_message(error)) from None
+    plugins.load(config.plugins)
     check_component_names(config)
     return config
 
@@ -262,7 +266,23 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
             )
         if not isinstance(raw, dict):
             raise UserInputError(f"config file {path} must hold a mapping of sections")
+        raw = with_plugin_paths(raw, path.parent)
     return from_dict(raw, overrides)
+
+
+def with_plugin_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``raw`` with each ``plugins`` file path made absolute: a relative one is relative to the
+    config file that names it, wherever the command runs."""
+    names = raw.get("plugins")
+    if not isinstance(names, list):
+        return raw
+
+    def absolute(name: Any) -> Any:
+        text = str(name)
+        if text.endswith(".py") or "/" in text:
+            return str((base / text).resolve())
+        return name
+    return {**raw, "plugins": [absolute(name) for name in names]}
 
 
 def check_component_names(config: Config) -> None:
@@ -308,4 +328,5 @@ def check_component_names(config: Config) -> None:
 
 
 def to_yaml(config: Config) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    # No plugins: the file stays as it was before plugins existed (stored run configs compare equal).
+    return yaml.safe_dump(config.model_dump(mode="json", exclude=None if config.plugins else {"plugins"}), sort_keys=False)

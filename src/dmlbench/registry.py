@@ -18,18 +18,30 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._constructors: dict[str, Callable[..., T]] = {}
+        self._prefixes: dict[str, Callable[[str], Callable[..., T]]] = {}
 
     def register(self, name: str, *aliases: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
         def decorator(constructor: Callable[..., T]) -> Callable[..., T]:
             for key in (name, *aliases):
                 if key in self._constructors:
-                    raise RuntimeError(f"{self.kind} {key!r} is registered twice")
+                    raise UserInputError(f"{self.kind} {key!r} is already registered; choose another name")
                 self._constructors[key] = constructor
             return constructor
 
         return decorator
 
+    def register_prefix(self, prefix: str, resolve: Callable[[str], Callable[..., T]]) -> None:
+        """Names ``prefix:REST`` are resolved by ``resolve(REST)`` (a bridge to another library's
+        components, e.g. ``pml:MultiSimilarityLoss``); it raises ``UserInputError`` for an unknown REST."""
+        self._prefixes[prefix] = resolve
+
     def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and name.partition(":")[0] in self._prefixes:
+            try:
+                self.get(name)
+            except UserInputError:
+                return False
+            return True
         return name in self._constructors
 
     def __iter__(self) -> Iterator[str]:
@@ -38,7 +50,14 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._constructors)
 
+    def items(self) -> list[tuple[str, Callable[..., T]]]:
+        """``(name, constructor)`` by name, aliases included."""
+        return sorted(self._constructors.items())
+
     def get(self, name: str) -> Callable[..., T]:
+        prefix, separator, rest = name.partition(":")
+        if separator and prefix in self._prefixes:
+            return self._prefixes[prefix](rest)
         if name not in self._constructors:
             close = difflib.get_close_matches(name, self._constructors, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(self.names())}"

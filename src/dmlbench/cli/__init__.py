@@ -38,7 +38,9 @@ class _Group(typer.core.TyperGroup):
 app = typer.Typer(
     cls=_Group,
     name="dmlbench",
-    help="Train and fairly compare deep metric learning methods.",
+    help="Train and fairly compare deep metric learning methods.\n\nEvery command also takes --plugin "
+         "MODULE_OR_FILE (repeatable): code that registers your own losses, miners, samplers, trunks or "
+         "datasets (docs/your-method.md).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -63,9 +65,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from dmlbench.cli import benchmark, data, deploy, evaluate, report, status, toy, train
+    from dmlbench.cli import benchmark, catalog, data, deploy, evaluate, report, status, toy, train
 
-    for module in (data, train, evaluate, benchmark, report, status, toy, deploy):
+    for module in (data, train, evaluate, benchmark, report, status, toy, deploy, catalog):
         module.register(app)
 
 
@@ -76,6 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     previous_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     restore_handlers = install_stop_handlers()
     try:
+        argv, specs = _take_plugins(list(sys.argv[1:] if argv is None else argv))
+        if specs:
+            from dmlbench import plugins
+
+            plugins.load_from_command_line(specs)
         app(args=argv, prog_name="dmlbench")
     except UserInputError as error:
         _fail(f"error: {error}", 2)
@@ -99,6 +106,32 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         restore_handlers()
         warnings.formatwarning = previous_format
+
+
+def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``--plugin MODULE_OR_FILE`` (repeatable, before or after the command's name) taken out of
+    ``argv``: every command accepts it, and the plugins are imported before the command parses its
+    config. Arguments after ``--`` are left alone."""
+    rest: list[str] = []
+    specs: list[str] = []
+    position = 0
+    while position < len(argv):
+        argument = argv[position]
+        if argument == "--":
+            rest += argv[position:]
+            break
+        if argument == "--plugin":
+            if position + 1 >= len(argv):
+                raise UserInputError("--plugin needs a module name or a .py file")
+            specs.append(argv[position + 1])
+            position += 2
+            continue
+        if argument.startswith("--plugin="):
+            specs.append(argument.split("=", 1)[1])
+        else:
+            rest.append(argument)
+        position += 1
+    return rest, specs
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench.cli.common import Command, OVERRIDES_HELP, config_and_overrides
+from dmlbench.cli.common import OVERRIDES_HELP, Command, config_and_overrides
 from dmlbench.errors import RunInterrupted, StorageFailed
 from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS
 
@@ -21,6 +21,8 @@ STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/D
                 "or OUTPUT/study.journal with --jobs > 1).")
 JOBS_HELP = "Worker processes on this machine, each with training.num_threads torch threads."
 HEARTBEAT_HELP = "Seconds between a PostgreSQL worker's heartbeats; a worker silent for 3 of them is taken for dead."
+ACCEPT_HELP = ("Continue although a plugin's code changed since the benchmark started; the change is recorded in "
+               "benchmark.json.")
 DB_RETRY_HELP = ("Seconds a worker waits for a database server that went away (a restart), retrying with a doubling "
                  "pause, before it stops with exit 1 (the same command continues later).")
 
@@ -44,6 +46,7 @@ def benchmark_command(
     db_retry: Annotated[int, typer.Option("--db-retry", help=DB_RETRY_HELP)] = DEFAULT_RETRY_SECONDS,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the training runs and epochs the config implies and an estimate of their time; train nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    accept_plugin_changes: Annotated[bool, typer.Option("--accept-plugin-changes", help=ACCEPT_HELP)] = False,
 ) -> None:
     """Run the whole protocol: search, reproductions on new seeds, untrained baseline, paired tests, report.
 
@@ -62,7 +65,8 @@ def benchmark_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_spec(config_path)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage, jobs=jobs, heartbeat=heartbeat, retry_seconds=db_retry)
+    prepared = prepare(spec, output_dir, overrides, storage, jobs=jobs, heartbeat=heartbeat, retry_seconds=db_retry,
+                       accept_plugin_changes=accept_plugin_changes)
     if dry_run:
         from dmlbench.protocol.cost import dry_run as estimate
 
@@ -97,6 +101,7 @@ def search_command(
     storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
     heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    accept_plugin_changes: Annotated[bool, typer.Option("--accept-plugin-changes", help=ACCEPT_HELP)] = False,
 ) -> None:
     """Run the search stage alone: Bayesian optimisation with class-disjoint k-fold cross-validation.
 
@@ -110,7 +115,7 @@ def search_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_search_spec(config_path)
     output_dir = output or Path("runs") / f"search-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage, heartbeat=heartbeat)
+    prepared = prepare(spec, output_dir, overrides, storage, heartbeat=heartbeat, accept_plugin_changes=accept_plugin_changes)
     again = continue_command("search", config_path, overrides, output_dir, prepared.redacted if storage else None,
                              heartbeat=heartbeat, quiet=quiet)
     with stops_explained(f"search {output_dir}", again):
@@ -132,7 +137,11 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
                      db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False) -> str:
     """The command line that continues this benchmark: the same config and overrides, with ``-o``
     (a run without it would start a new directory) and the storage without its password."""
+    from dmlbench import plugins
+
     words = ["dmlbench", command, *([str(config_path)] if config_path else []), *overrides, "-o", str(output_dir)]
+    for plugin in plugins.command_line():
+        words += ["--plugin", plugin]
     if storage:
         words += ["--storage", storage]
     if jobs != DEFAULT_JOBS:

@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 import yaml
 
-from dmlbench import files
+from dmlbench import files, plugins
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
@@ -61,6 +61,7 @@ def audit(output_dir: Path) -> list[str]:
                 continue
             runs[name] = record
             problems += _audit_run(name, run_file.parent, record, method, test_classes, epochs[method])
+            problems += _audit_plugins(name, record, benchmark)
     problems += _audit_trunks(output_dir, benchmark, test_classes, runs)
     problems += _audit_test_access(output_dir / TEST_ACCESS_FILE, runs)
     problems += _audit_budgets(benchmark, epochs)
@@ -111,6 +112,16 @@ def _audit_run(
         if record.get("status") == "completed":
             epochs.add(int((config.get("training") or {}).get("epochs", 0)))
     return problems
+
+
+def _audit_plugins(name: str, record: dict[str, Any], benchmark: dict[str, Any]) -> list[str]:
+    """A run used the plugin code the benchmark started with, or code whose change was accepted on purpose."""
+    allowed = [benchmark.get("plugins", []), *(entry["plugins"] for entry in benchmark.get("plugin_changes_accepted", []))]
+    used = plugins.identity(record.get("plugins", []))
+    if "plugins" in record and used not in allowed:
+        changes = plugins.changed(benchmark.get("plugins", []), used)
+        return [f"{name}: {changes[0] if changes else 'other plugins than the benchmark recorded'}"]
+    return []
 
 
 def _audit_test_access(accesses: Path, runs: dict[str, dict[str, Any]]) -> list[str]:

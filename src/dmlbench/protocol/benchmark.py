@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from dmlbench import config as config_module
+from dmlbench import plugins
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 
@@ -70,6 +71,7 @@ class AnalysisSpec(BaseModel):
 
 class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    plugins: list[str] = Field(default_factory=list)  # modules or .py files that register components
     base: dict[str, Any] = Field(default_factory=dict)
     methods: list[MethodSpec] = Field(min_length=1)
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
@@ -82,7 +84,11 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
     if not isinstance(raw, dict):
         raise UserInputError(f"benchmark config {path} must be a mapping with the sections base, protocol and "
                              f"methods, not a {type(raw).__name__}")
+    raw = config_module.with_plugin_paths(raw, path.parent)
+    if isinstance(raw.get("base"), dict):
+        raw = {**raw, "base": config_module.with_plugin_paths(raw["base"], path.parent)}
     spec = _validated(raw, f"benchmark config {path}")
+    plugins.load(spec.plugins)
     names = [method.name for method in spec.methods]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dmlbench import files
+from dmlbench import files, plugins
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.layout import RESULTS_FILE
@@ -39,7 +39,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
     workers = [
         context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
             config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
-            prepared.heartbeat, prepared.retry_seconds, progress, report))
+            prepared.heartbeat, prepared.retry_seconds, progress, report, plugins.specs(), bool(prepared.plugin_changes)))
         for index in range(1, prepared.jobs)
     ]
     for process in workers:
@@ -68,8 +68,10 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
 
 
 def _worker(config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
-            heartbeat: int, retry_seconds: int, progress: bool, report: Callable[[Path, str], Any] | None) -> None:
-    """One spawned worker: the same checks and the same loop as the parent; exit codes as the CLI's."""
+            heartbeat: int, retry_seconds: int, progress: bool, report: Callable[[Path, str], Any] | None,
+            plugin_specs: list[str], accept_plugin_changes: bool) -> None:
+    """One spawned worker: the same checks and the same loop as the parent (its plugins imported
+    first, as the parent's were); exit codes as the CLI's."""
     import logging
 
     import optuna
@@ -81,8 +83,9 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
     share_cores(jobs)
     install_stop_handlers()
     try:
+        plugins.load(plugin_specs)
         prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat,
-                           retry_seconds=retry_seconds)
+                           retry_seconds=retry_seconds, accept_plugin_changes=accept_plugin_changes)
         run_benchmark(prepared, progress=progress, report=report)
     except UserInputError as error:
         print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dmlbench import config as config_module
-from dmlbench import files, provenance
+from dmlbench import files, plugins, provenance
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
@@ -66,6 +66,8 @@ class Prepared:
     jobs: int = 1
     heartbeat: int = 30
     retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS
+    plugins: list[dict[str, Any]] = field(default_factory=list)  # the benchmark's (``plugins.identity``)
+    plugin_changes: list[str] = field(default_factory=list)  # accepted on purpose by this worker
 
     @property
     def redacted(self) -> str:
@@ -88,12 +90,14 @@ class Prepared:
 
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically.
-        The report-only ``analysis`` section is left out, and so is an unset ``startup_trials``, so that
-        benchmarks started before that key existed keep their description and config hash."""
+        The report-only ``analysis`` section is left out, and so are an unset ``startup_trials`` and an
+        empty ``plugins`` list, so that benchmarks started before those keys existed keep their
+        description and config hash."""
         unset = {"startup_trials"} if self.spec.protocol.startup_trials is None else set()
         first = next(iter(self.plans.values())).config
         return {
-            "spec": self.spec.model_dump(mode="json", exclude={"analysis": True, "protocol": unset}),
+            "spec": self.spec.model_dump(mode="json", exclude={"analysis": True, "protocol": unset,
+                                                              **({} if self.spec.plugins else {"plugins": True})}),
             "overrides": list(self.overrides),
             "protocol": self.spec.protocol.model_dump(mode="json", exclude=unset),
             "methods": [method.name for method in self.spec.methods],
@@ -101,6 +105,8 @@ class Prepared:
             "fold_layout": self.layout.as_dict(),
             "fold_layout_hash": self.layout.hash,
             "dataset": {"name": first.data.name, "content_hash": self.dataset_hash},
+            # Only when there are plugins, so that benchmarks without any keep their config hash.
+            **({"plugins": self.plugins} if self.plugins else {}),
         }
 
 
@@ -114,12 +120,14 @@ class BenchmarkOutcome:
 def prepare(
     spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None, storage: str | None = None,
     *, jobs: int = 1, heartbeat: int = 30, retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS,
+    accept_plugin_changes: bool = False,
 ) -> Prepared:
     """Check the whole benchmark; a ``UserInputError`` (one line) names the first problem. Writes nothing.
 
     ``jobs``: local worker processes (more than one needs a storage for concurrent writers);
     ``heartbeat``: seconds between a PostgreSQL worker's heartbeats (stale after three missed);
-    ``retry_seconds``: how long a worker waits for a lost database server before it stops."""
+    ``retry_seconds``: how long a worker waits for a lost database server before it stops;
+    ``accept_plugin_changes``: continue a benchmark whose plugin code changed (recorded in ``benchmark.json``)."""
     spec, overrides = apply_spec_overrides(spec, list(overrides or []))
     output_dir = Path(output_dir)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -140,10 +148,11 @@ def prepare(
     storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
-                        jobs, heartbeat, retry_seconds)
+                        jobs, heartbeat, retry_seconds, plugins.identity())
     stored_path = output_dir / output_layout.BENCHMARK_FILE
     if stored_path.exists():
         stored = files.read_json(stored_path)
+        _check_plugins(prepared, stored.get("plugins", []), accept_plugin_changes)
         for key, value in prepared.description().items():
             if stored.get(key) != value:
                 raise UserInputError(
@@ -151,6 +160,18 @@ def prepare(
                 )
     _check_studies(prepared)
     return prepared
+
+
+def _check_plugins(prepared: Prepared, recorded: list[dict[str, Any]], accept: bool) -> None:
+    """Plugin code must be what the benchmark started with: its results would mix two methods.
+    Accepted on purpose, the benchmark keeps its recorded identity and ``_start`` records the change."""
+    changes = plugins.changed(recorded, prepared.plugins)
+    if not changes:
+        return
+    if not accept:
+        raise UserInputError(f"{prepared.output_dir}: {changes[0]}; restore it, or continue with the new code on purpose "
+                             f"with --accept-plugin-changes (recorded in {output_layout.BENCHMARK_FILE})")
+    prepared.plugins, prepared.plugin_changes = list(recorded), changes
 
 
 def _check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
@@ -293,7 +314,12 @@ def _start(prepared: Prepared) -> None:
         return
     stored = files.read_json(path)
     if stored.get("analysis") != analysis:  # report-only settings: the latest config's apply
-        files.write_json(path, {**stored, "analysis": analysis})
+        stored = {**stored, "analysis": analysis}
+        files.write_json(path, stored)
+    if prepared.plugin_changes:
+        accepted = {"time": provenance.now(), "changes": prepared.plugin_changes, "plugins": plugins.identity()}
+        if accepted["plugins"] not in [entry["plugins"] for entry in stored.get("plugin_changes_accepted", [])]:
+            files.write_json(path, {**stored, "plugin_changes_accepted": [*stored.get("plugin_changes_accepted", []), accepted]})
 
 
 class Unit(Protocol):

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Sampler
 from tqdm import tqdm
 
-from dmlbench import evaluation, files, provenance
+from dmlbench import evaluation, files, plugins, provenance
 from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
@@ -344,6 +344,7 @@ def _start_record(
         "split_sizes": {name: int(len(getattr(setup.full_splits, name))) for name in ("train", "validation", "test")},
         "num_threads": torch.get_num_threads(),
         "environment": provenance.environment(str(stepper.device)),
+        "plugins": plugins.records(),
         "training_choices": {
             "model": config.model.model_dump(mode="json"),
             "optimizer": config.optimizer.model_dump(mode="json"),

@@ -1,0 +1,156 @@
+"""Plugins: your own components in the same protocol as the built-in ones (issue 22 §1, §4, §5).
+
+In-process tests register components under names no other test uses (the registries live as long
+as the test process); the end-to-end tests run the installed console script in a fresh process.
+"""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli_process import console_script
+
+import dmlbench
+from dmlbench import config as config_module
+from dmlbench import evaluation, losses, plugins
+from dmlbench.catalog import components
+from dmlbench.cli import main
+from dmlbench.errors import UserInputError
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+PLUGIN = '''
+import dmlbench
+from dmlbench.losses import MetricLoss
+
+
+@dmlbench.register_loss("{name}")
+class Scaled(MetricLoss):
+    """A test loss, Nobody et al. 2026 eq. 1: scale times the mean squared embedding."""
+
+    def __init__(self, scale: float = 2.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, embeddings, labels, tuples=None):
+        return self.scale * embeddings.pow(2).mean()
+'''
+
+
+def write_plugin(directory: Path, name: str) -> Path:
+    path = directory / f"{name}.py"
+    path.write_text(PLUGIN.format(name=name))
+    return path
+
+
+def test_a_plugin_named_in_a_config_builds_like_a_built_in_loss(tmp_path: Path) -> None:
+    write_plugin(tmp_path, "plugin_loss_a")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text("plugins: [plugin_loss_a.py]\nloss: {name: plugin_loss_a, params: {scale: 3.0}}\n")
+    config = config_module.load(config_path)  # a path relative to the config file, wherever this runs
+    assert config.plugins == [str((tmp_path / "plugin_loss_a.py").resolve())]
+    loss = losses.build(config.loss.name, **config.loss.params)
+    embeddings = torch.ones(4, 2)
+    assert float(loss(embeddings, torch.zeros(4, dtype=torch.long))) == pytest.approx(3.0)
+    with pytest.raises(UserInputError, match="has no parameter 'scal'; it accepts: scale"):
+        config_module.from_dict({"loss": {"name": "plugin_loss_a", "params": {"scal": 1.0}}})
+    with pytest.raises(UserInputError, match="did you mean 'plugin_loss_a'"):
+        config_module.from_dict({"loss": {"name": "plugin_loss_b"}})
+    (entry,) = [e for e in components("losses") if e["name"] == "plugin_loss_a"]
+    assert entry["parameters"] == {"scale": 2.0} and entry["source"] == "plugin_loss_a.py"
+    assert entry["summary"].startswith("A test loss, Nobody et al. 2026 eq. 1")
+    record = next(p for p in plugins.records() if p["path"] == str((tmp_path / "plugin_loss_a.py").resolve()))
+    assert len(record["sha256"]) == 64 and record["version"] is None
+
+
+def test_a_plugin_may_not_take_a_built_in_name(tmp_path: Path) -> None:
+    write_plugin(tmp_path, "plugin_loss_clash").write_text(PLUGIN.format(name="triplet"))
+    with pytest.raises(UserInputError, match="plugin .*plugin_loss_clash.py: loss 'triplet' is already registered"):
+        plugins.load([str(tmp_path / "plugin_loss_clash.py")])
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import not_a_module_anywhere\n", "ModuleNotFoundError: No module named 'not_a_module_anywhere'"),
+    ("def broken(:\n", "SyntaxError"),
+])
+def test_a_plugin_that_cannot_be_imported_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str, expected: str
+) -> None:
+    (tmp_path / "broken.py").write_text(source)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--plugin", str(tmp_path / "broken.py"), "list", "losses"])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and error.count("\n") == 1
+    assert error.startswith(f"dmlbench: error: plugin {tmp_path / 'broken.py'} cannot be imported: {expected}")
+    with pytest.raises(SystemExit) as stopped:
+        main(["list", "losses", "--plugin", str(tmp_path / "missing.py")])
+    assert stopped.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_a_benchmark_without_plugins_keeps_the_config_hash_it_had_before_plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming a benchmark compares config hashes: the plugins key must not change old ones
+    (the smoke benchmark's hash at 8bc0caf, before plugins existed)."""
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.pipeline import prepare
+
+    monkeypatch.setattr(plugins, "_LOADED", {})  # the plugins earlier tests imported into this process
+    prepared = prepare(load_spec(REPO / "configs" / "smoke.yaml"), tmp_path / "out")
+    assert prepared.plugins == [] and prepared.config_hash == "78362e6a273e758f"
+
+
+def test_the_python_api_is_what_the_package_exports() -> None:
+    assert dmlbench.register_loss is plugins.register_loss
+    embeddings, labels = torch.eye(4), torch.tensor([0, 0, 1, 1])
+    scores = dmlbench.evaluate(embeddings, labels, metrics=["precision_at_1"])
+    # All distances tie: ties go to the lower index, so queries 0 and 1 find each other, 2 and 3 find 0.
+    assert scores["precision_at_1"] == 0.5 and scores == evaluation.evaluate(embeddings, labels, metrics=["precision_at_1"])
+    with pytest.raises(AttributeError):
+        dmlbench.not_an_export  # noqa: B018
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def test_the_worked_example_ranks_a_plugin_a_pml_loss_and_built_ins_and_catches_changed_plugin_code(
+    tmp_path: Path,
+) -> None:
+    """issue 22's done-means: examples/my_benchmark.yaml as docs/your-method.md runs it, on --jobs 2."""
+    examples = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, examples)
+    output = tmp_path / "out"
+    result = run(["benchmark", "examples/my_benchmark.yaml", "-o", str(output), "-q", "--jobs", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    tables = dmlbench.load_results(output)
+    methods = {row["method"] for row in tables["results"]}
+    assert methods == {"soft_triplet", "pml_multi_similarity", "contrastive", "triplet_semihard", "untrained"}
+    assert all(isinstance(row["mean"], float) and row["n"] == 2 for row in tables["results"])
+    report = (output / "report.md").read_text()
+    assert "soft_triplet" in report and "pml_multi_similarity" in report and "Every method against the references" in report
+    benchmark = json.loads((output / "benchmark.json").read_text())
+    assert [p["plugin"] for p in benchmark["plugins"]] == ["my_loss.py"]
+    run_record = json.loads(next((output / "soft_triplet").glob("*/fold_0/run.json")).read_text())
+    assert run_record["plugins"][0]["sha256"] == benchmark["plugins"][0]["sha256"]
+    assert run(["audit", str(output)], tmp_path).returncode == 0
+
+    listed = run(["--plugin", "examples/my_loss.py", "list", "losses", "--json"], tmp_path)
+    (entry,) = [e for e in json.loads(listed.stdout) if e["name"] == "soft_triplet"]
+    assert entry["parameters"] == {"scale": 1.0} and entry["source"] == "my_loss.py"
+
+    with open(examples / "my_loss.py", "a") as stream:
+        stream.write("# changed\n")
+    refused = run(["benchmark", "examples/my_benchmark.yaml", "-o", str(output), "-q"], tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "plugin my_loss.py changed since the benchmark started" in refused.stderr and "--accept-plugin-changes" in refused.stderr
+    accepted = run(["benchmark", "examples/my_benchmark.yaml", "-o", str(output), "-q", "--accept-plugin-changes"], tmp_path)
+    assert accepted.returncode == 0, accepted.stderr
+    benchmark = json.loads((output / "benchmark.json").read_text())
+    assert benchmark["plugins"][0]["sha256"] == run_record["plugins"][0]["sha256"]  # the benchmark's identity is kept
+    (change,) = benchmark["plugin_changes_accepted"]
+    assert change["changes"][0].startswith("plugin my_loss.py changed") and change["plugins"][0]["sha256"] != benchmark["plugins"][0]["sha256"]
