@@ -63,7 +63,8 @@ def test_a_plugin_named_in_a_config_builds_like_a_built_in_loss(tmp_path: Path) 
     (entry,) = [e for e in components("losses") if e["name"] == "plugin_loss_a"]
     assert entry["parameters"] == {"scale": 2.0} and entry["source"] == "plugin_loss_a.py"
     assert entry["summary"].startswith("A test loss, Nobody et al. 2026 eq. 1")
-    record = next(p for p in plugins.records() if p["path"] == str((tmp_path / "plugin_loss_a.py").resolve()))
+    (record,) = plugins.used(config.plugins)
+    assert record["path"] == str((tmp_path / "plugin_loss_a.py").resolve())
     assert len(record["sha256"]) == 64 and record["version"] is None
 
 

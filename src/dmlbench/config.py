@@ -10,6 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dmlbench import plugins
 from dmlbench.errors import UserInputError
 
 DEFAULT_METRICS = (
@@ -150,6 +151,16 @@ class EvaluationConfig(Section):
     batch_size: int = Field(256, gt=0)
 
 
+class TrackingConfig(Section):
+    """Where a run is tracked besides ``metrics.jsonl`` (the ``tracking:`` section): ``none``, ``mlflow``
+    (``uri``: a tracking server or database; default ``sqlite:///mlruns/mlflow.db`` in the working
+    directory) or ``tensorboard`` (event files in the run directory)."""
+
+    backend: Literal["none", "mlflow", "tensorboard"] = "none"
+    uri: str | None = None
+    experiment: str = Field("dmlbench", min_length=1)
+
+
 class Config(Section):
     seed: int = Field(0, ge=0)
     plugins: list[str] = Field(default_factory=list)  # modules or .py files that register components
@@ -161,6 +172,7 @@ class Config(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _selection_metric_is_computed(self) -> Config:
@@ -222,8 +234,6 @@ def _validation_message(error: ValidationError) -> str:
 
 
 def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
-    from dmlbench import plugins
-
     raw = apply_overrides(raw, overrides or [])
     try:
         config = Config.model_validate(raw)
@@ -328,5 +338,6 @@ def check_component_names(config: Config) -> None:
 
 
 def to_yaml(config: Config) -> str:
-    # No plugins: the file stays as it was before plugins existed (stored run configs compare equal).
-    return yaml.safe_dump(config.model_dump(mode="json", exclude=None if config.plugins else {"plugins"}), sort_keys=False)
+    # Without plugins or tracking the file stays as it was before they existed (stored run configs compare equal).
+    unset = {name for name, default in (("plugins", []), ("tracking", TrackingConfig())) if getattr(config, name) == default}
+    return yaml.safe_dump(config.model_dump(mode="json", exclude=unset or None), sort_keys=False)

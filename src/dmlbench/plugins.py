@@ -90,21 +90,18 @@ def loaded() -> list[Plugin]:
     return list(_LOADED.values())
 
 
-def specs() -> list[str]:
-    """What re-imports this process's plugins in another process (the ``--jobs`` workers)."""
-    return [plugin.path if plugin.path and plugin.module.startswith("dmlbench_plugin_") else plugin.module
-            for plugin in _LOADED.values() if not plugin.plugin.startswith("entry-point:")]
+def used(specs: Iterable[str]) -> list[dict[str, Any]]:
+    """The records of the plugins a run or a benchmark uses (``run.json`` and ``benchmark.json``):
+    those its config names (``specs``), the command line's and the installed ones, in the order of
+    import; not whatever else this process imported (another benchmark's, a notebook's)."""
+    chosen = {id(plugin) for plugin in load([*specs, *_COMMAND_LINE])}
+    chosen.update(id(plugin) for key, plugin in _LOADED.items() if key.startswith("entry-point:"))
+    return [plugin.record() for plugin in _LOADED.values() if id(plugin) in chosen]
 
 
-def records() -> list[dict[str, Any]]:
-    """The plugins as ``run.json`` records them."""
-    return [plugin.record() for plugin in _LOADED.values()]
-
-
-def identity(entries: Iterable[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def identity(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """What a benchmark's config hash covers: each plugin's name (a file's name, not its path, so
-    that workers on other machines agree) and source hash; by default of the plugins loaded here."""
-    entries = records() if entries is None else entries
+    that workers on other machines agree) and source hash."""
     return [{"plugin": _display_name(entry), "sha256": entry.get("sha256")} for entry in entries]
 
 

@@ -39,7 +39,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
     workers = [
         context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
             config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
-            prepared.heartbeat, prepared.retry_seconds, progress, report, plugins.specs(), bool(prepared.plugin_changes)))
+            prepared.heartbeat, prepared.retry_seconds, progress, report, plugins.command_line(), bool(prepared.plugin_changes)))
         for index in range(1, prepared.jobs)
     ]
     for process in workers:
@@ -83,7 +83,7 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
     share_cores(jobs)
     install_stop_handlers()
     try:
-        plugins.load(plugin_specs)
+        plugins.load_from_command_line(plugin_specs)
         prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat,
                            retry_seconds=retry_seconds, accept_plugin_changes=accept_plugin_changes)
         run_benchmark(prepared, progress=progress, report=report)

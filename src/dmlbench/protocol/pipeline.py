@@ -37,7 +37,7 @@ from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings, Se
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
 from dmlbench.protocol.search import MethodSearch, SearchResult, best_trial
-from dmlbench.training import records
+from dmlbench.training import records, tracking
 from dmlbench.training.setup import load_dataset
 
 # How often a worker whose remaining work is running elsewhere looks again (seconds).
@@ -90,15 +90,15 @@ class Prepared:
 
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically.
-        The report-only ``analysis`` section is left out, and so are an unset ``startup_trials`` and an
-        empty ``plugins`` list, so that benchmarks started before those keys existed keep their
-        description and config hash."""
+        The report-only ``analysis`` section and the ``tracking`` settings (a view of the runs, not
+        part of them) are left out, and so are an unset ``startup_trials`` and an empty ``plugins``
+        list, so that benchmarks started before those keys existed keep their description and config hash."""
         unset = {"startup_trials"} if self.spec.protocol.startup_trials is None else set()
         first = next(iter(self.plans.values())).config
         return {
-            "spec": self.spec.model_dump(mode="json", exclude={"analysis": True, "protocol": unset,
-                                                              **({} if self.spec.plugins else {"plugins": True})}),
-            "overrides": list(self.overrides),
+            "spec": _without_tracking(self.spec.model_dump(
+                mode="json", exclude={"analysis": True, "protocol": unset, **({} if self.spec.plugins else {"plugins": True})})),
+            "overrides": [item for item in self.overrides if not item.startswith("tracking.")],
             "protocol": self.spec.protocol.model_dump(mode="json", exclude=unset),
             "methods": [method.name for method in self.spec.methods],
             "metrics": list(first.evaluation.metrics),
@@ -148,7 +148,7 @@ def prepare(
     storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
-                        jobs, heartbeat, retry_seconds, plugins.identity())
+                        jobs, heartbeat, retry_seconds, _plugin_identity(spec, plans))
     stored_path = output_dir / output_layout.BENCHMARK_FILE
     if stored_path.exists():
         stored = files.read_json(stored_path)
@@ -160,6 +160,18 @@ def prepare(
                 )
     _check_studies(prepared)
     return prepared
+
+
+def _without_tracking(spec: dict[str, Any]) -> dict[str, Any]:
+    base = {key: value for key, value in spec["base"].items() if key != "tracking"}
+    methods = [{**method, "overrides": {key: value for key, value in method["overrides"].items()
+                                        if not key.startswith("tracking")}} for method in spec["methods"]]
+    return {**spec, "base": base, "methods": methods}
+
+
+def _plugin_identity(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> list[dict[str, Any]]:
+    """The plugins this benchmark uses (its config's, the command line's, the installed ones), as its hash covers them."""
+    return plugins.identity(plugins.used([*spec.plugins, *(name for plan in plans.values() for name in plan.config.plugins)]))
 
 
 def _check_plugins(prepared: Prepared, recorded: list[dict[str, Any]], accept: bool) -> None:
@@ -317,7 +329,8 @@ def _start(prepared: Prepared) -> None:
         stored = {**stored, "analysis": analysis}
         files.write_json(path, stored)
     if prepared.plugin_changes:
-        accepted = {"time": provenance.now(), "changes": prepared.plugin_changes, "plugins": plugins.identity()}
+        accepted = {"time": provenance.now(), "changes": prepared.plugin_changes,
+                    "plugins": _plugin_identity(prepared.spec, prepared.plans)}
         if accepted["plugins"] not in [entry["plugins"] for entry in stored.get("plugin_changes_accepted", [])]:
             files.write_json(path, {**stored, "plugin_changes_accepted": [*stored.get("plugin_changes_accepted", []), accepted]})
 
@@ -464,10 +477,23 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
             outcome = _write_summaries(prepared, schedule)
             if report is not None:
                 report(output_dir, prepared.storage)
+                _track_report(prepared)
             marker.set_user_attr("report", {"worker": context.worker.id, "time": provenance.now()})
     except (RunInterrupted, KeyboardInterrupt):
         raise RunInterrupted(f"benchmark {output_dir} stopped; re-run the same command to continue") from None
     return outcome
+
+
+def _track_report(prepared: Prepared) -> None:
+    """With MLflow tracking, the report files as artifacts of the benchmark's parent run."""
+    settings = next(iter(prepared.plans.values())).config.tracking
+    if settings.backend != "mlflow":
+        return
+    names = (output_layout.REPORT_FILE, "report.html", output_layout.RESULTS_CSV, output_layout.RUNS_CSV,
+             "comparisons.csv", "results.tex", output_layout.BENCHMARK_FILE)
+    paths = [prepared.output_dir / name for name in names if (prepared.output_dir / name).is_file()]
+    benchmark = files.read_json(prepared.output_dir / output_layout.BENCHMARK_FILE)
+    tracking.MLflowTracker(settings).report(prepared.output_dir, paths, benchmark)
 
 
 def _write_search_summary(prepared: Prepared, schedule: Schedule) -> dict[str, SearchResult]:

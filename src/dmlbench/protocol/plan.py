@@ -136,6 +136,8 @@ def method_raw_config(spec: BenchmarkSpec, method_name: str, overrides: list[str
     if method is None:
         raise UserInputError(f"unknown method {method_name!r}")
     raw = config_module.apply_overrides(config_module.assign(spec.base, method.overrides), list(overrides or []))
+    if spec.plugins:  # the benchmark's plugins go with every run, so that each run records them
+        raw["plugins"] = list(dict.fromkeys([*spec.plugins, *raw.get("plugins", [])]))
     try:
         config_module.from_dict(copy.deepcopy(raw))
     except UserInputError as error:

@@ -31,7 +31,7 @@ from dmlbench.protocol import layout, work
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
 from dmlbench.protocol.results import MODES, MethodReproductions, read_reproductions
 from dmlbench.protocol.search import run_samples, validation_curves
-from dmlbench.training import records, train_or_resume
+from dmlbench.training import records, tracking, train_or_resume
 from dmlbench.training.runs import embed_run, embed_test_split, test_query_mask
 
 
@@ -71,7 +71,7 @@ class MethodReproduction:
             curves = []
             for fold, run_dir in zip(folds, run_dirs):
                 record = {"method": self.method, "stage": layout.REPRODUCTION_STAGE, "reproduction": reproduction,
-                          "fold": fold.index}
+                          "fold": fold.index, "config_hash": self.context.config_hash}
                 self.context.report({**record, "run_dir": str(run_dir)})
                 train_or_resume(self.plan.run_config(self.params, fold, seed), run_dir, progress=self.context.progress,
                                 record={**record, "fold_layout_hash": self.context.layout.hash,
@@ -80,6 +80,8 @@ class MethodReproduction:
             attributes["curves"] = curves
             attributes["embedding_space"] = [training_space(run_dir) for run_dir in run_dirs]
             scores = _test_scores(output_dir, directory, run_dirs, seed, self.plan.config.evaluation.metrics)
+            for run_dir in run_dirs:
+                tracking.log_test_scores(run_dir, self.plan.config.tracking, scores)
             attributes["scores"] = scores
             return objective(scores)
 

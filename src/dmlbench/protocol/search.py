@@ -193,7 +193,7 @@ def _cross_validate(
         config = plan.run_config(assignment, fold)
         run_dir = layout.fold_dir(layout.trial_dir(context.output_dir, plan.name, slot), fold.index)
         record = {"method": plan.name, "stage": layout.SEARCH_STAGE, "trial": slot, "fold": fold.index,
-                  "fold_layout_hash": context.layout.hash}
+                  "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash}
         context.report({**record, "run_dir": str(run_dir)})
         if features is None:
             result = train_or_resume(config, run_dir, progress=context.progress, record=record)

@@ -20,13 +20,16 @@ from dmlbench.config import Config, to_yaml
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, storage_error
-from dmlbench.training import distributed, records
+from dmlbench.training import distributed, records, tracking
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.schedule import set_learning_rates, set_warmup
 from dmlbench.training.setup import Components, TrainingSetup, set_up_training
 from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, finish_record
 from dmlbench.training.threads import resolve_threads
+
+# What a tracked run is tagged with: the protocol's unit and the benchmark it belongs to.
+TRACKING_TAGS = ("method", "stage", "trial", "reproduction", "fold", "seed", "config_hash")
 
 
 def train(
@@ -73,8 +76,9 @@ def train(
         files.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
     run_record = _start_record(run_dir, setup, stepper, resume, record)
+    track = _start_tracking(run_dir, config, run_record, resume) if main else tracking.Tracker()
     try:
-        epoch = _run_epochs(run_dir, setup, stepper, state, start_epoch, progress and main)
+        epoch = _run_epochs(run_dir, setup, stepper, state, start_epoch, progress and main, track)
     except TrainingDiverged as error:
         finish_record(run_dir, run_record, "failed", clock, write=main, reason=f"training diverged: {error}")
         raise
@@ -90,11 +94,26 @@ def train(
             finish_record(run_dir, run_record, "interrupted", clock, write=main)
         raise StorageFailed(f"{describe(full)}; free space, then continue the run with: "
                             f"dmlbench train --resume -o {run_dir}") from error
-    finish_record(
-        run_dir, run_record, "completed", clock, write=main,
-        best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
-    )
+    else:
+        finish_record(
+            run_dir, run_record, "completed", clock, write=main,
+            best_epoch=state.best_epoch, best_validation=state.best_metrics, epochs_run=epoch,
+        )
+    finally:
+        track.finish(str(run_record.get("status")))
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
+
+
+def _start_tracking(run_dir: Path, config: Config, run_record: dict[str, Any], resume: bool) -> tracking.Tracker:
+    """The run's tracker (``tracking:``), opened (or, resumed, reopened) with the config and the
+    protocol's tags; what reopens it is recorded in ``run.json``."""
+    track = tracking.tracker(config.tracking, run_record.get("tracking") if resume else None)
+    tags = {key: run_record[key] for key in TRACKING_TAGS if key in run_record}
+    opened = track.start(run_dir, tracking.flatten(config.model_dump(mode="json")), tags)
+    if opened:
+        run_record["tracking"] = opened
+        files.write_json(run_dir / records.RUN_FILE, run_record)
+    return track
 
 
 def _agree_on_run_dir(run_dir: Path, resume: bool, group: ProcessGroup) -> None:
@@ -112,7 +131,8 @@ def _agree_on_run_dir(run_dir: Path, resume: bool, group: ProcessGroup) -> None:
 
 
 def _run_epochs(
-    run_dir: Path, setup: TrainingSetup, stepper: _Stepper, state: SelectionState, start_epoch: int, progress: bool
+    run_dir: Path, setup: TrainingSetup, stepper: _Stepper, state: SelectionState, start_epoch: int, progress: bool,
+    track: tracking.Tracker,
 ) -> int:
     """Epochs ``start_epoch + 1`` onwards, each validated on its schedule and checkpointed; returns the last one run."""
     config, model, sampler = stepper.config, setup.components.model, setup.sampler
@@ -122,6 +142,7 @@ def _run_epochs(
         untrained = _validate(model, setup.validation_set, config, device, group)
         if main:
             records.append_metrics(run_dir, {"epoch": 0, "validation": untrained})
+            track.log(tracking.epoch_metrics({"validation": untrained}), 0)
     if getattr(sampler, "needs_embeddings", False) and sampler.memory is None:
         memory = distributed.embed_sharded(embed, model, setup.train_set, config.evaluation.batch_size, device, group)
         sampler.initialize_memory(memory[0])
@@ -136,6 +157,7 @@ def _run_epochs(
                 _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, setup.components, state, sampler, stepper)
         if main:
             records.append_metrics(run_dir, record)
+            track.log(tracking.epoch_metrics(record), epoch)
             _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, setup.components, state, sampler, stepper)
         if progress:
             _print_epoch(record, config.evaluation.selection_metric)
@@ -344,7 +366,7 @@ def _start_record(
         "split_sizes": {name: int(len(getattr(setup.full_splits, name))) for name in ("train", "validation", "test")},
         "num_threads": torch.get_num_threads(),
         "environment": provenance.environment(str(stepper.device)),
-        "plugins": plugins.records(),
+        "plugins": plugins.used(config.plugins),
         "training_choices": {
             "model": config.model.model_dump(mode="json"),
             "optimizer": config.optimizer.model_dump(mode="json"),
