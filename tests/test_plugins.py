@@ -15,10 +15,11 @@ from test_cli_process import console_script
 
 import dmlbench
 from dmlbench import config as config_module
-from dmlbench import evaluation, losses, plugins
+from dmlbench import evaluation, losses, mining, plugins
 from dmlbench.catalog import components
 from dmlbench.cli import main
 from dmlbench.errors import UserInputError
+from dmlbench.mining.tuples import all_triplets
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -155,3 +156,41 @@ def test_the_worked_example_ranks_a_plugin_a_pml_loss_and_built_ins_and_catches_
     assert benchmark["plugins"][0]["sha256"] == run_record["plugins"][0]["sha256"]  # the benchmark's identity is kept
     (change,) = benchmark["plugin_changes_accepted"]
     assert change["changes"][0].startswith("plugin my_loss.py changed") and change["plugins"][0]["sha256"] != benchmark["plugins"][0]["sha256"]
+
+
+def test_every_kind_of_component_registers_through_the_public_api(tmp_path: Path) -> None:
+    (tmp_path / "plugin_kinds.py").write_text('''
+import dmlbench
+from dmlbench.mining.base import Miner
+from dmlbench.mining.tuples import all_triplets
+
+
+@dmlbench.register_miner("plugin_every_triplet")
+class EveryTriplet(Miner):
+    """Every valid triplet of the batch (a test miner)."""
+
+    def mine(self, embeddings, labels):
+        return all_triplets(labels)
+''')
+    plugins.load([str(tmp_path / "plugin_kinds.py")])
+    config = config_module.from_dict({"loss": {"name": "triplet"}, "miner": {"name": "plugin_every_triplet"}})
+    miner = mining.build(config.miner.name, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 0, 1, 1])
+    assert len(miner(torch.eye(4), labels)) == len(all_triplets(labels))
+    assert {"plugin_every_triplet"} <= {entry["name"] for entry in components("miners")}
+    for register in (dmlbench.register_sampler, dmlbench.register_trunk, dmlbench.register_dataset):
+        assert register.__name__.startswith("register_")
+
+
+def test_the_audit_names_a_run_that_used_other_plugin_code() -> None:
+    from dmlbench.protocol.audit import _audit_plugins
+
+    benchmark = {"plugins": [{"plugin": "my_loss.py", "sha256": "a" * 64}]}
+    same = {"plugins": [{"plugin": "/x/my_loss.py", "module": "dmlbench_plugin_my_loss_1", "path": "/x/my_loss.py",
+                         "version": None, "sha256": "a" * 64}]}
+    other = {"plugins": [{**same["plugins"][0], "sha256": "b" * 64}]}
+    assert _audit_plugins("m/trial_0/fold_0", same, benchmark) == []
+    (problem,) = _audit_plugins("m/trial_0/fold_0", other, benchmark)
+    assert problem.startswith("m/trial_0/fold_0: plugin my_loss.py changed since the benchmark started")
+    accepted = {**benchmark, "plugin_changes_accepted": [{"plugins": [{"plugin": "my_loss.py", "sha256": "b" * 64}]}]}
+    assert _audit_plugins("m/trial_0/fold_0", other, accepted) == []

@@ -193,6 +193,8 @@ def claim(
         trial_id = storage_module.trial_id(trial)
         if worker.beats:
             # Beating from the claim on: a worker lost before its unit starts leaves a trial that goes stale.
+            # (Lost between ``ask`` and this beat, a retry that Optuna's stale-trial callback enqueued
+            # still carries the stamp of the worker it replaces: that one-call window stays open.)
             storage_module.backend(study).record_heartbeat(trial_id)
         stamp = worker.stamp()
         trial.set_user_attr("worker", stamp)
