@@ -129,6 +129,24 @@ def test_approximate_faiss_is_close_on_clustered_data():
     assert approximate["map_at_r"] == pytest.approx(exact["map_at_r"], abs=0.02)
 
 
+@pytest.mark.parametrize("binarize", [False, True])
+def test_hnsw_is_close_and_reproducible(binarize: bool):
+    rng = np.random.default_rng(1)
+    labels = np.arange(2000) % 200
+    embeddings = rng.standard_normal((200, 32))[labels] + 0.8 * rng.standard_normal((2000, 32))
+    metrics = ["precision_at_1", "map_at_r"]
+    exact = evaluate(embeddings, labels, metrics=metrics, binarize=binarize)
+    graph = evaluate(embeddings, labels, metrics=metrics, binarize=binarize, backend="faiss_hnsw")
+    assert graph["precision_at_1"] == pytest.approx(exact["precision_at_1"], abs=0.01)
+    assert graph["map_at_r"] == pytest.approx(exact["map_at_r"], abs=0.01)
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)  # the graph is built by one thread whatever the setting
+    try:
+        assert evaluate(embeddings, labels, metrics=metrics, binarize=binarize, backend="faiss_hnsw") == graph
+    finally:
+        faiss.omp_set_num_threads(previous)
+
+
 def test_packed_signs_round_trip_like_numpy_packbits():
     generator = torch.Generator().manual_seed(5)
     values = torch.randn(9, 13, generator=generator)

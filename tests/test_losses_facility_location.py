@@ -21,10 +21,12 @@ from sklearn.metrics import normalized_mutual_info_score
 from dmlbench import losses
 from dmlbench.errors import UserInputError
 from dmlbench.losses.facility_location import (
-    assign_after_swaps,
     assign_to_medoids,
     batched_nmi,
     greedy_loss_augmented_medoids,
+    nearest_other_medoid,
+    nmi_after_moves,
+    swap_moves,
     swap_refined_medoids,
 )
 
@@ -244,11 +246,28 @@ def test_swap_assignments_keep_the_tie_rules() -> None:
     for medoids in (torch.tensor([4, 0, 9]), torch.tensor([10, 0, 7, 2]), torch.tensor([5])):
         newcomers = torch.tensor([j for j in range(14) if j not in medoids.tolist()])
         for position in range(len(medoids)):
-            swapped = assign_after_swaps(distances, medoids, position, newcomers)
+            nearest_other = nearest_other_medoid(distances, medoids, position)
+            held, moved = swap_moves(distances, medoids, position, newcomers, nearest_other)
             for row, j in enumerate(newcomers.tolist()):
                 trial = medoids.clone()
                 trial[position] = j
-                assert torch.equal(swapped[row], assign_to_medoids(distances, trial))
+                assert torch.equal(torch.where(moved[row], position, held), assign_to_medoids(distances, trial))
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), min_size=1, max_size=14),
+    st.lists(st.lists(st.booleans(), min_size=14, max_size=14), min_size=1, max_size=5),
+)
+def test_nmi_after_moves_is_the_nmi_of_the_moved_clustering(pairs: list[tuple[int, int]], rows: list[list[bool]]) -> None:
+    # The incremental NMI against batched_nmi (itself checked against sklearn) of the clustering it describes:
+    # moves out of every cluster, of whole clusters, of nothing and of everything.
+    _, truth = torch.unique(torch.tensor([t for t, _ in pairs]), return_inverse=True)
+    base = torch.tensor([p for _, p in pairs])
+    moved = torch.tensor(rows)[:, : len(pairs)]
+    moved = torch.cat([moved, torch.zeros_like(moved[:1]), torch.ones_like(moved[:1]), (base == base[0]).unsqueeze(0)])
+    direct = batched_nmi(torch.where(moved, int(base.max()) + 1, base.unsqueeze(0)), truth)
+    torch.testing.assert_close(nmi_after_moves(base, truth, moved), direct, rtol=1e-12, atol=1e-12)
 
 
 def test_refinement_never_lowers_the_loss() -> None:

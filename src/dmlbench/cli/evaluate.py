@@ -35,7 +35,7 @@ def evaluate_command(
     metrics: Annotated[str | None, typer.Option("--metrics", help="Comma-separated subset, e.g. map_at_r,recall_at_1.")] = None,
     ks: Annotated[str, typer.Option("--ks", help="K values of the default recall_at_<k> metrics.")] = "1,2,4,8",
     query_mask: Annotated[Path | None, typer.Option("--query-mask", help="Bool [N] (.npy): queries; the rest is the gallery.")] = None,
-    backend: Annotated[str, typer.Option(help="torch, faiss or faiss_approx.")] = "torch",
+    backend: Annotated[str, typer.Option(help="torch, faiss (exact), faiss_approx (inverted lists) or faiss_hnsw (graph).")] = "torch",
     binarize: Annotated[bool, typer.Option("--binarize", help="Sign bits and Hamming distance.")] = False,
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise before searching.")] = True,
     k: Annotated[int | None, typer.Option("--k", help="Neighbours per query (default: the largest class size).")] = None,

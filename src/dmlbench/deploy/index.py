@@ -24,6 +24,7 @@ from torch import Tensor
 from dmlbench import __version__, files, provenance
 from dmlbench.deploy.embeddings import EmbeddingSet
 from dmlbench.errors import UserInputError
+from dmlbench.evaluation.knn_faiss import HNSW_EF_SEARCH, HNSW_NEIGHBOURS, add_with_one_thread
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
 from dmlbench.evaluation.neighbors import nearest_neighbors
 from dmlbench.files import atomic_write
@@ -118,7 +119,7 @@ def build_index(
     kind: str = "exact",
     seed: int = 0,
     nprobe: int | None = None,
-    ef_search: int = 64,
+    ef_search: int = HNSW_EF_SEARCH,
 ) -> StoredIndex:
     """Build and store an index of ``embedding_set``; approximate kinds get their recall@10 measured."""
     if kind not in KINDS:
@@ -171,15 +172,9 @@ def _new_index(kind: str, rows: np.ndarray, *, seed: int, nprobe: int | None, ef
         index.add(rows)
         return index, {"nlist": lists, "nprobe": nprobe if nprobe is not None else max(1, lists // 8)}
     check_positive_int("ef_search", ef_search)
-    index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
-    threads = faiss.omp_get_max_threads()
-    # A graph built by several threads depends on their timing; one thread makes the index reproducible.
-    faiss.omp_set_num_threads(1)
-    try:
-        index.add(rows)
-    finally:
-        faiss.omp_set_num_threads(threads)
-    return index, {"M": 32, "ef_construction": index.hnsw.efConstruction, "ef_search": ef_search}
+    index = faiss.IndexHNSWFlat(dim, HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
+    add_with_one_thread(index, rows)
+    return index, {"M": HNSW_NEIGHBOURS, "ef_construction": index.hnsw.efConstruction, "ef_search": ef_search}
 
 
 def _configure(index: faiss.Index, meta: dict[str, Any]) -> None:

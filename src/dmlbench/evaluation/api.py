@@ -62,7 +62,8 @@ def evaluate(
     label has no reference, left out of all retrieval averages except mAP@C and mAP@1000).
     Clustering metrics run faiss k-means (``seed``, ``kmeans_iterations``) on all N rows with as
     many clusters as classes. Neighbours are exact and ordered by (distance, index) for every
-    ``backend`` except ``faiss_approx`` (inverted lists, ``nprobe`` probes).
+    ``backend`` except ``faiss_approx`` (inverted lists, ``nprobe`` probes) and ``faiss_hnsw`` (a
+    graph built by one thread, so that it is reproducible).
     """
     names = _parse_metrics(metrics, ks)
     for name, value in (("block_size", block_size), ("nprobe", nprobe)):
@@ -141,7 +142,7 @@ def _retrieval(
         space, query_ids, reference_ids, k, exclude_self=layout.self_retrieval,
         backend=backend, block_size=block_size, nprobe=nprobe, seed=seed,
     )
-    # faiss_approx may find fewer than k neighbours for a query; the missing ones (-1) are misses.
+    # An approximate backend may find fewer than k neighbours for a query; the missing ones (-1) are misses.
     hits = (neighbours.ids >= 0) & (labels[neighbours.ids.clamp_min(0)] == labels[query_ids].unsqueeze(1))
     results = {name: _retrieval_metric(name, hits, relevant, class_sizes, largest_class) for name in names}
     results["num_queries"] = len(query_ids)

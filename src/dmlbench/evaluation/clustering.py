@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import faiss
 import numpy as np
-from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_score
-from sklearn.metrics.cluster import contingency_matrix
 from torch import Tensor
+
+# scikit-learn is imported where it is used: it is a second of start-up that retrieval metrics
+# (and `dmlbench evaluate --metrics map_at_r`) do not need.
 
 DEFAULT_KMEANS_ITERATIONS = 20
 
@@ -26,11 +27,15 @@ def kmeans_assignment(rows: Tensor, num_clusters: int, *, seed: int, iterations:
 
 def nmi(labels: np.ndarray, clusters: np.ndarray) -> float:
     """Normalized mutual information (arithmetic normalisation, sklearn), Roth et al. 2020 supp. eq. 27."""
+    from sklearn.metrics import normalized_mutual_info_score
+
     return float(normalized_mutual_info_score(labels, clusters))
 
 
 def ami(labels: np.ndarray, clusters: np.ndarray) -> float:
     """Adjusted mutual information (sklearn), recommended over NMI by Musgrave et al. 2020 section 2.2."""
+    from sklearn.metrics import adjusted_mutual_info_score
+
     return float(adjusted_mutual_info_score(labels, clusters))
 
 
@@ -39,6 +44,8 @@ def pairwise_f1(labels: np.ndarray, clusters: np.ndarray) -> float:
 
     P: share of same-cluster pairs that share a class; R: share of same-class pairs put in one cluster.
     """
+    from sklearn.metrics.cluster import contingency_matrix
+
     counts = contingency_matrix(labels, clusters, sparse=True).data.astype(np.float64)
     together_and_same = float((counts * (counts - 1) / 2).sum())
     class_sizes = np.bincount(np.unique(labels, return_inverse=True)[1]).astype(np.float64)

@@ -1,4 +1,4 @@
-"""faiss candidate search: exact flat indexes, or inverted-file indexes for very large galleries.
+"""faiss candidate search: exact flat indexes, or inverted-file and HNSW graph indexes for very large galleries.
 
 Scores follow ``KnnIndex``'s convention (larger is nearer), so the exact re-ranking in
 ``dmlbench.evaluation.neighbors`` treats faiss and the torch engine alike.
@@ -15,6 +15,10 @@ from torch import Tensor
 
 from dmlbench.evaluation.knn_index import KnnIndex
 
+# HNSW graph degree (faiss's M) and the least efSearch; the values faiss's documentation starts from.
+HNSW_NEIGHBOURS = 32
+HNSW_EF_SEARCH = 64
+
 
 def candidate_search(
     space: KnnIndex,
@@ -23,12 +27,16 @@ def candidate_search(
     width: int,
     *,
     exclude_self: bool,
-    approximate: bool = False,
+    kind: str = "exact",
     nprobe: int | None = None,
     seed: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Top ``width`` candidates per query from faiss: (scores ``[Q, width]``, global reference ids)."""
-    index = _build_index(space, reference_ids, approximate=approximate, nprobe=nprobe, seed=seed)
+    """Top ``width`` candidates per query from a faiss index of ``kind`` (``exact``, ``ivf``, ``hnsw``):
+    (scores ``[Q, width]``, global reference ids)."""
+    index = _build_index(space, reference_ids, kind=kind, nprobe=nprobe, seed=seed)
+    if kind == "hnsw":
+        # The graph search keeps efSearch candidates: at least the width asked for.
+        index.hnsw.efSearch = max(HNSW_EF_SEARCH, width + int(exclude_self))
     wanted = min(width + int(exclude_self), len(reference_ids))
     if space.binary:
         hamming, positions = index.search(space.exact_rows[query_ids].numpy(), wanted)
@@ -48,29 +56,46 @@ def candidate_search(
 
 
 def _build_index(
-    space: KnnIndex, reference_ids: Tensor, *, approximate: bool, nprobe: int | None, seed: int
+    space: KnnIndex, reference_ids: Tensor, *, kind: str, nprobe: int | None, seed: int
 ) -> faiss.Index | faiss.IndexBinary:
     num_references = len(reference_ids)
     lists = max(1, round(math.sqrt(num_references)))
     if space.binary:
         references = space.exact_rows[reference_ids].numpy()
         bits = references.shape[1] * 8
-        if approximate:
+        if kind == "ivf":
             index = faiss.IndexBinaryIVF(faiss.IndexBinaryFlat(bits), bits, lists)
             index.cp.seed = seed
             index.train(references)
+        elif kind == "hnsw":
+            index = faiss.IndexBinaryHNSW(bits, HNSW_NEIGHBOURS)
         else:
             index = faiss.IndexBinaryFlat(bits)
     else:
         references = np.ascontiguousarray(space.reference_rows[reference_ids].numpy())
         dim = references.shape[1]
-        if approximate:
+        if kind == "ivf":
             index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
             index.cp.seed = seed
             index.train(references)
+        elif kind == "hnsw":
+            index = faiss.IndexHNSWFlat(dim, HNSW_NEIGHBOURS, faiss.METRIC_INNER_PRODUCT)
         else:
             index = faiss.IndexFlatIP(dim)
-    index.add(references)
-    if approximate:
+    if kind == "hnsw":
+        add_with_one_thread(index, references)
+    else:
+        index.add(references)
+    if kind == "ivf":
         index.nprobe = nprobe if nprobe is not None else max(1, lists // 8)
     return index
+
+
+def add_with_one_thread(index: faiss.Index | faiss.IndexBinary, rows: np.ndarray) -> None:
+    """``index.add(rows)`` on one faiss thread: a graph built by several depends on their timing."""
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        index.add(rows)
+    finally:
+        faiss.omp_set_num_threads(threads)

@@ -20,7 +20,9 @@ from dmlbench.errors import UserInputError
 from dmlbench.evaluation import knn_blocked, knn_faiss
 from dmlbench.evaluation.knn_index import KnnIndex
 
-BACKENDS = ("torch", "faiss", "faiss_approx")
+BACKENDS = ("torch", "faiss", "faiss_approx", "faiss_hnsw")
+_FAISS_KINDS = {"faiss": "exact", "faiss_approx": "ivf", "faiss_hnsw": "hnsw"}
+APPROXIMATE = ("faiss_approx", "faiss_hnsw")
 # (query ids, width) -> (float32 scores [Q, width], larger is nearer; global reference ids, -1 for none).
 CandidateSearch = Callable[[Tensor, int], tuple[Tensor, Tensor]]
 # Exact keys are computed for at most this many (query, candidate, dimension) entries at a time:
@@ -53,7 +55,8 @@ def nearest_neighbors(
     """The ``k`` nearest ``reference_ids`` (ascending global ids) of each of ``query_ids``.
 
     ``exclude_self`` removes each query from its own list (queries must then be among the references).
-    ``faiss_approx`` returns the exact ranking of approximate candidates, without certification.
+    ``faiss_approx`` (inverted lists) and ``faiss_hnsw`` (a graph) return the exact ranking of
+    approximate candidates, without certification.
     ``searcher`` replaces the backend's candidate search (a stored index, for instance); its scores
     must be products of ``space``'s float32 rows for certification to hold, and ``certify=False``
     ranks whatever it proposes without certification (approximate indexes).
@@ -73,7 +76,7 @@ def nearest_neighbors(
             )
         return knn_faiss.candidate_search(
             space, queries, reference_ids, width, exclude_self=exclude_self,
-            approximate=backend == "faiss_approx", nprobe=nprobe, seed=seed,
+            kind=_FAISS_KINDS[backend], nprobe=nprobe, seed=seed,
         )
 
     ids = torch.empty(len(query_ids), k, dtype=torch.int64)
@@ -86,7 +89,7 @@ def nearest_neighbors(
         scores, candidates = search(pending_queries, width)
         ranked_ids, ranked_distances, certified = _rank_candidates(
             space, pending_queries, scores, candidates, k,
-            exhaustive=width >= available or backend == "faiss_approx" or not certify,
+            exhaustive=width >= available or backend in APPROXIMATE or not certify,
         )
         ids[pending[certified]] = ranked_ids[certified]
         distances[pending[certified]] = ranked_distances[certified]

@@ -46,7 +46,7 @@ class AngularLoss(MetricLoss):
             return zero_loss(embeddings)
         batch_size = len(labels)
         dot_products = gram(embeddings)
-        npair = npair_sum(dot_products, anchors, positives, negative) / batch_size
+        npair = npair_sum(dot_products, positive, negative) / batch_size
         regularizer = self.regularization * embeddings.pow(2).sum(dim=1).mean()
 
         # The cosines of the L2-normalised embeddings come from the same Gram matrix (one product

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -49,6 +51,46 @@ def batched_nmi(predicted: Tensor, truth: Tensor) -> Tensor:
     return torch.where(single_cluster, 1.0, nmi)
 
 
+def nmi_after_moves(base: Tensor, truth: Tensor, moved: Tensor) -> Tensor:
+    """``batched_nmi`` of each row's clustering: ``base`` with the points ``moved[r]`` taken into one new
+    cluster (``base`` ``[b]`` cluster ids ``>= 0``, ``truth`` ``[b]`` in ``[0, K)``, ``moved`` ``[n, b]`` bool).
+
+    Equal to ``batched_nmi(torch.where(moved, new_id, base), truth)`` up to round-off, at the cost of
+    the moved points only (a few per row in the greedy and the swaps, not ``b``): a move changes the
+    ``sum n log n`` terms of the cells and clusters it touches and nothing else.
+    """
+    rows, size = moved.shape
+    dtype = torch.float64
+    num_true, num_base = int(truth.max()) + 1, int(base.max()) + 1
+    cell = base * num_true + truth
+    row, point = moved.nonzero(as_tuple=True)
+    # Clusters and the new cluster's cells are few enough to count densely per row; the (row, cell)
+    # pairs the moves leave are counted sparsely. N * MI = sum n_pk log n_pk - sum n_p log n_p
+    # - sum n_k log n_k + N log N (see batched_nmi).
+    cluster_sizes = torch.bincount(base, minlength=num_base).to(dtype)
+    leaving = torch.bincount(row * num_base + base[point], minlength=rows * num_base).view(rows, num_base)
+    remaining = cluster_sizes - leaving
+    arriving = torch.bincount(row * num_true + truth[point], minlength=rows * num_true).view(rows, num_true).to(dtype)
+    moved_count = arriving.sum(dim=1)
+    clusters_term = torch.special.xlogy(remaining, remaining).sum(dim=1) + torch.special.xlogy(moved_count, moved_count)
+    cell_sizes = torch.bincount(cell, minlength=num_base * num_true).to(dtype)
+    keys, taken = torch.unique(row * len(cell_sizes) + cell[point], return_counts=True)
+    before = cell_sizes[keys % len(cell_sizes)]
+    change = torch.special.xlogy(before - taken, before - taken) - torch.special.xlogy(before, before)
+    cells_term = torch.special.xlogy(cell_sizes, cell_sizes).sum() + torch.special.xlogy(arriving, arriving).sum(dim=1)
+    cells_term = cells_term.index_add_(0, keys // len(cell_sizes), change)
+    class_sizes = torch.bincount(truth, minlength=num_true).to(dtype)
+    classes_term = torch.special.xlogy(class_sizes, class_sizes).sum()
+    total = size * math.log(size)
+    mutual_information = ((cells_term - clusters_term - classes_term + total) / size).clamp_min(0.0)
+    entropy_predicted, entropy_true = (total - clusters_term) / size, (total - classes_term) / size
+    normaliser = (entropy_predicted + entropy_true) / 2
+    nmi = torch.where(mutual_information > 0, mutual_information / normaliser.clamp_min(1e-300), 0.0)
+    num_clusters = (remaining > 0).sum(dim=1) + (moved_count > 0).long()
+    single_cluster = (num_clusters == 1) & (int((class_sizes > 0).sum()) == 1)
+    return torch.where(single_cluster, 1.0, nmi)
+
+
 def greedy_loss_augmented_medoids(distances: Tensor, class_index: Tensor, margin_multiplier: float) -> Tensor:
     """Greedy maximiser of ``F(X, S) + gamma (1 - NMI(g(S), y))`` over ``|S| = |Y|`` (Song et al. 2017).
 
@@ -73,13 +115,12 @@ def greedy_loss_augmented_medoids(distances: Tensor, class_index: Tensor, margin
         # Strict: ties stay with the earlier medoid; medoids already chosen stay in their own cluster.
         captured = (distances[contenders] < nearest.unsqueeze(0)) & available.unsqueeze(0)
         captured[torch.arange(len(contenders), device=distances.device), contenders] = True
-        candidate_assignment = torch.where(captured, step, assignment.unsqueeze(0))
-        score = energy[contenders] + margin_multiplier * (1.0 - batched_nmi(candidate_assignment, class_index))
+        score = energy[contenders] + margin_multiplier * (1.0 - nmi_after_moves(assignment, class_index, captured))
         winner = int(torch.argmax(score))  # contenders are in index order: ties go to the lowest index
         best = int(contenders[winner])
         chosen.append(best)
         nearest = torch.minimum(nearest, distances[best])
-        assignment = candidate_assignment[winner]
+        assignment = torch.where(captured[winner], step, assignment)
         available[best] = False
     return torch.tensor(chosen, dtype=torch.long, device=distances.device)
 
@@ -91,19 +132,24 @@ def nearest_other_medoid(distances: Tensor, medoids: Tensor, position: int) -> t
     return others.min(dim=0)
 
 
-def assign_after_swaps(distances: Tensor, medoids: Tensor, position: int, newcomers: Tensor) -> Tensor:
-    """Row r: ``assign_to_medoids`` for ``medoids`` with ``newcomers[r]`` (a non-medoid) at ``position``."""
-    held_distance, held_position = nearest_other_medoid(distances, medoids, position)
+def swap_moves(
+    distances: Tensor, medoids: Tensor, position: int, newcomers: Tensor, nearest_other: tuple[Tensor, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """The clusterings of ``medoids`` with ``newcomers[r]`` (a non-medoid) at ``position``, as moves:
+    ``(held, moved)`` with ``held`` each point's cluster without the medoid at ``position`` and
+    ``moved[r]`` the points that newcomer r takes, so that ``torch.where(moved[r], position, held)``
+    is ``assign_to_medoids`` of the swapped set. ``nearest_other`` is ``nearest_other_medoid``'s answer."""
+    held_distance, held = nearest_other[0], nearest_other[1].clone()
     new_distance = distances[newcomers]
     # The newcomer at `position` wins a point if nearer, or as near and earlier in the medoid order.
-    take = (new_distance < held_distance) | ((new_distance == held_distance) & (position < held_position))
-    assignment = torch.where(take, position, held_position.unsqueeze(0))
+    moved = (new_distance < held_distance) | ((new_distance == held_distance) & (position < held))
     # Medoids keep their own cluster: the ones kept, and the newcomer; the swapped-out one not.
     positions = torch.arange(len(medoids), device=medoids.device)
     kept = positions != position
-    assignment[:, medoids[kept]] = positions[kept]
-    assignment[torch.arange(len(newcomers), device=medoids.device), newcomers] = position
-    return assignment
+    held[medoids[kept]] = positions[kept]
+    moved[:, medoids[kept]] = False
+    moved[torch.arange(len(newcomers), device=medoids.device), newcomers] = True
+    return held, moved
 
 
 def swap_refined_medoids(
@@ -126,29 +172,35 @@ def swap_refined_medoids(
     is_medoid[medoids] = True
     nmi = batched_nmi(assign_to_medoids(distances, medoids).unsqueeze(0), class_index).squeeze(0)
     current = -distances[medoids].amin(dim=0).sum() + margin_multiplier * (1.0 - nmi)
+    swaps = 0
+    # The swap count at which each position last found no improving swap: until another swap changes
+    # the medoids, looking again would score the same sets and find none.
+    settled = [-1] * size
     for _ in range(max_passes):
-        swapped = False
+        swaps_before = swaps
         for position in range(size):
-            held_distance, _ = nearest_other_medoid(distances, medoids, position)
+            if settled[position] == swaps:
+                continue
+            nearest_other = nearest_other_medoid(distances, medoids, position)
             candidates = (~is_medoid).nonzero().squeeze(1)
-            energy = -torch.minimum(held_distance.unsqueeze(0), distances[candidates]).sum(dim=1)
+            energy = -torch.minimum(nearest_other[0].unsqueeze(0), distances[candidates]).sum(dim=1)
             # As in the greedy: 1 - NMI <= 1, so only swaps with energy + gamma above the current value
             # can improve; the NMI is computed for those only.
             slack = 1e-10 * (abs(float(current)) + 1.0)
             contenders = (energy + margin_multiplier > current + slack).nonzero().squeeze(1)
-            if len(contenders) == 0:
-                continue
-            newcomers = candidates[contenders]
-            assignment = assign_after_swaps(distances, medoids, position, newcomers)
-            score = energy[contenders] + margin_multiplier * (1.0 - batched_nmi(assignment, class_index))
-            best = int(torch.argmax(score))  # the first maximum: the lowest index
-            if bool(score[best] > current + slack):
-                is_medoid[medoids[position]] = False
-                is_medoid[newcomers[best]] = True
-                medoids[position] = newcomers[best]
-                current = score[best]
-                swapped = True
-        if not swapped:
+            if len(contenders) > 0:
+                newcomers = candidates[contenders]
+                held, moved = swap_moves(distances, medoids, position, newcomers, nearest_other)
+                score = energy[contenders] + margin_multiplier * (1.0 - nmi_after_moves(held, class_index, moved))
+                best = int(torch.argmax(score))  # the first maximum: the lowest index
+                if bool(score[best] > current + slack):
+                    is_medoid[medoids[position]] = False
+                    is_medoid[newcomers[best]] = True
+                    medoids[position] = newcomers[best]
+                    current = score[best]
+                    swaps += 1
+            settled[position] = swaps
+        if swaps == swaps_before:
             break
     return medoids
 

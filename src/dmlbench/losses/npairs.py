@@ -6,17 +6,42 @@ import torch
 from torch import Tensor
 
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.pair_masks import gram, log1p_exp, masked_logsumexp, pair_masks
+from dmlbench.losses.pair_masks import gram, log1p_exp, pair_masks
 from dmlbench.mining.base import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive
 
 
-def npair_sum(similarity: Tensor, anchors: Tensor, positives: Tensor, negative: Tensor) -> Tensor:
-    """Roth et al. 2020 supp. eq. 4, the sum over the positive pairs ``(anchors[k], positives[k])``:
-    ``sum_(a,p) log(1 + sum_n exp(s_an - s_ap))``."""
-    negative_term = masked_logsumexp(similarity, negative, dim=1)
-    return log1p_exp(negative_term[anchors] - similarity[anchors, positives]).sum()
+class _NPairSum(torch.autograd.Function):
+    """Roth et al. 2020 supp. eq. 4's sum over the positive pairs of a similarity matrix, with its gradient
+    written out: two [b, b] products for the backward instead of autograd's chain through the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, similarity: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        selected = torch.where(negative, similarity, float("-inf"))
+        maximum = selected.amax(dim=1, keepdim=True)
+        # exp(-inf) = 0 off the negatives; an anchor without negatives is shifted by a finite number and
+        # its log-sum-exp is -inf, so its pairs add log(1 + 0) = 0 and get no gradient.
+        exponentials = torch.exp(selected - maximum.clamp_min(torch.finfo(similarity.dtype).min))
+        total = exponentials.sum(dim=1, keepdim=True).clamp_min(0.5)
+        margins = (torch.log(total) + maximum) - similarity  # log sum_n exp(s_an) - s_ap
+        ctx.save_for_backward(exponentials, total, margins, positive)
+        # The positive pairs are a few per anchor: log(1 + exp(.)) (log1p_exp, exact for any value) only for them.
+        return log1p_exp(margins.masked_select(positive)).sum()
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None, None]:
+        exponentials, total, margins, positive = ctx.saved_tensors
+        # d/dmargin of log(1 + exp(margin)) is sigmoid(margin); each anchor's log-sum-exp passes its
+        # pairs' total on to its negatives in proportion to exp(s_an).
+        weights = torch.where(positive, torch.sigmoid(margins), 0.0) * grad
+        return exponentials * (weights.sum(dim=1, keepdim=True) / total) - weights, None, None
+
+
+def npair_sum(similarity: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+    """Roth et al. 2020 supp. eq. 4, the sum over the positive pairs ``(a, p)`` of ``positive``:
+    ``sum_(a,p) log(1 + sum_{n in negative[a]} exp(s_an - s_ap))``."""
+    return _NPairSum.apply(similarity, positive, negative)
 
 
 @LOSSES.register("npairs")
@@ -42,13 +67,13 @@ class NPairsLoss(MetricLoss):
     def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
         check_batch(embeddings, labels)
         positive, negative = pair_masks(labels, tuples)
-        anchors, positives = positive.nonzero(as_tuple=True)
-        if len(anchors) == 0:
+        # Without tuples, a positive pair is a repeated label: cheaper to see in the labels than in the mask.
+        if not (len(torch.unique(labels)) < len(labels) if tuples is None else bool(positive.any())):
             return zero_loss(embeddings)
         vectors = torch.nn.functional.normalize(embeddings, dim=1) if self.normalize else embeddings
         # The temperature scales the [b, dim] factors rather than the [b, b] product.
         similarity = gram(vectors / self.temperature**0.5)
-        ranking = npair_sum(similarity, anchors, positives, negative) / len(labels)
+        ranking = npair_sum(similarity, positive, negative) / len(labels)
         return ranking + self.regularization * embeddings.pow(2).sum(dim=1).mean()
 
 

@@ -71,8 +71,8 @@ def check_batch(embeddings: Tensor, labels: Tensor) -> None:
 def label_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
     """``(positive, negative)`` boolean matrices: same label and not itself / different label."""
     same = same_label_mask(labels)
-    positive = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
-    return positive, ~same
+    negative = ~same
+    return same.fill_diagonal_(False), negative
 
 
 def build(name: str, *, p_switch: float = 0.0, generator: torch.Generator | None = None, **hparams: Any) -> Miner:
