@@ -5,6 +5,7 @@ as the test process); the end-to-end tests run the installed console script in a
 """
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -194,3 +195,29 @@ def test_the_audit_names_a_run_that_used_other_plugin_code() -> None:
     assert problem.startswith("m/trial_0/fold_0: plugin my_loss.py changed since the benchmark started")
     accepted = {**benchmark, "plugin_changes_accepted": [{"plugins": [{"plugin": "my_loss.py", "sha256": "b" * 64}]}]}
     assert _audit_plugins("m/trial_0/fold_0", other, accepted) == []
+
+
+def test_an_installed_package_plugs_in_through_its_entry_point(tmp_path: Path) -> None:
+    # What `pip install` leaves on the path: the module and a dist-info folder naming it in the group.
+    write_plugin(tmp_path, "installed_loss_plugin")
+    info = tmp_path / "installed_loss_plugin-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: installed-loss-plugin\nVersion: 1.2\n")
+    (info / "entry_points.txt").write_text(f"[{plugins.ENTRY_POINT_GROUP}]\nscaled = installed_loss_plugin\n")
+    environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    completed = subprocess.run(
+        [console_script(), "list", "losses", "--json"], capture_output=True, text=True, env=environment, timeout=300, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    listed = {entry["name"]: entry for entry in json.loads(completed.stdout)}
+    assert "installed_loss_plugin" in listed
+    assert "scale" in json.dumps(listed["installed_loss_plugin"])
+    broken = tmp_path / "installed_loss_plugin.py"
+    broken.write_text("raise ImportError('a missing dependency of the plugin')\n")
+    completed = subprocess.run(
+        [console_script(), "list", "losses"], capture_output=True, text=True, env=environment, timeout=300, check=False
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        "dmlbench: error: plugin entry-point:scaled (installed_loss_plugin) cannot be imported: ImportError: a missing dependency of the plugin"
+    ]

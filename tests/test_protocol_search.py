@@ -292,3 +292,16 @@ def test_a_claim_that_fails_after_its_stamp_leaves_the_trial_to_this_workers_nex
     first, second = units.get_trials(deepcopy=False)
     assert first.state == TrialState.FAIL and first.user_attrs["interrupted"] is True
     assert second.number == claimed.trial.number and second.user_attrs["retry_of"] == 0
+
+
+def test_a_record_cut_off_part_way_is_completed_not_refused() -> None:
+    # One attribute is written at a time: a connection lost after the first leaves a partial record,
+    # which must not make every later worker refuse the study (seen with a restarting PostgreSQL).
+    study = optuna.create_study(study_name="reproductions:m")
+    recorded = {"method": "m", "reproductions": 2, "config_hash": "abc"}
+    study.set_user_attr("method", "m")
+    work.record_or_check(study, recorded)
+    assert study.user_attrs == recorded
+    work.record_or_check(study, recorded)  # a resumed worker: all there, all equal
+    with pytest.raises(UserInputError, match=r"^study 'reproductions:m' was started with reproductions = 2, now 3: "):
+        work.record_or_check(study, {**recorded, "reproductions": 3})

@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     restore_handlers = install_stop_handlers()
     try:
         argv, specs = _take_plugins(list(sys.argv[1:] if argv is None else argv))
-        if specs:
-            from dmlbench import plugins
+        from dmlbench import plugins
 
-            plugins.load_from_command_line(specs)
+        # Installed packages' plugins too, so that every command (`list` included) sees the same components.
+        plugins.load_from_command_line(specs)
         app(args=argv, prog_name="dmlbench")
     except UserInputError as error:
         _fail(f"error: {error}", 2)

@@ -25,7 +25,6 @@ from typing import Any
 import optuna
 
 from dmlbench import files, provenance
-from dmlbench.errors import UserInputError
 from dmlbench.evaluation import COUNT_KEYS, embedding_space, evaluate_many
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
@@ -100,15 +99,7 @@ def open_unit_study(worker: work.Worker, name: str, recorded: Mapping[str, Any])
     with worker.lock.held():
         study = optuna.create_study(storage=worker.storage, study_name=name, direction="maximize",
                                     sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
-        stored = study.user_attrs
-        if not any(key in stored for key in recorded):
-            for key, value in recorded.items():
-                study.set_user_attr(key, value)
-            return study
-        for key, value in recorded.items():
-            if stored.get(key) != value:
-                raise UserInputError(f"study {name!r} was started with {key} = {stored.get(key)!r}, now {value!r}: "
-                                     "use a new output directory or storage")
+        work.record_or_check(study, recorded)
     return study
 
 

@@ -43,7 +43,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import files
-from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.feature_cache import FeatureCache
 from dmlbench.protocol.folds import FoldLayout
@@ -245,18 +244,9 @@ def _check_or_record_settings(
         "fold_layout_hash": fold_layout.hash,
         "config_hash": config_hash,
     }
-    stored = study.user_attrs
-    if not any(key in stored for key in recorded):
-        for key, value in recorded.items():
-            study.set_user_attr(key, value)
+    work.record_or_check(study, recorded)
+    if "fold_layout" not in study.user_attrs:  # the layout itself, for the report; its hash is checked above
         study.set_user_attr("fold_layout", fold_layout.as_dict())
-        return
-    for key, value in recorded.items():
-        if stored.get(key) != value:
-            raise UserInputError(
-                f"study {plan.name!r} was started with {key} = {stored.get(key)!r}, now {value!r}: "
-                "use a new output directory or storage"
-            )
 
 
 def _result(study: optuna.Study, method: str, url: str, fold_layout: FoldLayout) -> SearchResult:

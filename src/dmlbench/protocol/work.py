@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import provenance
-from dmlbench.errors import RunInterrupted
+from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.files import storage_error
 from dmlbench.protocol import storage as storage_module
 
@@ -62,6 +62,22 @@ class Worker:
 
     def stamp(self) -> dict[str, Any]:
         return {"id": self.id, "host": self.host, "pid": self.pid, "last_seen": time.time()}
+
+
+def record_or_check(study: optuna.Study, recorded: Mapping[str, Any]) -> None:
+    """Record what a study is for on a new study; refuse one that was made for other work.
+
+    A record cut off part way (a lost connection, a stop signal: one attribute is written at a time)
+    left some of the keys. Those present must match; the missing ones are written now, so that a
+    study is never refused for work it did not do.
+    """
+    stored = study.user_attrs
+    for key, value in recorded.items():
+        if key not in stored:
+            study.set_user_attr(key, value)
+        elif stored[key] != value:
+            raise UserInputError(f"study {study.study_name!r} was started with {key} = {stored[key]!r}, now {value!r}: "
+                                 "use a new output directory or storage")
 
 
 def slot_of(trial: FrozenTrial) -> int | None:
