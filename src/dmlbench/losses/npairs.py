@@ -14,7 +14,7 @@ from dmlbench.validation import check_non_negative, check_positive
 
 class _NPairSum(torch.autograd.Function):
     """Roth et al. 2020 supp. eq. 4's sum over the positive pairs of a similarity matrix, with its gradient
-    written out: two [b, b] products for the backward instead of autograd's chain through the log-sum-exp."""
+    written out: a few [b, b] passes for the backward instead of autograd's chain through the log-sum-exp."""
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, similarity: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
