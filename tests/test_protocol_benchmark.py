@@ -96,13 +96,31 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
         assert 0.0 < float(rho) < 5.0 and 0.0 < float(pi_ratio) < 5.0
     comparisons = (finished / "claim_comparisons.csv").read_text().splitlines()
     assert comparisons[0].startswith("family,mode,metric,a,b,n,mean_difference,difference_ci_low")
+    assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome")
     assert {line.split(",")[0] for line in comparisons[1:]} == {"reference:contrastive", "pairs"}
+    assert {line.split(",")[-1] for line in comparisons[1:]} <= {"better", "worse", "equivalent", "inconclusive"}
+    assert {line.split(",")[-2] for line in comparisons[1:]} == {"0.01"}
+    # The plain-language summary comes first, before the leaderboard's details and the claims.
+    assert report.index("## Summary") < report.index("## Every method against the references")
+    assert "Against `contrastive` on P@1: " in report
+
+
+def test_report_commits_every_validation_curve(finished: Path) -> None:
+    rows = [line.split(",") for line in (finished / "validation_curves.csv").read_text().splitlines()]
+    assert rows[0] == ["method", "stage", "unit", "fold", "evaluation", "metric", "value"]
+    runs = {(m, stage, unit, fold) for m, stage, unit, fold, *_ in rows[1:]}
+    # Two methods x (two search trials + two reproductions) x two folds, each with evaluations 0 and 1.
+    assert len(runs) == 2 * (2 + 2) * 2
+    assert {stage for _, stage, *_ in rows[1:]} == {"search", "reproduction"}
+    assert {evaluation for *_, evaluation, _, _ in rows[1:]} == {"0", "1"}
+    assert {"precision_at_1", "map_at_r"} <= {metric for *_, metric, _ in rows[1:]}
+    assert all(0.0 <= float(value) <= 1.0 for *_, value in rows[1:])
 
 
 def test_report_rebuilds_the_same_csv_bytes_from_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = {name: (finished / name).read_bytes() for name in ("results.csv", "runs.csv", "comparisons.csv",
                                                                  "claim_comparisons.csv", "correlations.csv",
-                                                                 "embedding_space.csv", "rankings.csv")}
+                                                                 "embedding_space.csv", "rankings.csv", "validation_curves.csv")}
     for name in before:
         (finished / name).unlink()
     code, _, err = run_cli(["report", str(finished)], capsys)

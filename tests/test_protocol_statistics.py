@@ -10,11 +10,15 @@ from dmlbench.errors import UserInputError
 from dmlbench.protocol.statistics import (
     cohen_dz,
     compare_methods,
+    compare_pairs,
+    correlation,
+    equivalence_pvalue,
     holm,
     lag_one_autocorrelation,
     mean_interval,
     mean_lag_one_autocorrelation,
     paired_comparison,
+    within_group_correlation,
 )
 
 VALUES = [0.512, 0.498, 0.530, 0.505, 0.521, 0.490, 0.515, 0.509, 0.526, 0.501]
@@ -109,18 +113,120 @@ def test_cohen_dz_edge_cases() -> None:
     assert cohen_dz([-0.1, -0.1]) == -math.inf
 
 
+def _lag_one_by_loops(series: list[float]) -> float:
+    """The standard estimator on the residuals of a least-squares line, written out in float64 loops."""
+    n = len(series)
+    mean_t, mean_x = (n - 1) / 2.0, sum(series) / n
+    slope = sum((t - mean_t) * (x - mean_x) for t, x in enumerate(series)) / sum((t - mean_t) ** 2 for t in range(n))
+    residuals = [x - (mean_x + slope * (t - mean_t)) for t, x in enumerate(series)]
+    centre = sum(residuals) / n
+    numerator = sum((residuals[t] - centre) * (residuals[t + 1] - centre) for t in range(n - 1))
+    return numerator / sum((e - centre) ** 2 for e in residuals)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lag_one_autocorrelation_is_pearson_of_the_shifted_series(seed: int) -> None:
+def test_lag_one_autocorrelation_is_the_standard_estimator_on_the_detrended_series(seed: int) -> None:
     series = np.cumsum(np.random.default_rng(seed).normal(size=30))
-    expected = stats.pearsonr(series[:-1], series[1:]).statistic
-    assert lag_one_autocorrelation(series) == pytest.approx(expected)
+    assert lag_one_autocorrelation(series) == pytest.approx(_lag_one_by_loops(series.tolist()), rel=1e-10)
+
+
+def test_lag_one_autocorrelation_measures_the_noise_not_the_trend() -> None:
+    steps = np.arange(12, dtype=np.float64)
+    alternating = 0.01 * (-1.0) ** steps
+    # Pearson of x[:-1] with x[1:] gives 1 for a rising line and ~1 for a rising line with small
+    # alternating noise; the estimator sees the noise: strongly negative, and no value for the line.
+    assert stats.pearsonr((0.05 * steps)[:-1], (0.05 * steps)[1:]).statistic == pytest.approx(1.0)
+    assert math.isnan(lag_one_autocorrelation(0.05 * steps))
+    assert lag_one_autocorrelation(0.05 * steps + alternating) < -0.8
+    smooth = 0.2 * np.sin(steps / 3.0)  # a slow wave around the trend: positively autocorrelated
+    assert lag_one_autocorrelation(0.05 * steps + smooth) > 0.5
 
 
 def test_lag_one_autocorrelation_edge_cases() -> None:
     assert math.isnan(lag_one_autocorrelation([0.5, 0.5, 0.5]))
-    assert lag_one_autocorrelation([1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.0)
+    assert math.isnan(lag_one_autocorrelation([1.0, 2.0, 3.0, 4.0]))
     with pytest.raises(UserInputError, match="at least 3"):
         lag_one_autocorrelation([0.1, 0.2])
-    curves = [[0.1, 0.3, 0.2, 0.5, 0.4], [0.2, 0.2, 0.2], [1.0, 2.0, 3.0]]
-    expected = np.mean([lag_one_autocorrelation(curves[0]), 1.0])
+    curves = [[0.1, 0.3, 0.2, 0.5, 0.4], [0.2, 0.2, 0.2], [1.0, 2.0, 3.0], [0.3, 0.1, 0.4, 0.2]]
+    expected = np.mean([_lag_one_by_loops(curves[0]), _lag_one_by_loops(curves[3])])
     assert mean_lag_one_autocorrelation(curves) == pytest.approx(expected)
+
+
+def _tost_by_hand(differences: np.ndarray, margin: float) -> float:
+    n = differences.size
+    se = differences.std(ddof=1) / math.sqrt(n)
+    lower = stats.t.sf((differences.mean() + margin) / se, n - 1)  # H0: mean <= -margin
+    upper = stats.t.cdf((differences.mean() - margin) / se, n - 1)  # H0: mean >= +margin
+    return max(lower, upper)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_equivalence_pvalue_is_tost_and_agrees_with_the_90_percent_interval(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    differences = rng.normal(rng.uniform(-0.02, 0.02), rng.uniform(0.002, 0.02), size=int(rng.integers(3, 11)))
+    pvalue = equivalence_pvalue(differences, 0.01)
+    assert pvalue == pytest.approx(_tost_by_hand(differences, 0.01), rel=1e-10)
+    # TOST at level 0.05 rejects exactly when the 90% t-interval lies inside the margin.
+    interval = mean_interval(differences, 0.90)
+    assert (pvalue < 0.05) == (-0.01 < interval.low and interval.high < 0.01)
+
+
+def test_equivalence_pvalue_edge_cases() -> None:
+    assert equivalence_pvalue([0.0, 0.0, 0.0]) == 0.0
+    assert equivalence_pvalue([0.02, 0.02]) == 1.0
+    assert equivalence_pvalue([0.005, 0.005], margin=0.01) == 0.0
+    with pytest.raises(UserInputError, match="positive"):
+        equivalence_pvalue([0.1, 0.2], margin=0.0)
+    with pytest.raises(UserInputError, match="at least two"):
+        equivalence_pvalue([0.1])
+
+
+def test_outcome_separates_better_worse_equivalent_and_inconclusive() -> None:
+    seeds = range(5)
+    base = {s: 0.5 + 0.001 * s for s in seeds}
+    scores = {
+        "ref": base,
+        "better": {s: base[s] + 0.05 + 0.002 * (s % 2) for s in seeds},
+        "worse": {s: base[s] - 0.05 - 0.002 * (s % 2) for s in seeds},
+        "same": {s: base[s] + 0.001 * (-1) ** s for s in seeds},
+        "noisy": {s: base[s] + 0.04 * (-1) ** s for s in seeds},
+    }
+    comparisons = compare_pairs(scores, [(name, "ref") for name in scores if name != "ref"], margin=0.01)
+    assert [c.outcome() for c in comparisons] == ["better", "worse", "equivalent", "inconclusive"]
+    assert all(c.margin == 0.01 for c in comparisons)
+    assert [c.tost_pvalue_holm for c in comparisons] == pytest.approx(holm([c.tost_pvalue for c in comparisons]))
+    # Not significantly different is not equivalent: the noisy method's t-test and TOST both stay above 0.05.
+    noisy = comparisons[3]
+    assert noisy.t_pvalue_holm >= 0.05 and noisy.tost_pvalue_holm >= 0.05
+
+
+def _partial_correlation_pvalue(x: np.ndarray, y: np.ndarray, groups: list[str]) -> tuple[float, float]:
+    """The coefficient of x in y ~ x + group dummies (OLS): its t-test and the partial correlation."""
+    names = sorted(set(groups))
+    dummies = np.array([[float(g == name) for name in names] for g in groups])
+    design = np.column_stack([x, dummies])
+    coefficients, *_ = np.linalg.lstsq(design, y, rcond=None)
+    residuals = y - design @ coefficients
+    freedom = len(y) - design.shape[1]
+    covariance = (residuals @ residuals / freedom) * np.linalg.inv(design.T @ design)
+    t = coefficients[0] / math.sqrt(covariance[0, 0])
+    return float(2 * stats.t.sf(abs(t), freedom)), t / math.sqrt(t * t + freedom)
+
+
+def test_within_group_correlation_is_the_partial_correlation_given_the_groups() -> None:
+    rng = np.random.default_rng(3)
+    groups = [name for name in "abcd" for _ in range(5)]
+    level = {"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0}
+    # Across groups x and y rise together; within each group they fall together.
+    x = np.array([level[g] + rng.normal(0, 0.3) for g in groups])
+    y = np.array([level[g] - 0.5 * (xi - level[g]) + rng.normal(0, 0.05) for g, xi in zip(groups, x)])
+    assert correlation(x, y).estimate > 0.8
+    within = within_group_correlation(x, y, groups)
+    pvalue, partial = _partial_correlation_pvalue(x, y, groups)
+    assert within.estimate == pytest.approx(partial, rel=1e-9) and within.estimate < -0.8
+    assert within.pvalue == pytest.approx(pvalue, rel=1e-9)
+    assert within.n == 20 and within.low <= within.estimate <= within.high
+    lonely = within_group_correlation([*x, 9.0], [*y, -9.0], [*groups, "e"])  # a one-point group adds nothing
+    assert lonely.estimate == pytest.approx(within.estimate) and lonely.n == 20
+    with pytest.raises(UserInputError, match="more points than groups"):
+        within_group_correlation([1.0, 2.0, 3.0], [1.0, 3.0, 2.0], ["a", "a", "b"])

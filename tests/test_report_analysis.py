@@ -127,8 +127,13 @@ def test_analyse_counts_methods_against_the_references_and_correlates_rho() -> N
                      ["precision_at_1", "map_at_r"])
     summary = next(r for r in claims.references if (r.mode, r.metric) == ("concatenated", "precision_at_1"))
     assert {c.a for c in summary.comparisons} == set(shifts) - {"contrastive"}  # never the baseline
-    assert summary.better == ["better", "regularised"] and summary.worse == ["worse"]
-    assert summary.indistinguishable == ["triplet", "same"]
+    assert summary.methods("better") == ["better", "regularised"] and summary.methods("worse") == ["worse"]
+    # triplet - contrastive wiggles by ±0.01 around 0, same - contrastive by ±0.02: with a margin of one
+    # point neither is shown equivalent after Holm; with five points both are.
+    assert summary.methods("inconclusive") == ["triplet", "same"] and claims.margin == 0.01
+    wide = analyse(results, {"references": ["contrastive"], "equivalence_margin": 0.05}, {}, ["precision_at_1"])
+    assert wide.references[0].methods("equivalent") == ["triplet", "same"] and wide.margin == 0.05
+    assert wide.references[0].methods("equivalent", among=["same"]) == ["same"]
     (mode, metric, (pair,)), *_ = claims.pairs
     assert (mode, metric, pair.a, pair.b) == ("concatenated", "precision_at_1", "regularised", "contrastive")
     assert pair.mean_difference == pytest.approx(0.05, abs=0.005) and pair.t_pvalue_holm < 0.05
@@ -141,6 +146,9 @@ def test_analyse_counts_methods_against_the_references_and_correlates_rho() -> N
     y = [p.scores["separated"] for p in claims.points]
     assert runs.pearson.estimate == pytest.approx(float(stats.pearsonr(x, y).statistic))
     assert runs.pearson.estimate < -0.5 and runs.pearson.high < 0
+    assert math.isnan(runs.pearson.pvalue) and math.isnan(runs.spearman.pvalue)  # dependent points: no test
+    within = next(c for c in claims.correlations if (c.quantity, c.mode, c.level) == ("rho", "separated", "within methods"))
+    assert within.pearson.n == 5 * len(shifts) and 0.0 <= within.pearson.pvalue <= 1.0
     means = next(c for c in claims.correlations if (c.quantity, c.level) == ("rho", "method means"))
     assert means.pearson.n == len(shifts)
     assert claims.autocorrelation == {"precision_at_1": [0.7] * 6, "map_at_r": [0.8] * 6}

@@ -13,6 +13,7 @@ from dmlbench import config as config_module
 from dmlbench import plugins
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
+from dmlbench.protocol.statistics import DEFAULT_EQUIVALENCE_MARGIN
 
 DEFAULT_BENCHMARK = Path(__file__).resolve().parent.parent / "configs" / "benchmark.yaml"
 
@@ -62,11 +63,14 @@ class AnalysisSpec(BaseModel):
     ``references``: every other method is compared with each of these (paired by reproduction seed,
     Holm-corrected per reference, mode and metric), e.g. the classic losses of seed 001's claim;
     ``pairs``: ``[treated, control]`` comparisons reported on their own, e.g. a rho-regularised loss
-    against the same loss without (seed 003 §5.1)."""
+    against the same loss without (seed 003 §5.1); ``equivalence_margin``: two methods are
+    *equivalent* when the two one-sided tests (TOST) put their mean paired difference within
+    ``±margin`` (in score units: 0.01 is one percentage point)."""
 
     model_config = ConfigDict(extra="forbid")
     references: list[str] = Field(default_factory=list)
     pairs: list[tuple[str, str]] = Field(default_factory=list)
+    equivalence_margin: float = Field(DEFAULT_EQUIVALENCE_MARGIN, gt=0.0, lt=1.0)
 
 
 class BenchmarkSpec(BaseModel):

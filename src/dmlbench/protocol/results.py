@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout, work
-from dmlbench.protocol.statistics import PairedComparison, compare_methods, mean_interval
+from dmlbench.protocol.statistics import DEFAULT_EQUIVALENCE_MARGIN, PairedComparison, compare_methods, mean_interval
 
 MODES = ("concatenated", "separated")
 RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
@@ -88,12 +88,13 @@ def result_rows(results: Mapping[str, MethodReproductions]) -> list[dict[str, An
 
 
 def compare_reproductions(
-    results: Mapping[str, MethodReproductions], mode: str = "concatenated", metric: str = "map_at_r"
+    results: Mapping[str, MethodReproductions], mode: str = "concatenated", metric: str = "map_at_r",
+    margin: float = DEFAULT_EQUIVALENCE_MARGIN,
 ) -> list[PairedComparison]:
     """Every pair of methods on one mode and metric, reproductions paired by seed (``statistics.compare_methods``:
-    paired t-test, Wilcoxon signed-rank, Holm across the pairs, Cohen's d_z). Only seeds that every
-    method scored are compared, so a failed reproduction removes its seed from all methods."""
-    return compare_methods(seed_scores(results, mode, metric))
+    paired t-test, Wilcoxon signed-rank, TOST within ``±margin``, Holm across the pairs, Cohen's d_z).
+    Only seeds that every method scored are compared, so a failed reproduction removes its seed from all methods."""
+    return compare_methods(seed_scores(results, mode, metric), margin)
 
 
 def seed_scores(results: Mapping[str, MethodReproductions], mode: str, metric: str) -> dict[str, dict[int, float]]:

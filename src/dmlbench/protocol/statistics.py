@@ -7,9 +7,12 @@ interval; this module computes that interval with the Student-t distribution
 compared on reproductions *paired by seed* (reproduction ``i`` of both methods used seed ``i``):
 the paired t-test and the Wilcoxon signed-rank test (``scipy.stats.ttest_rel`` / ``wilcoxon``), with
 Holm's step-down correction across all compared pairs (Holm 1979) and Cohen's ``d_z`` (mean of the
-differences over their standard deviation) as effect size. ``lag_one_autocorrelation`` is the
-statistic of seed 001 §3.2 that justifies validation accuracy as a smooth, selectable signal
-(P@1 0.73, MAP@R 0.81 there).
+differences over their standard deviation) as effect size. "No significant difference" is not
+equivalence: ``equivalence_pvalue`` is the two one-sided tests procedure (TOST, Schuirmann 1987) of
+``|mean difference| < margin``, Holm-corrected over the same family, and ``outcome`` names the four
+verdicts. ``lag_one_autocorrelation`` is the statistic of seed 001 §3.2 that justifies validation
+accuracy as a smooth, selectable signal (P@1 0.73, MAP@R 0.81 there), here of the curve's
+fluctuation around its linear trend.
 
 All functions take plain floats and return plain floats; the heavy lifting is ``scipy.stats``.
 """
@@ -28,6 +31,9 @@ from scipy import stats
 from dmlbench.errors import UserInputError
 
 DEFAULT_CONFIDENCE = 0.95
+DEFAULT_ALPHA = 0.05
+DEFAULT_EQUIVALENCE_MARGIN = 0.01  # one percentage point of a score in [0, 1]
+OUTCOMES = ("better", "worse", "equivalent", "inconclusive")
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,9 @@ class Interval:
 class PairedComparison:
     """Method ``a`` against method ``b`` on reproductions paired by seed (``difference = a - b``).
 
-    ``t_pvalue_holm`` / ``wilcoxon_pvalue_holm`` are Holm-adjusted across every pair compared in the
-    same call of ``compare_methods`` / ``compare_pairs`` (equal to the raw p-values from
-    ``paired_comparison`` alone).
+    ``t_pvalue_holm`` / ``wilcoxon_pvalue_holm`` / ``tost_pvalue_holm`` are Holm-adjusted across every
+    pair compared in the same call of ``compare_methods`` / ``compare_pairs`` (equal to the raw
+    p-values from ``paired_comparison`` alone); ``tost_pvalue`` tests equivalence within ``±margin``.
     """
 
     a: str
@@ -63,6 +69,19 @@ class PairedComparison:
     wilcoxon_pvalue_holm: float
     difference_low: float  # the 95% Student-t interval of the mean difference
     difference_high: float
+    margin: float = DEFAULT_EQUIVALENCE_MARGIN
+    tost_pvalue: float = math.nan
+    tost_pvalue_holm: float = math.nan
+
+    def outcome(self, alpha: float = DEFAULT_ALPHA) -> str:
+        """``better`` / ``worse`` (Holm-adjusted paired t-test below ``alpha``), else ``equivalent`` (Holm-adjusted
+        TOST below ``alpha``: the whole difference lies within ``±margin``), else ``inconclusive``.
+
+        A difference both significant and within the margin is reported as better or worse: it is
+        real, if small (``mean_difference`` says how small)."""
+        if self.t_pvalue_holm < alpha:
+            return "better" if self.mean_difference > 0 else "worse"
+        return "equivalent" if self.tost_pvalue_holm < alpha else "inconclusive"
 
 
 def _values(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
@@ -138,15 +157,37 @@ def _paired_arrays(a: Mapping[int, float], b: Mapping[int, float], names: tuple[
     return _values([a[s] for s in seeds], names[0]), _values([b[s] for s in seeds], names[1])
 
 
+def equivalence_pvalue(differences: Sequence[float] | np.ndarray, margin: float = DEFAULT_EQUIVALENCE_MARGIN) -> float:
+    """TOST p-value (Schuirmann 1987) that the mean paired difference lies within ``(-margin, +margin)``.
+
+    The larger of the one-sided paired t-tests of ``mean <= -margin`` and ``mean >= +margin``
+    (``scipy.stats.ttest_1samp`` with ``alternative='greater'`` / ``'less'``); small when the 90%
+    t-interval of the mean lies inside the margin. Constant differences are certain: 0 inside the
+    margin, 1 outside it.
+    """
+    array = _values(differences, "differences")
+    if array.size < 2:
+        raise UserInputError("an equivalence test needs at least two paired differences")
+    if not math.isfinite(margin) or margin <= 0.0:
+        raise UserInputError(f"the equivalence margin must be a positive number, got {margin!r}")
+    if np.ptp(array) == 0.0:
+        return 0.0 if abs(float(array[0])) < margin else 1.0
+    lower = stats.ttest_1samp(array, -margin, alternative="greater").pvalue
+    upper = stats.ttest_1samp(array, margin, alternative="less").pvalue
+    return float(max(lower, upper))
+
+
 def paired_comparison(
-    a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str] = ("a", "b")
+    a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str] = ("a", "b"),
+    margin: float = DEFAULT_EQUIVALENCE_MARGIN,
 ) -> PairedComparison:
     """Paired t-test, Wilcoxon signed-rank test and Cohen's ``d_z`` of ``a - b``, paired by seed (the keys).
 
     Both tests are two-sided, as ``scipy.stats.ttest_rel(a, b)`` and ``scipy.stats.wilcoxon(a - b)``
     (zero differences dropped, ``zero_method='wilcox'``). If every difference is zero there is no
     evidence of a difference: both p-values are 1 and both statistics 0 (``ttest_rel`` would give NaN).
-    The seeds of ``a`` and ``b`` must be the same; at least two pairs are needed.
+    ``equivalence_pvalue`` against ``margin`` beside. The seeds of ``a`` and ``b`` must be the same;
+    at least two pairs are needed.
     """
     x, y = _paired_arrays(a, b, names)
     if x.size < 2:
@@ -162,41 +203,44 @@ def paired_comparison(
         if math.isnan(t_pvalue):  # constant non-zero differences: infinitely strong evidence for the t-test
             t_statistic, t_pvalue = math.copysign(math.inf, float(differences.mean())), 0.0
     interval = mean_interval(differences)
+    tost = equivalence_pvalue(differences, margin)
     return PairedComparison(
         a=names[0], b=names[1], n=int(x.size), mean_difference=float(differences.mean()),
         t_statistic=t_statistic, t_pvalue=t_pvalue, wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
         cohen_dz=cohen_dz(differences), t_pvalue_holm=t_pvalue, wilcoxon_pvalue_holm=w_pvalue,
-        difference_low=interval.low, difference_high=interval.high,
+        difference_low=interval.low, difference_high=interval.high, margin=margin, tost_pvalue=tost, tost_pvalue_holm=tost,
     )
 
 
-def compare_methods(scores: Mapping[str, Mapping[int, float]]) -> list[PairedComparison]:
+def compare_methods(scores: Mapping[str, Mapping[int, float]], margin: float = DEFAULT_EQUIVALENCE_MARGIN) -> list[PairedComparison]:
     """Every pair of methods (in the mapping's order), each paired by seed, Holm-corrected per test.
 
     ``scores[method][seed]`` is one reproduction's score. The family for Holm's correction is the
-    set of all ``len(scores) choose 2`` pairs, corrected separately for the t-test and for Wilcoxon.
+    set of all ``len(scores) choose 2`` pairs, corrected separately for the t-test, for Wilcoxon and
+    for the equivalence test.
     """
     names = list(scores)
     if len(names) < 2:
         raise UserInputError("comparing methods needs at least two methods")
-    return compare_pairs(scores, list(itertools.combinations(names, 2)))
+    return compare_pairs(scores, list(itertools.combinations(names, 2)), margin)
 
 
-def compare_pairs(scores: Mapping[str, Mapping[int, float]], pairs: Sequence[tuple[str, str]]) -> list[PairedComparison]:
+def compare_pairs(scores: Mapping[str, Mapping[int, float]], pairs: Sequence[tuple[str, str]],
+                  margin: float = DEFAULT_EQUIVALENCE_MARGIN) -> list[PairedComparison]:
     """The given ``(a, b)`` pairs of methods, each paired by seed; Holm's correction across exactly these
-    pairs, separately for the t-test and for Wilcoxon (a smaller family than ``compare_methods``'s,
-    e.g. every method against one reference)."""
+    pairs, separately for the t-test, for Wilcoxon and for the equivalence test within ``±margin``
+    (a smaller family than ``compare_methods``'s, e.g. every method against one reference)."""
     unknown = sorted({name for pair in pairs for name in pair} - set(scores))
     if unknown:
         raise UserInputError(f"no scores for method {unknown[0]!r}")
     if not pairs:
         return []
-    raw = [paired_comparison(scores[a], scores[b], (a, b)) for a, b in pairs]
-    t_holm = holm([comparison.t_pvalue for comparison in raw])
-    w_holm = holm([comparison.wilcoxon_pvalue for comparison in raw])
+    raw = [paired_comparison(scores[a], scores[b], (a, b), margin) for a, b in pairs]
+    adjusted = {field: holm([getattr(comparison, field) for comparison in raw])
+                for field in ("t_pvalue", "wilcoxon_pvalue", "tost_pvalue")}
     return [
-        PairedComparison(**{**vars(comparison), "t_pvalue_holm": t_adj, "wilcoxon_pvalue_holm": w_adj})
-        for comparison, t_adj, w_adj in zip(raw, t_holm, w_holm)
+        PairedComparison(**{**vars(comparison), **{f"{field}_holm": values[index] for field, values in adjusted.items()}})
+        for index, comparison in enumerate(raw)
     ]
 
 
@@ -257,6 +301,38 @@ def correlation(
     return Correlation(kind, int(first.size), float(test.statistic), float(test.pvalue), low, high, confidence)
 
 
+def within_group_correlation(
+    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, groups: Sequence[str], kind: str = "pearson", *,
+    resamples: int = 9999, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
+) -> Correlation:
+    """The pooled within-group correlation: ``x`` and ``y`` centred on their group's mean, then correlated.
+
+    What remains once each group's (method's) own level is taken out, so a trend across groups
+    cannot masquerade as one within them. The p-value is the t-test of ``r`` with ``n - k - 1``
+    degrees of freedom for ``k`` groups (each centring uses one); the interval is ``correlation``'s
+    bootstrap of the centred points. Groups with a single point carry no within-group information
+    and are left out.
+    """
+    first, second = _values(x, "x"), _values(y, "y")
+    labels = np.asarray(list(groups))
+    if not first.size == second.size == labels.size:
+        raise UserInputError(f"x, y and groups must have the same length, got {first.size}, {second.size} and {labels.size}")
+    kept = np.isin(labels, [name for name in dict.fromkeys(labels.tolist()) if int((labels == name).sum()) >= 2])
+    first, second, labels = first[kept], second[kept], labels[kept]
+    names = list(dict.fromkeys(labels.tolist()))
+    for name in names:
+        members = labels == name
+        first[members] -= first[members].mean()
+        second[members] -= second[members].mean()
+    freedom = first.size - len(names) - 1
+    if freedom < 1:
+        raise UserInputError(f"a within-group correlation needs more points than groups + 1, got {first.size} in {len(names)} groups")
+    pooled = correlation(first, second, kind, resamples=resamples, seed=seed, confidence=confidence)
+    r = pooled.estimate
+    pvalue = 0.0 if abs(r) >= 1.0 else float(2.0 * stats.t.sf(abs(r) * math.sqrt(freedom / (1.0 - r * r)), freedom))
+    return Correlation(kind, int(first.size), r, pvalue, pooled.low, pooled.high, confidence)
+
+
 @dataclass(frozen=True)
 class RankAgreement:
     """Kendall's tau between two rankings of the same methods, its p-value, and each method's ranks."""
@@ -288,17 +364,28 @@ def rank_agreement(first: Mapping[str, float], second: Mapping[str, float]) -> R
 
 
 def lag_one_autocorrelation(series: Sequence[float] | np.ndarray) -> float:
-    """Pearson correlation of ``series[:-1]`` with ``series[1:]`` (seed 001 §3.2, validation curves).
+    """Lag-one autocorrelation of a validation curve's fluctuation around its trend (seed 001 §3.2).
 
-    A constant series has no defined correlation: NaN. At least three values are needed.
+    The curve's least-squares straight line is removed, then the standard estimator (Box & Jenkins)
+    is applied to the residuals ``e``: ``r1 = sum_t (e_t - ē)(e_{t+1} - ē) / sum_t (e_t - ē)^2``.
+    Seed 001 gives no formula; the Pearson correlation of ``x[:-1]`` with ``x[1:]`` that stood here
+    before is 1 for any straight line, so on rising curves it measured the rise, not the noise that
+    makes checkpoint selection hard. Residual curvature (a curve that rises and levels off) still
+    raises ``r1``, so compare metrics on the same runs. A curve with no fluctuation around its line
+    (constant or straight) has none to correlate: NaN. At least three values are needed; callers
+    leave out the untrained evaluation 0.
     """
     array = _values(series, "series")
     if array.size < 3:
         raise UserInputError(f"lag-one autocorrelation needs at least 3 values, got {array.size}")
-    head, tail = array[:-1], array[1:]
-    if np.ptp(head) == 0.0 or np.ptp(tail) == 0.0:
+    steps = np.arange(array.size, dtype=np.float64)
+    slope, intercept = np.polyfit(steps, array, 1)
+    residuals = array - (slope * steps + intercept)
+    residuals -= residuals.mean()
+    scale = max(float(np.abs(array).max()), 1.0)
+    if float(np.abs(residuals).max()) <= 1e-12 * scale:  # a straight line up to rounding
         return math.nan
-    return float(stats.pearsonr(head, tail).statistic)
+    return float(np.dot(residuals[:-1], residuals[1:]) / np.dot(residuals, residuals))
 
 
 def mean_lag_one_autocorrelation(series: Sequence[Sequence[float] | np.ndarray]) -> float:

@@ -2,21 +2,27 @@
 
 * **References** (seed 001 §4: under a fair protocol the newer losses barely beat the classic
   ones): every scored method against each method of ``analysis.references``, paired by reproduction
-  seed, Holm-corrected across the methods compared with that reference, per mode and metric. A
-  method is *indistinguishable* from the reference when the Holm-adjusted paired t-test gives
-  p >= 0.05. The t-test decides because with n <= 5 pairs the two-sided Wilcoxon signed-rank test
-  cannot reach p < 0.0625; its p-values are reported beside.
+  seed, Holm-corrected across the methods compared with that reference, per mode and metric. Each
+  comparison has one of four outcomes (``PairedComparison.outcome``): *better* or *worse* (Holm-adjusted
+  paired t-test p < 0.05), *equivalent* (Holm-adjusted TOST p < 0.05: the difference lies within
+  ``±analysis.equivalence_margin``), or *inconclusive* (neither: not a difference, not an
+  equivalence). The t-test decides because with n <= 5 pairs the two-sided Wilcoxon signed-rank
+  test cannot reach p < 0.0625; its p-values are reported beside. Statements pooled over
+  references, modes or metrics are not corrected again.
 * **Pairs** (``analysis.pairs``, e.g. a rho-regularised loss against the same loss, seed 003 §5.1):
   ``treated - control`` paired by seed, Holm-corrected across the pairs per mode and metric.
 * **Embedding space against test** (seed 003 §5, Fig. 5): per reproduction, the mean over its fold
   models of rho and pi_ratio on their own training classes (``protocol.reproductions.training_space``)
   against the reproduction's test P@1; *separated* P@1 is the mean of the same fold models' P@1, so
-  it matches the averaging of rho. Pearson and Spearman with a seeded bootstrap interval, over all
-  reproductions of all methods and over the methods' means (one point per method, as Fig. 5 plots).
-  Reproductions of one method share their hyper-parameters, so the run-level points are not
-  independent: the interval is a description, not a test.
-* **Validation curves** (seed 001 §3.2): the lag-one autocorrelation of validation P@1 and MAP@R,
-  averaged over the methods (each method's value is the mean over its search and reproduction runs).
+  it matches the averaging of rho. Pearson and Spearman with a seeded bootstrap interval at three
+  levels: the methods' means (one point per method, as Fig. 5 plots), within methods (every
+  reproduction centred on its method's mean, ``statistics.within_group_correlation``: does a seed
+  with lower rho than its method's others score better?), and all reproductions pooled. The pooled
+  points mix the two and are not independent (reproductions of a method share its
+  hyper-parameters), so that level gets no p-value: its interval is a description.
+* **Validation curves** (seed 001 §3.2): the lag-one autocorrelation of validation P@1 and MAP@R
+  around each curve's linear trend, evaluation 0 (the untrained model) left out, averaged over the
+  methods (each method's value is the mean over its search and reproduction runs).
 * **Concatenated against separated** (seed 001 §3.3): Kendall's tau between the two rankings of the
   methods' means, per metric, and which methods change rank.
 
@@ -28,7 +34,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,16 +42,21 @@ from dmlbench.errors import UserInputError
 from dmlbench.protocol.layout import UNTRAINED
 from dmlbench.protocol.results import MODES, MethodReproductions, result_rows, seed_scores
 from dmlbench.protocol.statistics import (
+    DEFAULT_ALPHA,
+    DEFAULT_EQUIVALENCE_MARGIN,
+    OUTCOMES,
     Correlation,
     PairedComparison,
     RankAgreement,
     compare_pairs,
     correlation,
     rank_agreement,
+    within_group_correlation,
 )
 
 CLAIM_METRICS = ("precision_at_1", "map_at_r")
-ALPHA = 0.05
+ALPHA = DEFAULT_ALPHA
+SPACE_LEVELS = ("method means", "within methods", "reproductions")
 SPACE_QUANTITIES = ("rho", "pi_ratio")
 SPACE_METRIC = "precision_at_1"
 RANKED_METRICS = ("precision_at_1", "r_precision", "map_at_r")
@@ -60,17 +71,11 @@ class ReferenceSummary:
     metric: str
     comparisons: list[PairedComparison]
 
-    @property
-    def indistinguishable(self) -> list[str]:
-        return [c.a for c in self.comparisons if c.t_pvalue_holm >= ALPHA]
-
-    @property
-    def better(self) -> list[str]:
-        return [c.a for c in self.comparisons if c.t_pvalue_holm < ALPHA and c.mean_difference > 0]
-
-    @property
-    def worse(self) -> list[str]:
-        return [c.a for c in self.comparisons if c.t_pvalue_holm < ALPHA and c.mean_difference < 0]
+    def methods(self, outcome: str, among: Sequence[str] | None = None) -> list[str]:
+        """The compared methods (of ``among``, default all) whose comparison with the reference has this outcome."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+        return [c.a for c in self.comparisons if c.outcome(ALPHA) == outcome and (among is None or c.a in among)]
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ class SpacePoint:
 class SpaceCorrelation:
     quantity: str  # "rho" | "pi_ratio"
     mode: str
-    level: str  # "reproductions" | "method means"
+    level: str  # one of SPACE_LEVELS; "reproductions" carries no p-value (NaN): its points are dependent
     pearson: Correlation
     spearman: Correlation
 
@@ -103,6 +108,7 @@ class Claims:
     autocorrelation: dict[str, list[float]] = field(default_factory=dict)  # metric -> one value per method
     rankings: list[tuple[str, RankAgreement]] = field(default_factory=list)  # (metric, concatenated vs separated)
     notes: list[str] = field(default_factory=list)  # why a part could not be computed
+    margin: float = DEFAULT_EQUIVALENCE_MARGIN  # the equivalence margin the comparisons used
 
 
 def analyse(
@@ -117,7 +123,7 @@ def analyse(
     benchmark's ``analysis`` section; ``computed``: the metrics the reproductions computed;
     ``seed``: the bootstrap's)."""
     scored = scored_methods(results)
-    claims = Claims()
+    claims = Claims(margin=float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN)))
     metrics = [metric for metric in CLAIM_METRICS if metric in computed]
     for mode in MODES:
         for metric in metrics:
@@ -155,7 +161,7 @@ def _compared(scores: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, 
     try:
         with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
             warnings.simplefilter("ignore", RuntimeWarning)
-            return compare_pairs(scores, pairs)
+            return compare_pairs(scores, pairs, claims.margin)
     except UserInputError as error:  # too few paired reproductions so far
         claims.notes.append(str(error))
         return []
@@ -181,18 +187,21 @@ def _space_correlations(claims: Claims, seed: int) -> list[SpaceCorrelation]:
     for quantity in SPACE_QUANTITIES:
         for mode in MODES:
             points = [p for p in claims.points if mode in p.scores and math.isfinite(getattr(p, quantity))]
-            methods = sorted({p.method for p in points}, key=[p.method for p in points].index)
-            levels = {
-                "reproductions": ([getattr(p, quantity) for p in points], [p.scores[mode] for p in points]),
-                "method means": (
-                    [float(np.mean([getattr(p, quantity) for p in points if p.method == m])) for m in methods],
-                    [float(np.mean([p.scores[mode] for p in points if p.method == m])) for m in methods],
-                ),
-            }
-            for level, (x, y) in levels.items():
+            x, y, methods = [getattr(p, quantity) for p in points], [p.scores[mode] for p in points], [p.method for p in points]
+            for level in SPACE_LEVELS:
                 try:
-                    rows.append(SpaceCorrelation(quantity, mode, level, correlation(x, y, "pearson", seed=seed),
-                                                 correlation(x, y, "spearman", seed=seed)))
+                    rows.append(SpaceCorrelation(quantity, mode, level, *(_level_correlation(level, kind, x, y, methods, seed)
+                                                                          for kind in ("pearson", "spearman"))))
                 except UserInputError as error:
                     claims.notes.append(f"{quantity} against test P@1 ({mode}, {level}): {error}")
     return rows
+
+
+def _level_correlation(level: str, kind: str, x: list[float], y: list[float], methods: list[str], seed: int) -> Correlation:
+    if level == "within methods":
+        return within_group_correlation(x, y, methods, kind, seed=seed)
+    if level == "method means":
+        names = list(dict.fromkeys(methods))
+        means = lambda values: [float(np.mean([v for v, m in zip(values, methods) if m == name])) for name in names]  # noqa: E731
+        return correlation(means(x), means(y), kind, seed=seed)
+    return replace(correlation(x, y, kind, seed=seed), pvalue=math.nan)  # dependent points: a description, not a test

@@ -42,7 +42,7 @@ class ReportData:
     autocorrelation: dict[str, dict[str, float]] = field(default_factory=dict)
     comparisons: list[tuple[str, str, list[PairedComparison] | str]] = field(default_factory=list)
     reproduction_costs: dict[str, list[dict[str, Any] | None]] = field(default_factory=dict)
-    reproduction_curves: dict[str, list[dict[str, list[float]]]] = field(default_factory=dict)
+    reproduction_curves: dict[str, list[tuple[int, list[dict[str, list[float]]]]]] = field(default_factory=dict)  # (slot, folds)
     claims: Claims = field(default_factory=Claims)
     report_commit: str | None = None  # read once, before any file is written
 
@@ -77,8 +77,8 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
     for method in methods:
         _note_failure(data, method)
         _curve_statistics(data, method)
-    data.comparisons = _comparisons(data)
     data.claims = analyse(data.results, benchmark.get("analysis", {}), data.autocorrelation, computed_metrics(data))
+    data.comparisons = _comparisons(data)
     data.report_commit = provenance.git_commit()
     return data
 
@@ -111,7 +111,7 @@ def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:
         counted = work.counted(study)
         data.results[method] = result
         data.reproduction_costs[method] = [t.user_attrs.get("cost") for t in counted]
-        data.reproduction_curves[method] = [curve for t in counted for curve in t.user_attrs.get("curves", [])]
+        data.reproduction_curves[method] = [(work.slot_of(t), t.user_attrs.get("curves", [])) for t in counted]
 
 
 def _note_failure(data: ReportData, method: str) -> None:
@@ -125,18 +125,26 @@ def _note_failure(data: ReportData, method: str) -> None:
         data.failed[method] = "; ".join(reasons)
 
 
+def validation_curves(data: ReportData, method: str) -> list[tuple[str, int, int, dict[str, list[float]]]]:
+    """Every validation curve of a method as ``(stage, trial or reproduction, fold, metric -> values)``,
+    search trials first; value 0 of a curve is the untrained model's."""
+    search = [("search", t["number"], fold, curve) for t in data.trials[method] for fold, curve in enumerate(t["curves"])]
+    return search + [("reproduction", slot, fold, curve) for slot, folds in data.reproduction_curves.get(method, [])
+                     for fold, curve in enumerate(folds)]
+
+
 def _curve_statistics(data: ReportData, method: str) -> None:
-    """The method's MAP@R validation curves per stage and the mean lag-one autocorrelation of its curves."""
+    """The method's MAP@R validation curves per stage and the mean lag-one autocorrelation of its curves
+    (evaluation 0, the untrained model, left out: it is the same start for every run, not noise)."""
     series: dict[str, list[list[float]]] = {metric: [] for metric in CURVE_METRICS}
-    search_curves = [curve for t in data.trials[method] for curve in t["curves"]]
-    reproduction_curves = data.reproduction_curves.get(method, [])
-    for curves in [*search_curves, *reproduction_curves]:
+    curves_of = validation_curves(data, method)
+    for _, _, _, curves in curves_of:
         for metric in CURVE_METRICS:
-            curve = [float(v) for v in curves.get(metric, [])]
+            curve = [float(v) for v in curves.get(metric, [])][1:]
             if len(curve) >= 3:
                 series[metric].append(curve)
-    data.curves[method] = {"search": [c.get("map_at_r", []) for c in search_curves],
-                           "reproduction": [c.get("map_at_r", []) for c in reproduction_curves]}
+    data.curves[method] = {stage: [c.get("map_at_r", []) for kind, _, _, c in curves_of if kind == stage]
+                           for stage in ("search", "reproduction")}
     data.autocorrelation[method] = {
         metric: mean_lag_one_autocorrelation(curves) if curves else math.nan for metric, curves in series.items()
     }
@@ -156,7 +164,7 @@ def _comparisons(data: ReportData) -> list[tuple[str, str, list[PairedComparison
                 with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
                     warnings.simplefilter("ignore", RuntimeWarning)
                     pairs: list[PairedComparison] | str = compare_reproductions(
-                        {name: data.results[name] for name in scored}, mode=mode, metric=metric)
+                        {name: data.results[name] for name in scored}, mode=mode, metric=metric, margin=data.claims.margin)
             except UserInputError as error:
                 pairs = str(error)
             comparisons.append((mode, metric, pairs))

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from dmlbench.protocol.statistics import Correlation, PairedComparison
+from dmlbench.protocol.results import result_rows
+from dmlbench.protocol.statistics import OUTCOMES, Correlation, PairedComparison
 from dmlbench.report import plots, tables
-from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary
+from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
 from dmlbench.report.data import METRIC_TITLES, ReportData
 from dmlbench.report.tables import pvalue_text
 
@@ -32,15 +33,17 @@ class Section:
 
 def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     """The report's sections in the order every rendering shows them."""
-    top = Section(None, [provenance(data), (
+    summary = summary_section(data)
+    top = Section(None, [provenance(data)])
+    board = Section("Results" if summary else None, [(
         "Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); "
         "con. = concatenated fold models, sep. = separated (seed 001 §3.3). "
         "`untrained` is the baseline: the same models before any training step.")])
     if data.results:
-        top.tables.append(tables.leaderboard(data))
+        board.tables.append(tables.leaderboard(data))
     else:
-        top.paragraphs.append("No reproduction has been scored yet (search stage only).")
-    parts = [top]
+        board.paragraphs.append("No reproduction has been scored yet (search stage only).")
+    parts = [top, summary, board] if summary else [top, board]
     if data.failed:
         parts.append(Section("Failed methods", bullets=[f"{name}: {reason}" for name, reason in data.failed.items()]))
     parts += _claim_sections(data.claims)
@@ -91,42 +94,42 @@ def _difference(c: PairedComparison) -> str:
     return f"{100 * c.mean_difference:+.2f}{interval}"
 
 
+def _outcome_rule(claims: Claims) -> str:
+    points = f"{100 * claims.margin:g} percentage point{'s' if claims.margin != 0.01 else ''}"
+    return (f"*better* / *worse*: Holm-adjusted paired t-test p < {ALPHA}; *equivalent*: not better or worse and the "
+            f"two one-sided tests (TOST) put the mean difference within ±{points} (`analysis.equivalence_margin`), "
+            f"Holm-adjusted p < {ALPHA}; *inconclusive*: neither, so the data can tell the methods neither apart "
+            "nor alike.")
+
+
 def _saturation_section(claims: Claims) -> Section:
     references = list(dict.fromkeys(r.reference for r in claims.references))
     paragraphs = [
         f"Every method against {' and '.join(f'`{r}`' for r in references)}, paired by reproduction seed; "
-        f"differences in percentage points with their 95% interval; *indistinguishable* = Holm-adjusted "
-        f"paired t-test p ≥ {ALPHA} (Holm across the methods compared with one reference, per mode and "
-        "metric). With 5 or fewer pairs the Wilcoxon test cannot go below p = 0.0625, so it is reported "
-        "in `claim_comparisons.csv` but does not decide."]
-    summary_rows = []
-    for mode, metric in dict.fromkeys((r.mode, r.metric) for r in claims.references):
-        group = [r for r in claims.references if (r.mode, r.metric) == (mode, metric)]
-        others = [c.a for c in group[0].comparisons if c.a not in references]
-        alike = [name for name in others if all(name in r.indistinguishable for r in group)]
-        summary_rows.append([mode, METRIC_TITLES[metric], str(len(others)), str(len(alike)),
-                             *(_counts(r) for r in group),
-                             " / ".join(_gap(r, max) for r in group), " / ".join(_gap(r, min) for r in group)])
-    header = (["mode", "metric", "methods (not references)", "indistinguishable from every reference"]
-              + [f"vs {r}: alike / better / worse" for r in references]
-              + ["largest difference (per reference)", "most negative difference (per reference)"])
+        "differences in percentage points with their 95% interval. " + _outcome_rule(claims) + " Holm's correction "
+        "runs over the methods compared with one reference, per mode and metric (t-test and TOST separately); "
+        "statements pooled over references, modes or metrics are not corrected again. With 5 or fewer pairs "
+        "the Wilcoxon test cannot go below p = 0.0625, so it is reported in `claim_comparisons.csv` but does not decide."]
+    header = ["mode", "metric", "reference", "methods", *OUTCOMES, "the other references", "largest difference", "most negative difference"]
+    rows = []
+    for r in claims.references:
+        others = [c.a for c in r.comparisons if c.a not in references]
+        rows.append([r.mode, METRIC_TITLES[r.metric], r.reference, str(len(others)),
+                     *(str(len(r.methods(outcome, among=others))) for outcome in OUTCOMES),
+                     ", ".join(f"{c.a}: {c.outcome(ALPHA)}" for c in r.comparisons if c.a in references) or "-",
+                     _gap(r, max), _gap(r, min)])
     detail_header = ["method"] + [f"{METRIC_TITLES[metric]} (con.) − {reference}" for reference in references
                                   for metric in ("precision_at_1", "map_at_r")]
-    detail = {}
+    detail: dict[str, dict[tuple[str, str], str]] = {}
     for r in claims.references:
         if r.mode != "concatenated":
             continue
         for c in r.comparisons:
-            cell = f"{_difference(c)} p={pvalue_text(c.t_pvalue_holm)}"
-            detail.setdefault(c.a, {})[(r.reference, r.metric)] = cell
+            detail.setdefault(c.a, {})[(r.reference, r.metric)] = f"{_difference(c)} {c.outcome(ALPHA)}"
     detail_rows = [[name] + [cells.get((reference, metric), "-") for reference in references
                              for metric in ("precision_at_1", "map_at_r")] for name, cells in detail.items()]
     return Section("Every method against the references", paragraphs,
-                   tables=[(header, summary_rows), (detail_header, detail_rows)])
-
-
-def _counts(summary: ReferenceSummary) -> str:
-    return f"{len(summary.indistinguishable)} / {len(summary.better)} / {len(summary.worse)}"
+                   tables=[(header, rows), (detail_header, detail_rows)])
 
 
 def _gap(summary: ReferenceSummary, pick: Any) -> str:
@@ -136,18 +139,52 @@ def _gap(summary: ReferenceSummary, pick: Any) -> str:
     return f"{c.a} {_difference(c)}"
 
 
+def summary_section(data: ReportData) -> Section | None:
+    """The page's first words: who is ahead of, level with and behind each reference, in plain language."""
+    claims = data.claims
+    concatenated = [r for r in claims.references if r.mode == "concatenated" and r.comparisons]
+    if not concatenated:
+        return None
+    n = concatenated[0].comparisons[0].n
+    references = list(dict.fromkeys(r.reference for r in concatenated))
+    bullets = []
+    for r in concatenated:
+        others = [c.a for c in r.comparisons if c.a not in references]
+        verdicts = "; ".join(f"{label}: {', '.join(names) if names else 'none'}" for label, names in (
+            ("better", r.methods("better", others)), ("equivalent", r.methods("equivalent", others)),
+            ("worse", r.methods("worse", others)), ("inconclusive", r.methods("inconclusive", others))))
+        bullets.append(f"Against `{r.reference}` on {METRIC_TITLES[r.metric]}: {verdicts}.")
+    leaders = [f"{METRIC_TITLES[metric]}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
+    paragraphs = [
+        f"{len(scored_methods(data.results))} methods, {n} reproductions each paired by seed, scored on the test "
+        f"classes (concatenated fold models). Highest mean — {'; '.join(leaders)}. " + _outcome_rule(claims),
+        "Each line below is one family of Holm's correction; the lines together are not corrected again. "
+        "The separated mode, the treated-control pairs and every p-value follow below and in `claim_comparisons.csv`."]
+    return Section("Summary", paragraphs, bullets=bullets)
+
+
+def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
+    means: dict[str, dict[str, float]] = {}
+    for row in result_rows(scored_methods(data.results)):
+        if row["mode"] == "concatenated" and row["metric"] in ("precision_at_1", "map_at_r"):
+            means.setdefault(row["metric"], {})[row["method"]] = row["mean"]
+    return [(metric, *max(values.items(), key=lambda item: item[1])) for metric, values in means.items()]
+
+
 def _pairs_section(claims: Claims) -> Section:
-    rows = [[f"{c.a} − {c.b}", mode, METRIC_TITLES[metric], str(c.n), _difference(c), pvalue_text(c.t_pvalue_holm),
-             pvalue_text(c.wilcoxon_pvalue_holm), f"{c.cohen_dz:.2f}"]
+    rows = [[f"{c.a} − {c.b}", mode, METRIC_TITLES[metric], str(c.n), _difference(c), pvalue_text(c.t_pvalue),
+             pvalue_text(c.t_pvalue_holm), pvalue_text(c.tost_pvalue_holm), c.outcome(ALPHA), f"{c.cohen_dz:.2f}"]
             for mode, metric, comparisons in claims.pairs for c in comparisons]
     return Section("Treated against control",
                    ["Paired by reproduction seed; differences in percentage points with their 95% interval; "
-                    "Holm across the pairs of each mode and metric."],
-                   tables=[(["pair", "mode", "metric", "n", "difference (%)", "paired t p (Holm)", "Wilcoxon p (Holm)", "Cohen's d_z"], rows)])
+                    "Holm across the pairs of each mode and metric. " + _outcome_rule(claims)],
+                   tables=[(["pair", "mode", "metric", "n", "difference (%)", "paired t p", "paired t p (Holm)",
+                             "TOST p (Holm)", "outcome", "Cohen's d_z"], rows)])
 
 
 def _correlation_cell(c: Correlation) -> str:
-    return f"{c.estimate:+.2f} [{c.low:+.2f}, {c.high:+.2f}] p={pvalue_text(c.pvalue)}"
+    test = "" if math.isnan(c.pvalue) else f" p={pvalue_text(c.pvalue)}"
+    return f"{c.estimate:+.2f} [{c.low:+.2f}, {c.high:+.2f}]{test}"
 
 
 def _space_section(claims: Claims) -> Section:
@@ -157,8 +194,11 @@ def _space_section(claims: Claims) -> Section:
                    ["rho (spectral decay, drop 1, no centring) and pi_ratio of each fold model's best checkpoint on its "
                     "own training classes, averaged over the reproduction's fold models, against the reproduction's "
                     "test P@1 (separated: the mean of the same fold models' P@1). Correlation with its 95% percentile "
-                    "bootstrap interval (9,999 resamples, seed 0) and p-value. A reproduction's points share their "
-                    "method's hyper-parameters, so the run-level points are not independent."],
+                    "bootstrap interval (9,999 resamples, seed 0) at three levels: *method means* (one point per "
+                    "method, as seed 003's Fig. 5), *within methods* (each reproduction centred on its method's mean: "
+                    "the seed-to-seed relation, p-value with n − methods − 1 degrees of freedom) and all "
+                    "*reproductions* pooled. The pooled points mix the two relations and share their method's "
+                    "hyper-parameters, so they are not independent: that row is a description and has no p-value."],
                    tables=[(["quantity", "test P@1 mode", "points", "n", "Pearson r [95% CI]", "Spearman rho_s [95% CI]"], rows)])
 
 
@@ -169,8 +209,14 @@ def _autocorrelation_section(claims: Claims) -> Section:
             rows.append([METRIC_TITLES[metric], str(len(values)), f"{np.mean(values):.2f}",
                          f"{min(values):.2f} .. {max(values):.2f}", {"precision_at_1": "0.73", "map_at_r": "0.81"}[metric]])
     return Section("Lag-one autocorrelation of the validation curves (seed 001 §3.2)",
-                   ["Per method the mean over its search and reproduction runs' validation curves (evaluation 0, the "
-                    "untrained model, included), then the mean over the methods."],
+                   ["Of each run's validation curve without evaluation 0 (the untrained model), around its "
+                    "least-squares line: r1 = Σ_t (e_t − ē)(e_{t+1} − ē) / Σ_t (e_t − ē)², e the residuals of the line. "
+                    "Seed 001 gives no formula; a correlation of the curve with itself shifted measures its rise (a "
+                    "straight line gives 1), this one the fluctuation that makes choosing a checkpoint hard. A "
+                    "curve that rises and levels off still leaves curvature in e, which raises r1 for every metric "
+                    "alike, so compare the metrics, not the numbers with seed 001's. Per method the mean over its "
+                    "search and reproduction runs, then the mean over the methods; every curve is in "
+                    "`validation_curves.csv`."],
                    tables=[(["validation metric", "methods", "mean", "range over methods", "seed 001"], rows)])
 
 

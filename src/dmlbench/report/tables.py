@@ -9,11 +9,12 @@ from typing import Any
 
 from dmlbench.protocol.layout import UNTRAINED
 from dmlbench.protocol.results import MODES, result_rows
-from dmlbench.report.analysis import scored_methods
-from dmlbench.report.data import LEADERBOARD_METRICS, METRIC_TITLES, ReportData, computed_metrics
+from dmlbench.report.analysis import ALPHA, scored_methods
+from dmlbench.report.data import LEADERBOARD_METRICS, METRIC_TITLES, ReportData, computed_metrics, validation_curves
 
 COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
-                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high")
+                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
+                      "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
 
 
 def leaderboard(data: ReportData) -> tuple[list[str], list[list[str]]]:
@@ -45,20 +46,22 @@ def comparison_rows(data: ReportData) -> list[list[str]]:
     rows = []
     for mode, metric, comparisons in data.comparisons:
         if isinstance(comparisons, str):
-            rows.append([mode, METRIC_TITLES[metric], comparisons, "", "", "", "", "", ""])
+            rows.append([mode, METRIC_TITLES[metric], comparisons] + [""] * (len(COMPARISON_HEADER) - 3))
             continue
         for c in comparisons:
             rows.append([mode, METRIC_TITLES[metric], f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
-                         pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), f"{c.cohen_dz:.2f}"])
+                         pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
+                         c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
     return rows
 
 
 COMPARISON_HEADER = ["mode", "metric", "pair", "n", "mean difference (%)", "paired t p (Holm)",
-                     "Wilcoxon p (Holm)", "Cohen's d_z"]
+                     "Wilcoxon p (Holm)", "TOST p (Holm)", "outcome (a vs b)", "Cohen's d_z"]
 
 
-COMPARISON_NOTE = ("Reproductions paired by seed; Holm correction across the pairs of each mode and metric; "
-                   "Cohen's d_z of the differences.")
+COMPARISON_NOTE = ("Reproductions paired by seed; Holm correction across the pairs of each mode and metric, "
+                   "separately per test; TOST against the equivalence margin; Cohen's d_z of the differences. "
+                   "Raw p-values are in `comparisons.csv`.")
 
 
 SHOWN_PAIRS = 15  # more pairs than this are left to comparisons.csv: the page stays readable
@@ -89,7 +92,9 @@ def comparisons_csv(data: ReportData) -> str:
         for c in comparisons:
             writer.writerow([mode, metric, c.a, c.b, c.n, repr(c.mean_difference), repr(c.t_statistic),
                              repr(c.t_pvalue_holm), repr(c.wilcoxon_statistic), repr(c.wilcoxon_pvalue_holm),
-                             repr(c.cohen_dz), repr(c.difference_low), repr(c.difference_high)])
+                             repr(c.cohen_dz), repr(c.difference_low), repr(c.difference_high), repr(c.t_pvalue),
+                             repr(c.wilcoxon_pvalue), repr(c.tost_pvalue), repr(c.tost_pvalue_holm), repr(c.margin),
+                             c.outcome(ALPHA)])
     return stream.getvalue()
 
 
@@ -211,7 +216,8 @@ def latex(data: ReportData) -> str:
 
 
 CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
-                 "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz")
+                 "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz",
+                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
 
 
 CORRELATION_COLUMNS = ("quantity", "test_metric", "mode", "level", "n", "kind", "estimate", "pvalue", "ci_low", "ci_high")
@@ -223,9 +229,13 @@ SPACE_COLUMNS = ("method", "reproduction", "seed", "fold", "rho", "pi_intra", "p
 RANKING_COLUMNS = ("metric", "method", "rank_concatenated", "rank_separated")
 
 
+CURVE_COLUMNS = ("method", "stage", "unit", "fold", "evaluation", "metric", "value")  # evaluation 0: untrained
+
+
 def claim_csvs(data: ReportData) -> dict[str, str]:
     """``claim_comparisons.csv`` (against the references and the pairs), ``embedding_space.csv`` (every
-    fold model's rho and pi on its training classes), ``correlations.csv``, ``rankings.csv``."""
+    fold model's rho and pi on its training classes), ``correlations.csv``, ``rankings.csv``,
+    ``validation_curves.csv`` (every run's validation curve, from which the autocorrelation is re-derived)."""
     claims = data.claims
     comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
     comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
@@ -237,14 +247,20 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
                     for c in claims.correlations for statistic in (c.pearson, c.spearman)]
     rankings = [[metric, name, first, second] for metric, agreement in claims.rankings
                 for name, (first, second) in agreement.ranks.items()]
+    curves = [[name, stage, unit, fold, evaluation, metric, repr(float(value))]
+              for name in data.methods for stage, unit, fold, curve in validation_curves(data, name)
+              for metric, values in curve.items() if not metric.startswith("num_")  # query counts, not scores
+              for evaluation, value in enumerate(values)]
     tables = {
         "claim_comparisons.csv": (CLAIM_COLUMNS, [
             [family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
                 c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm,
-                c.wilcoxon_pvalue, c.wilcoxon_pvalue_holm, c.cohen_dz))] for family, mode, metric, c in comparisons]),
+                c.wilcoxon_pvalue, c.wilcoxon_pvalue_holm, c.cohen_dz, c.tost_pvalue, c.tost_pvalue_holm, c.margin)),
+             c.outcome(ALPHA)] for family, mode, metric, c in comparisons]),
         "embedding_space.csv": (SPACE_COLUMNS, space),
         "correlations.csv": (CORRELATION_COLUMNS, correlations),
         "rankings.csv": (RANKING_COLUMNS, rankings),
+        "validation_curves.csv": (CURVE_COLUMNS, curves),
     }
     texts = {}
     for name, (columns, rows) in tables.items():
