@@ -146,7 +146,7 @@ def test_a_changed_analysis_section_resumes_and_is_used(finished: Path, tmp_path
     spec = write_spec(tmp_path / "bench.yaml", analysis={"references": ["triplet"]})
     code, _, err = run_cli(["benchmark", str(spec), "-o", str(copy), "-q"], capsys)
     assert code == 0, err  # report-only settings are outside the config hash: nothing is re-run
-    assert json.loads((copy / "benchmark.json").read_text())["analysis"] == {"references": ["triplet"], "pairs": []}
+    assert json.loads((copy / "benchmark.json").read_text())["analysis"] == {"references": ["triplet"], "pairs": [], "equivalence_margin": 0.01}
     code, _, err = run_cli(["report", str(copy)], capsys)
     assert code == 0, err
     report = (copy / "report.md").read_text()
