@@ -96,7 +96,7 @@ def test_training_skips_unreadable_images_and_records_them(tmp_path: Path, capsy
     broken = root / "class_1" / "1.png"
     broken.write_bytes(broken.read_bytes()[:40])
     config = Path(__file__).resolve().parents[1] / "configs" / "glyphs.yaml"
-    with pytest.warns(UserWarning, match="skipping 1 unreadable images"):
+    with pytest.warns(UserWarning, match="skipping 1 unreadable training and validation images"):
         code, _, err = run_cli([
             "train", str(config), "--output", str(tmp_path / "run"), "-q", "data.name=folder", f"data.root={root}",
             "data.image_size=16", "data.validation_fraction=0.5", "data.augmentation=reality_check",

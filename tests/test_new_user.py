@@ -77,7 +77,7 @@ def test_a_csv_whose_paths_are_all_missing_is_one_line(tmp_path: Path) -> None:
     table = tmp_path / "images.csv"
     table.write_text("path,label\nmissing1.png,1\nmissing2.png,2\nmissing3.png,3\n")
     result = run("train", GLYPHS_CONFIG, "data.name=csv", f"data.root={table}", *RGB, "-o", str(tmp_path / "run"))
-    assert_one_line_error(result, 2, "none of its 3 images can be read", "data check csv")
+    assert_one_line_error(result, 2, "none of its 2 training and validation images can be read", "data check csv")
     assert not (tmp_path / "run").exists()
 
 
@@ -93,7 +93,7 @@ def test_a_warning_is_one_line_and_no_progress_bar_streams_into_a_log(tmp_path: 
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [
-        f"dmlbench: warning: dataset 'csv': skipping 1 unreadable images (dmlbench data check csv --root {table} lists them)"
+        f"dmlbench: warning: dataset 'csv': skipping 1 unreadable training and validation images (dmlbench data check csv --root {table} lists them)"
     ]
     assert "\r" not in result.stderr
 

@@ -74,7 +74,7 @@ def export_command(
     model = load_run_model(run, "cpu")
     dataset = model.dataset()
     # The check batch comes from the training classes: an export never needs to open the test split.
-    sample, _, _ = dataset.batch(make_splits(model.config, dataset).train[:8])
+    sample, _, _ = dataset.batch(make_splits(model.config, dataset, test=False).train[:8])
     meta = export_model(model, model.input_spec(dataset), sample, output, format=format)
     opset = f", opset {meta['opset']}" if "opset" in meta else ""
     typer.echo(

@@ -3,7 +3,8 @@
 A format reader (``data/formats.py``) lists the files, their classes, the split the dataset
 declares (train/test) and, where it has them, the query/gallery roles of its test items. Decoding
 uses Pillow in a small thread pool (JPEG decoding releases the GIL). An optional on-disk cache holds
-the decoded base images (``transforms.base_size``) as one memory-mapped uint8 array.
+the decoded base images (``transforms.base_size``) as one memory-mapped uint8 array per part
+(development items, test split), so that training alone never decodes a test image.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from torch.utils.data import Dataset
 
 from dmlbench.data import transforms
 from dmlbench.data.base import IndexLike, as_index_tensor
+from dmlbench.data.splits import train_test_split
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write
 
+DEVELOPMENT, TEST = 0, 1  # the two parts of a dataset, scanned and cached apart
+PART_NAMES = ("development", "test")
 
 
 class UnreadableImage(Exception):
@@ -154,10 +158,12 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
     def find_unreadable(self) -> list[int]:
         """Items (indices into this dataset) whose file is missing, truncated or not an image.
 
-        Decodes every image once; the answer is remembered in the cache directory (when there is
-        one) under the content hash, and filling the decoded-image cache answers it for free.
+        Decodes every image of the parts this dataset touches once (the development items, the test
+        split, or both: a training view never decodes a test image); the answer is remembered in the
+        cache directory (when there is one) under the content hash, and filling the decoded-image
+        cache answers it for free.
         """
-        bad_positions = self._shared.unreadable_positions()
+        bad_positions = self._shared.unreadable_positions(self._positions)
         return np.flatnonzero(np.isin(self._positions, bad_positions)).tolist()
 
     def __repr__(self) -> str:
@@ -178,8 +184,10 @@ class _Shared:
         self.cache_dir = cache_dir
         self._content_hash: str | None = None
         self._sizes: dict[int, int] = {}
-        self._cache: np.ndarray | None = None
-        self._unreadable: np.ndarray | None = None
+        self._parts: np.ndarray | None = None
+        self._positions_of: dict[int, np.ndarray] = {}
+        self._cache: dict[int, np.ndarray] = {}  # part -> memory-mapped base images
+        self._unreadable: dict[int, np.ndarray] = {}  # part -> its unreadable positions
         self._pool: ThreadPoolExecutor | None = None
 
     def content_hash(self) -> str:
@@ -222,33 +230,61 @@ class _Shared:
         tensor = torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1)
         return transforms.evaluation_view(tensor, self.base_size)
 
+    def parts(self) -> np.ndarray:
+        """Per position: ``DEVELOPMENT`` (train and validation) or ``TEST`` (the standard test split).
+
+        Scans and caches work one part at a time, so that a run that only trains never decodes a
+        test image (Musgrave et al. 2020 §3.3: the test classes are opened by the final stage only).
+        """
+        if self._parts is None:
+            parts = np.full(len(self.paths), DEVELOPMENT, dtype=np.int64)
+            if self.test is not None:
+                parts[np.asarray(self.test, dtype=bool)] = TEST
+            elif len(np.unique(self.root_labels)) >= 2:
+                parts[train_test_split(self.root_labels)[1]] = TEST
+            self._parts = parts
+        return self._parts
+
+    def _part_positions(self, part: int) -> np.ndarray:
+        if part not in self._positions_of:
+            self._positions_of[part] = np.flatnonzero(self.parts() == part).astype(np.int64)
+        return self._positions_of[part]
+
     def bases(self, positions: np.ndarray) -> list[Tensor]:
-        cache = self._open_cache()
-        if cache is not None:
-            assert self._unreadable is not None
-            bad = positions[np.isin(positions, self._unreadable)]
+        if self.cache_dir is not None:
+            bad = positions[np.isin(positions, self.unreadable_positions(positions))]
             if bad.size:  # the cache holds zeros there; never hand them out as an image
                 raise UserInputError(f"unreadable image {self.root / self.paths[int(bad[0])]}")
-            return [torch.from_numpy(np.array(cache[position])) for position in positions.tolist()]
+            parts = self.parts()[positions]
+            bases = []
+            for position, part in zip(positions.tolist(), parts.tolist()):
+                row = int(np.searchsorted(self._part_positions(part), position))
+                bases.append(torch.from_numpy(np.array(self._open_cache(part)[row])))
+            return bases
         try:
             return list(self._map(self.decode, positions.tolist()))
         except UnreadableImage as error:
             raise UserInputError(f"unreadable image {error}") from None
 
-    def unreadable_positions(self) -> np.ndarray:
-        if self._unreadable is not None:
-            return self._unreadable
-        record = None if self.cache_dir is None else self._record_path()
+    def unreadable_positions(self, positions: np.ndarray) -> np.ndarray:
+        """The unreadable positions of every part that ``positions`` touch (sorted)."""
+        touched = np.unique(self.parts()[positions]).tolist() if len(positions) else []
+        found = [self._unreadable_in(part) for part in touched]
+        return np.sort(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+
+    def _unreadable_in(self, part: int) -> np.ndarray:
+        if part in self._unreadable:
+            return self._unreadable[part]
+        record = None if self.cache_dir is None else self._record_path(part)
         if record is not None and record.is_file():
             try:
-                self._unreadable = np.asarray(json.loads(record.read_text())["positions"], dtype=np.int64)
-                return self._unreadable
+                self._unreadable[part] = np.asarray(json.loads(record.read_text())["positions"], dtype=np.int64)
+                return self._unreadable[part]
             except (OSError, ValueError, KeyError):
                 pass  # a damaged record is recomputed below
         if self.cache_dir is not None:
-            self._open_cache()  # filling the cache finds the unreadable files
-            assert self._unreadable is not None
-            return self._unreadable
+            self._open_cache(part)  # filling the cache finds the unreadable files
+            return self._unreadable[part]
 
         def readable(position: int) -> bool:
             try:
@@ -257,47 +293,48 @@ class _Shared:
                 return False
             return True
 
-        flags = list(self._map(readable, range(len(self.paths))))
-        self._unreadable = np.flatnonzero(~np.asarray(flags, dtype=bool)).astype(np.int64)
-        return self._unreadable
+        positions = self._part_positions(part)
+        flags = np.asarray(list(self._map(readable, positions.tolist())), dtype=bool)
+        self._unreadable[part] = positions[~flags] if len(positions) else positions
+        return self._unreadable[part]
 
-    def _record_path(self) -> Path:
+    def _record_path(self, part: int) -> Path:
         assert self.cache_dir is not None
-        return self.cache_dir / f"unreadable-{self.content_hash()[:32]}.json"
+        return self.cache_dir / f"unreadable-{self.content_hash()[:32]}-{PART_NAMES[part]}.json"
 
-    def _open_cache(self) -> np.ndarray | None:
-        """The memory-mapped cache of base images (filled on first use), or ``None`` without a cache."""
-        if self.cache_dir is None:
-            return None
-        if self._cache is not None:
-            return self._cache
-        # The key holds everything the cached pixels depend on: the file listing and the base size.
-        key = hashlib.sha256(f"{self.content_hash()}|{self.base_size}|v1".encode()).hexdigest()[:32]
+    def _open_cache(self, part: int) -> np.ndarray:
+        """The memory-mapped cache of one part's base images (filled on first use), in position order."""
+        assert self.cache_dir is not None
+        if part in self._cache:
+            return self._cache[part]
+        # The key holds everything the cached pixels depend on: the file listing, the base size and the part.
+        key = hashlib.sha256(f"{self.content_hash()}|{self.base_size}|{PART_NAMES[part]}|v2".encode()).hexdigest()[:32]
         array_path = self.cache_dir / f"decoded-{key}.npy"
-        record_path = self._record_path()
+        record_path = self._record_path(part)
         if not (array_path.is_file() and record_path.is_file()):
-            self._fill_cache(array_path, record_path)
-        self._cache = np.load(array_path, mmap_mode="r")
-        self._unreadable = np.asarray(json.loads(record_path.read_text())["positions"], dtype=np.int64)
-        return self._cache
+            self._fill_cache(part, array_path, record_path)
+        self._cache[part] = np.load(array_path, mmap_mode="r")
+        self._unreadable[part] = np.asarray(json.loads(record_path.read_text())["positions"], dtype=np.int64)
+        return self._cache[part]
 
-    def _fill_cache(self, array_path: Path, record_path: Path) -> None:
+    def _fill_cache(self, part: int, array_path: Path, record_path: Path) -> None:
         try:
             array_path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserInputError(f"cannot create cache directory {array_path.parent}: {error.strerror or error}") from None
-        shape = (len(self.paths), 3, self.base_size, self.base_size)
+        positions = self._part_positions(part)
+        shape = (len(positions), 3, self.base_size, self.base_size)
         temporary = array_path.with_name(f".{array_path.name}.{os.getpid()}.tmp")
         array = np.lib.format.open_memmap(temporary, mode="w+", dtype=np.uint8, shape=shape)
         bad: list[int] = []
 
-        def store(position: int) -> None:
+        def store(row: int) -> None:
             try:
-                array[position] = self.decode(position).numpy()
+                array[row] = self.decode(int(positions[row])).numpy()
             except UnreadableImage:
-                bad.append(position)  # list.append is atomic under the GIL
+                bad.append(int(positions[row]))  # list.append is atomic under the GIL
 
-        for _ in self._map(store, range(len(self.paths))):
+        for _ in self._map(store, range(len(positions))):
             pass
         array.flush()
         del array

@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,10 +58,16 @@ class Collection:
 
 
 def dataset_collection(dataset: ImageDataset, source: dict[str, Any]) -> Collection:
-    """Every readable item of ``dataset`` (``load_dataset`` warned about the others); items without
-    a file are named ``<dataset>:<index>``."""
-    unreadable = dataset.metadata.get("unreadable_items", [])
+    """Every readable item of ``dataset`` (a warning counts the others); items without a file are
+    named ``<dataset>:<index>``."""
+    unreadable = dataset.find_unreadable() if hasattr(dataset, "find_unreadable") else []
+    if unreadable and len(unreadable) == len(dataset):
+        raise UserInputError(f"dataset {dataset.name!r}: none of its {len(dataset)} images can be read "
+                             f"(missing, truncated or not images; dmlbench data check lists them)")
     if unreadable:
+        print(f"dmlbench: warning: dataset {dataset.name!r}: skipping {len(unreadable)} unreadable images "
+              f"(listed in the output's .json as source.unreadable)", file=sys.stderr, flush=True)
+        source = {**source, "unreadable": [str(dataset.paths[i]) for i in unreadable]}
         dataset = dataset.subset(np.setdiff1d(np.arange(len(dataset)), unreadable))
     paths = getattr(dataset, "paths", None)
     names = [str(path) for path in paths] if paths is not None else [f"{dataset.name}:{i}" for i in range(len(dataset))]

@@ -101,7 +101,7 @@ class FeatureCache:
 
     def _extract(self, config: config_module.Config, state: Mapping[str, torch.Tensor] | None, key: dict[str, str]) -> dict[str, Any]:
         dataset = load_dataset(config)
-        view, splits = training_view(dataset, make_splits(config, dataset))
+        view, splits = training_view(dataset, make_splits(config, dataset, test=False))
         train, validation = view.subset(splits.train), view.subset(splits.validation)
         return {
             "key": key,

@@ -29,22 +29,44 @@ class Components:
     optimizer: torch.optim.Optimizer
 
 
-def make_splits(config: Config, dataset: ImageDataset) -> Splits:
+def make_splits(config: Config, dataset: ImageDataset, *, test: bool = True) -> Splits:
     """The run's splits of the full dataset: the standard ones, or the explicit classes of a fold.
 
     With ``data.train_classes`` / ``data.val_classes`` (a cross-validation fold of the development
     classes, Musgrave et al. 2020 §3.3) train and validation hold exactly those classes; a class that
     is not in the dataset or that belongs to the standard test split is a ``UserInputError``. ``test``
-    is the standard test split in both cases (only ``evaluate_run`` reads it).
+    is the standard test split in both cases (only ``evaluate_run`` reads it). Files that cannot be
+    decoded are dropped with a warning: from train and validation always, from the test split only
+    with ``test`` (training passes ``False``: it never decodes a test image, and leaves that split as
+    the dataset declares it).
     """
     splits = _class_splits(config, dataset)
-    unreadable = dataset.metadata.get("unreadable_items")
-    if unreadable:
-        # Unreadable files are left out of every split (load_dataset found and reported them).
-        splits = Splits(**{name: np.setdiff1d(indices, unreadable, assume_unique=True) if len(indices) else indices
+    development = np.concatenate([splits.train, splits.validation])
+    dropped = unreadable_items(config, dataset, development, "training and validation images")
+    if test:
+        dropped = np.concatenate([dropped, unreadable_items(config, dataset, splits.test, "test images")])
+    if len(dropped):
+        splits = Splits(**{name: np.setdiff1d(indices, dropped, assume_unique=True) if len(indices) else indices
                            for name, indices in splits.as_dict().items()})
+    dataset.metadata["unreadable_items"] = sorted(set(dataset.metadata.get("unreadable_items", [])) | set(dropped.tolist()))
     _check_enough_classes(config, dataset, splits)
     return splits
+
+
+def unreadable_items(config: Config, dataset: ImageDataset, indices: np.ndarray, what: str) -> np.ndarray:
+    """The items among ``indices`` whose file is missing, truncated or not an image (a file
+    dataset's scan of the part these items belong to), warned about; none readable is a ``UserInputError``."""
+    if not hasattr(dataset, "find_unreadable") or not len(indices):
+        return np.empty(0, dtype=np.int64)
+    found = np.asarray(dataset.subset(indices).find_unreadable(), dtype=np.int64)
+    settings = config.data
+    listing = f"dmlbench data check {settings.name} --root {settings.root} lists them"
+    if len(found) == len(indices):
+        raise UserInputError(f"dataset {settings.name!r} at {settings.root}: none of its {len(indices)} {what} can be read "
+                             f"(missing, truncated or not images; {listing})")
+    if len(found):
+        warnings.warn(f"dataset {settings.name!r}: skipping {len(found)} unreadable {what} ({listing})", stacklevel=2)
+    return np.asarray(indices, dtype=np.int64)[found]
 
 
 def _check_enough_classes(config: Config, dataset: ImageDataset, splits: Splits) -> None:
@@ -104,8 +126,8 @@ def class_index(labels: np.ndarray) -> torch.Tensor:
 
 
 def load_dataset(config: Config) -> ImageDataset:
-    """The configured dataset. A file dataset (``data.root``) is scanned once for unreadable images:
-    they are warned about and listed in ``metadata['unreadable_items']`` for ``make_splits`` to drop."""
+    """The configured dataset. Nothing is decoded here: ``make_splits`` scans the files of the items
+    a run uses for unreadable images (``unreadable_items``) and drops them."""
     from dmlbench.data.formats import FILE_FORMATS
 
     settings = config.data
@@ -114,20 +136,10 @@ def load_dataset(config: Config) -> ImageDataset:
             raise UserInputError(f"data.root is for the file formats ({', '.join(FILE_FORMATS)}), not {settings.name!r}")
         dataset = data.build(settings.name, **settings.options)
         return dataset.with_augmentation(settings.augmentation, config.seed) if settings.augmentation != "none" else dataset
-    dataset = data.build(
+    return data.build(
         settings.name, root=settings.root, image_size=settings.image_size, augmentation=settings.augmentation,
         seed=config.seed, cache_dir=settings.cache_dir, **settings.options,
     )
-    unreadable = dataset.find_unreadable()
-    if len(unreadable) == len(dataset):
-        raise UserInputError(f"dataset {settings.name!r} at {settings.root}: none of its {len(dataset)} images can be read "
-                             f"(missing, truncated or not images; dmlbench data check {settings.name} --root "
-                             f"{settings.root} lists them)")
-    if unreadable:
-        warnings.warn(f"dataset {settings.name!r}: skipping {len(unreadable)} unreadable images "
-                      f"(dmlbench data check {settings.name} --root {settings.root} lists them)", stacklevel=2)
-    dataset.metadata["unreadable_items"] = unreadable
-    return dataset
 
 
 def build_model(config: Config) -> models.EmbeddingModel | models.EnsembleModel:
@@ -178,7 +190,7 @@ class TrainingSetup:
 def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
     """The one set-up of a training run (``training.train`` and ``protocol.cost``)."""
     full_dataset = load_dataset(config)
-    full_splits = make_splits(config, full_dataset)
+    full_splits = make_splits(config, full_dataset, test=False)
     dataset, splits = training_view(full_dataset, full_splits)
     labels = torch.as_tensor(dataset.labels)
     to_class_index = class_index(labels[splits.train].numpy())
