@@ -8,6 +8,7 @@ from scipy import stats
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.statistics import (
+    _kendall,
     cohen_dz,
     compare_methods,
     compare_pairs,
@@ -230,3 +231,43 @@ def test_within_group_correlation_is_the_partial_correlation_given_the_groups() 
     assert lonely.estimate == pytest.approx(within.estimate) and lonely.n == 20
     with pytest.raises(UserInputError, match="more points than groups"):
         within_group_correlation([1.0, 2.0, 3.0], [1.0, 3.0, 2.0], ["a", "a", "b"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kendall_correlation_is_scipys_tau_b_and_its_bootstrap(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 5, size=9).astype(float)  # ties, so tau-b differs from tau-a
+    y = x + rng.normal(0, 1.5, size=9)
+    result = correlation(x, y, "kendall", resamples=500, seed=seed)
+    expected = stats.kendalltau(x, y)
+    assert math.isclose(result.estimate, expected.statistic, abs_tol=1e-12) and result.pvalue == expected.pvalue
+    # The vectorised statistic agrees with scipy on every resample the interval is built from.
+    index = rng.integers(0, 9, size=(50, 9))
+    taus = [stats.kendalltau(x[i], y[i]).statistic for i in index]
+    assert np.allclose(_kendall(x[index], y[index]), taus, equal_nan=True)
+    assert result.low <= result.estimate <= result.high
+    with pytest.raises(UserInputError, match="pearson or spearman"):
+        within_group_correlation(x, y, ["a"] * 5 + ["b"] * 4, "kendall")
+
+
+def test_compare_rankings_script_writes_tau_and_both_rankings(tmp_path) -> None:
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "results" / "compare_rankings.py"
+    spec = importlib.util.spec_from_file_location("compare_rankings", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    means = {"first": {"a": 0.9, "b": 0.8, "c": 0.7, "d": 0.6, "untrained": 0.1},
+             "second": {"a": 0.7, "b": 0.9, "c": 0.6, "d": 0.5, "e": 0.95, "untrained": 0.1}}
+    for study, methods in means.items():
+        (tmp_path / study).mkdir()
+        rows = ["method,reproduction,mode,metric,value"]
+        rows += [f"{name},{r},concatenated,precision_at_1,{value + 0.01 * r}" for name, value in methods.items() for r in range(3)]
+        (tmp_path / study / "runs.csv").write_text("\n".join(rows) + "\n")
+    output = tmp_path / "tau.csv"
+    assert module.main([str(tmp_path / "first"), str(tmp_path / "second"), "-o", str(output), "--resamples", "200"]) == 0
+    (row,) = list(csv.DictReader(output.open()))
+    assert row["methods"] == "4" and float(row["kendall_tau"]) == pytest.approx(stats.kendalltau([4, 3, 2, 1], [3, 4, 2, 1]).statistic, abs=1e-4)
+    assert row["first_ranking"] == "a > b > c > d" and row["second_ranking"] == "b > a > c > d"

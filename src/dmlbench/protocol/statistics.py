@@ -249,7 +249,7 @@ class Correlation:
     """A correlation coefficient of ``n`` points, its p-value (no correlation, two-sided, from
     ``scipy.stats``) and a percentile bootstrap interval over resampled points."""
 
-    kind: str  # "pearson" | "spearman"
+    kind: str  # "pearson" | "spearman" | "kendall"
     n: int
     estimate: float
     pvalue: float
@@ -269,11 +269,20 @@ def _spearman(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     return _pearson(stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis), axis=axis)
 
 
+def _kendall(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Kendall's tau-b along ``axis``: concordant minus discordant pairs over the untied pairs."""
+    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+    sx = np.sign(x[..., :, None] - x[..., None, :])
+    sy = np.sign(y[..., :, None] - y[..., None, :])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (sx * sy).sum(axis=(-2, -1)) / np.sqrt((sx != 0).sum(axis=(-2, -1)) * (sy != 0).sum(axis=(-2, -1)))
+
+
 def correlation(
     x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, kind: str = "pearson", *,
     resamples: int = 9999, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
 ) -> Correlation:
-    """Pearson or Spearman correlation of paired points with a seeded percentile bootstrap interval
+    """Pearson, Spearman or Kendall (tau-b) correlation of paired points with a seeded percentile bootstrap interval
     (``scipy.stats.bootstrap``, points resampled in pairs). Resamples whose values are all equal have
     no correlation and are left out of the percentiles."""
     first, second = _values(x, "x"), _values(y, "y")
@@ -281,12 +290,12 @@ def correlation(
         raise UserInputError(f"x and y must have the same length, got {first.size} and {second.size}")
     if first.size < 3:
         raise UserInputError(f"a correlation needs at least 3 points, got {first.size}")
-    if kind not in ("pearson", "spearman"):
-        raise UserInputError(f"correlation kind must be pearson or spearman, got {kind!r}")
+    if kind not in ("pearson", "spearman", "kendall"):
+        raise UserInputError(f"correlation kind must be pearson, spearman or kendall, got {kind!r}")
     if np.ptp(first) == 0.0 or np.ptp(second) == 0.0:
         raise UserInputError("a correlation needs points that are not all equal in x and in y")
-    test = stats.pearsonr(first, second) if kind == "pearson" else stats.spearmanr(first, second)
-    statistic = _pearson if kind == "pearson" else _spearman
+    test = {"pearson": stats.pearsonr, "spearman": stats.spearmanr, "kendall": stats.kendalltau}[kind](first, second)
+    statistic = {"pearson": _pearson, "spearman": _spearman, "kendall": _kendall}[kind]
     rng = np.random.default_rng(seed)
     # The resampling distribution, drawn the way scipy.stats.bootstrap draws it (paired indices),
     # so that degenerate resamples can be dropped instead of turning the interval into NaN.
@@ -313,6 +322,8 @@ def within_group_correlation(
     bootstrap of the centred points. Groups with a single point carry no within-group information
     and are left out.
     """
+    if kind not in ("pearson", "spearman"):
+        raise UserInputError(f"a within-group correlation is pearson or spearman (its t-test), got {kind!r}")
     first, second = _values(x, "x"), _values(y, "y")
     labels = np.asarray(list(groups))
     if not first.size == second.size == labels.size:

@@ -1,0 +1,67 @@
+"""Kendall's tau between two benchmark studies' rankings of the methods they share, by the methods'
+mean scores, with a percentile bootstrap interval over the methods (``statistics.correlation``).
+
+    python results/compare_rankings.py results/reality_check_glyphs results/converged_glyphs \
+        -o results/converged_glyphs/ranking_against_short_study.csv
+
+Reads each folder's ``runs.csv`` (one row per method, reproduction, mode and metric), leaves out the
+untrained baseline, and writes one row per mode and metric: the methods compared, tau-b, its 95%
+interval (methods resampled in pairs: would the agreement hold for another set of methods) and its
+p-value (scipy.stats.kendalltau), and both rankings (best first). The interval does not hold the
+noise of each study's means: that is in each study's paired comparisons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol.statistics import correlation, rank_agreement
+
+COLUMNS = ["mode", "metric", "methods", "kendall_tau", "ci_low", "ci_high", "pvalue", "first_ranking", "second_ranking"]
+
+
+def scores(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """``(mode, metric) -> method -> the reproductions' scores`` from ``folder/runs.csv``."""
+    table: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    with (folder / "runs.csv").open(newline="") as stream:
+        for row in csv.DictReader(stream):
+            if row["method"] != UNTRAINED:
+                table[row["mode"], row["metric"]][row["method"]].append(float(row["value"]))
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("first", type=Path, help="a benchmark report folder (holds runs.csv)")
+    parser.add_argument("second", type=Path, help="another one")
+    parser.add_argument("-o", "--output", type=Path, help="write the CSV here (default: standard output)")
+    parser.add_argument("--resamples", type=int, default=9999)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    first, second = scores(args.first), scores(args.second)
+    rows = []
+    for key in sorted(set(first) & set(second)):
+        shared = sorted(set(first[key]) & set(second[key]))
+        if len(shared) < 3:
+            continue
+        a, b = ({name: sum(study[key][name]) / len(study[key][name]) for name in shared} for study in (first, second))
+        tau = correlation([a[n] for n in shared], [b[n] for n in shared], "kendall", resamples=args.resamples, seed=args.seed)
+        ranks = rank_agreement(a, b).ranks
+        order = [" > ".join(sorted(shared, key=lambda name: ranks[name][side])) for side in (0, 1)]
+        rows.append([*key, len(shared), f"{tau.estimate:.4f}", f"{tau.low:.4f}", f"{tau.high:.4f}", f"{tau.pvalue:.4g}", *order])
+    stream = args.output.open("w", newline="") if args.output else sys.stdout
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    writer.writerows(rows)
+    if args.output:
+        stream.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
