@@ -103,6 +103,21 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
     # The plain-language summary comes first, before the leaderboard's details and the claims.
     assert report.index("## Summary") < report.index("## Every method against the references")
     assert "Against `contrastive` on P@1: " in report
+    # The plots right under the leaderboard, then the set-up, then the claims.
+    assert report.index("| untrained |") < report.index("## Plots") < report.index("](search.png)") < report.index("## Set-up")
+    assert report.index("## Set-up") < report.index("## Every method against the references")
+    test_classes = len(json.loads((finished / "benchmark.json").read_text())["fold_layout"]["test_classes"])
+    for text in (f"the {test_classes} test classes",
+                 "| triplet | `loss.name` = triplet; `miner.name` = semihard | `loss.params.margin`: 0.05 .. 0.5 |",
+                 "| trunk width | `model.options.width` | 8 |",
+                 "The `untrained` row is the same in both modes",
+                 "| search | random: all 2 trials are start-up trials of Optuna's tpe sampler",
+                 "| early stopping patience | none: every run trains its fixed number of epochs"):
+        assert text in report, text
+    page = (finished / "report.html").read_text()
+    assert "<td>contrastive</td><td><code>loss.name</code> = contrastive</td>" in page  # table cells too
+    assert "<code>loss.params.margin</code>: 0.5 .. 1.5</td>" in page
+    assert "<em>equivalent</em>" in page and "*equivalent*" not in page
 
 
 def test_report_commits_every_validation_curve(finished: Path) -> None:

@@ -63,7 +63,7 @@ def test_bootstrap_is_seeded_and_drops_degenerate_resamples() -> None:
 @pytest.mark.parametrize(
     ("x", "y", "kind", "message"),
     [([1, 2, 3], [1, 2], "pearson", "same length"), ([1, 2], [1, 2], "pearson", "at least 3"),
-     ([1, 1, 1], [1, 2, 3], "pearson", "not all equal"), ([1, 2, 3], [1, 2, 4], "kendall", "pearson or spearman")],
+     ([1, 1, 1], [1, 2, 3], "pearson", "not all equal"), ([1, 2, 3], [1, 2, 4], "cosine", "pearson, spearman or kendall")],
 )
 def test_correlation_rejects_bad_input(x: list, y: list, kind: str, message: str) -> None:
     with pytest.raises(UserInputError, match=message):

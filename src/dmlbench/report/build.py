@@ -69,5 +69,5 @@ def _figures(data: ReportData) -> list[plots.Figure]:
         references = list(data.benchmark.get("analysis", {}).get("references", []))
         figures.append(plots.forest_figure(rows, metrics, METRIC_TITLES, references))
     if data.claims.points:
-        figures.append(plots.space_figure(data.claims.points))
+        figures.append(plots.space_figure(data.claims.points, methods=data.methods))
     return figures

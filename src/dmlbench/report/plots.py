@@ -1,6 +1,8 @@
 """The report's figures as PNG bytes (matplotlib, Agg): written beside the report and embedded in the HTML.
 
-* ``search.png``: the search objective over trials, per method;
+Every method has one colour and marker (``method_styles``) in the per-method figures.
+
+* ``search.png``: the search objective over trials, per method (integer trial ticks);
 * ``validation_curves.png``: mean validation MAP@R of the reproductions' runs per evaluation;
 * ``forest.png``: every method's test mean ± 95% interval (concatenated P@1 and MAP@R), sorted;
 * ``rho_vs_precision_at_1.png``: rho and pi_ratio of the training embeddings against test P@1, one
@@ -21,30 +23,55 @@ from dmlbench.report.analysis import SPACE_QUANTITIES, SpacePoint
 Figure = tuple[str, str, bytes]  # title, file name, PNG
 
 
+# Markers cycled beside the ten colours: 11 markers against 10 colours repeat a (colour, marker)
+# pair only after 110 methods, and neighbours in the order differ in both.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+           "tab:olive", "tab:cyan")
+
+
+def method_styles(methods: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Each method's (colour, marker), the same in every figure; distinct pairs for up to 110 methods."""
+    return {method: (COLOURS[index % len(COLOURS)], MARKERS[index % len(MARKERS)]) for index, method in enumerate(methods)}
+
+
 def search_figure(methods: Sequence[str], trials: Mapping[str, list[dict[str, Any]]]) -> Figure:
+    """The fold-mean validation MAP@R of every completed trial, per method, over the trial number."""
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(7, 4))
+    draw_search(axes, methods, trials)
+    return "Search objective over trials", "search.png", _png(figure, pyplot)
+
+
+def draw_search(axes: Any, methods: Sequence[str], trials: Mapping[str, list[dict[str, Any]]]) -> None:
+    """``search_figure``'s axes: trial numbers are whole, so the x axis gets integer ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    styles = method_styles(methods)
     for method in methods:
         points = [(t["number"], t["value"]) for t in trials.get(method, []) if t["state"] == "COMPLETE"]
         if points:
             numbers, values = zip(*points)
-            axes.plot(numbers, values, marker="o", label=method)
+            colour, marker = styles[method]
+            axes.plot(numbers, values, color=colour, marker=marker, label=method)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("trial")
     axes.set_ylabel("fold-mean validation MAP@R")
     _legend(axes, len(methods))
-    return "Search objective over trials", "search.png", _png(figure, pyplot)
 
 
 def curves_figure(methods: Sequence[str], curves: Mapping[str, list[list[float]]]) -> Figure:
     """``curves[method]``: the reproduction runs' validation MAP@R curves (evaluation 0 = untrained)."""
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(7, 4))
+    styles = method_styles(methods)
     for method in methods:
         runs = [curve for curve in curves.get(method, []) if curve]
         if runs:
             length = max(len(curve) for curve in runs)
             mean = [float(np.mean([c[i] for c in runs if len(c) > i])) for i in range(length)]
-            axes.plot(range(length), mean, marker=".", label=method)
+            colour, marker = styles[method]
+            axes.plot(range(length), mean, color=colour, marker=marker, markersize=4, label=method)
     axes.set_xlabel("evaluation (0 = untrained)")
     axes.set_ylabel("validation MAP@R (mean over reproduction runs)")
     _legend(axes, len(methods))
@@ -80,18 +107,20 @@ def forest_figure(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], tit
             _png(figure, pyplot))
 
 
-def space_figure(points: Sequence[SpacePoint], mode: str = "separated") -> Figure:
-    """rho and pi_ratio of the training embeddings against test P@1 (``mode``), one point per reproduction."""
+def space_figure(points: Sequence[SpacePoint], mode: str = "separated", methods: Sequence[str] = ()) -> Figure:
+    """rho and pi_ratio of the training embeddings against test P@1 (``mode``), one point per reproduction;
+    ``methods``: the benchmark's order, so a method has the style it has in the other figures."""
     pyplot = _pyplot()
     figure, panels = pyplot.subplots(1, len(SPACE_QUANTITIES), figsize=(12, 4.5), squeeze=False)
-    methods = list(dict.fromkeys(point.method for point in points))
-    colours = pyplot.get_cmap("tab20")
+    shown = {point.method for point in points}
+    everyone = list(dict.fromkeys([*methods, *(point.method for point in points)]))
+    styles = {method: style for method, style in method_styles(everyone).items() if method in shown}
     for axes, quantity in zip(panels[0], SPACE_QUANTITIES):
         used = [p for p in points if mode in p.scores and np.isfinite(getattr(p, quantity))]
-        for index, method in enumerate(methods):
+        for method, (colour, marker) in styles.items():
             mine = [p for p in used if p.method == method]
-            axes.scatter([getattr(p, quantity) for p in mine], [100 * p.scores[mode] for p in mine], s=18,
-                         color=colours(index % 20), label=method)
+            axes.scatter([getattr(p, quantity) for p in mine], [100 * p.scores[mode] for p in mine], s=22,
+                         color=colour, marker=marker, label=method)
         if len(used) >= 2:
             x = np.array([getattr(p, quantity) for p in used])
             y = np.array([100 * p.scores[mode] for p in used])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 
 from dmlbench.report.sections import TITLE, Section, Table
 
@@ -34,10 +35,10 @@ def html_page(sections: list[Section]) -> str:
              f"<style>{CSS}</style></head><body><h1>{TITLE}</h1>"]
     for section in sections:
         if section.title is not None:
-            parts.append(f"<h2>{html.escape(section.title)}</h2>")
-        parts += [f"<p>{_inline_html(paragraph)}</p>" for paragraph in section.paragraphs]
+            parts.append(f"<h2>{inline_html(section.title)}</h2>")
+        parts += [f"<p>{inline_html(paragraph)}</p>" for paragraph in section.paragraphs]
         if section.bullets:
-            parts.append("<ul>" + "".join(f"<li>{_inline_html(bullet)}</li>" for bullet in section.bullets) + "</ul>")
+            parts.append("<ul>" + "".join(f"<li>{inline_html(bullet)}</li>" for bullet in section.bullets) + "</ul>")
         parts += [_html_table(table) for table in section.tables]
         for title, _, png in section.figures:
             image = base64.b64encode(png).decode()
@@ -56,12 +57,24 @@ def _markdown_table(table: Table) -> list[str]:
 
 def _html_table(table: Table) -> str:
     header, rows = table
-    head = "".join(f"<th>{html.escape(str(cell))}</th>" for cell in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    head = "".join(f"<th>{inline_html(str(cell))}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{inline_html(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _inline_html(text: str) -> str:
-    """Markdown's inline code spans as ``<code>``, everything else escaped."""
+# Emphasis as Markdown's rule has it (the opening ``*`` followed and the closing one preceded by a
+# non-space), and further neither ``*`` inside a word, so that a product ``a*b*c`` or a ``p*`` stays
+# literal. The text is already escaped, so the span holds no raw ``<``.
+_EMPHASIS = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])")
+_CODE = "\0{}\0"  # a placeholder for a code span, which emphasis must not enter; NUL never occurs in the text
+
+
+def inline_html(text: str) -> str:
+    """Markdown's inline code spans as ``<code>`` and ``*emphasis*`` as ``<em>``; everything else escaped."""
     pieces = html.escape(text).split("`")
-    return "".join(f"<code>{piece}</code>" if index % 2 else piece for index, piece in enumerate(pieces))
+    if len(pieces) % 2 == 0:  # an unmatched backtick is a literal one
+        pieces[-2:] = [pieces[-2] + "`" + pieces[-1]]
+    codes = pieces[1::2]
+    marked = "".join(_CODE.format(index // 2) if index % 2 else piece for index, piece in enumerate(pieces))
+    marked = _EMPHASIS.sub(r"<em>\1</em>", marked)
+    return re.sub("\0([0-9]+)\0", lambda match: f"<code>{codes[int(match.group(1))]}</code>", marked)

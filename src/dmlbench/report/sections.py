@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from dmlbench.protocol.layout import UNTRAINED
 from dmlbench.protocol.results import result_rows
 from dmlbench.protocol.statistics import OUTCOMES, Correlation, PairedComparison
 from dmlbench.report import plots, tables
@@ -21,8 +22,8 @@ Table = tuple[list[str], list[list[str]]]  # header, rows
 
 @dataclass
 class Section:
-    """A titled part of the report (``title`` None: the part under the page title); paragraphs may
-    hold Markdown's inline code spans, which both renderers understand."""
+    """A titled part of the report (``title`` None: the part under the page title); paragraphs, bullets
+    and table cells may hold Markdown's inline code spans and ``*emphasis*``, which both renderers understand."""
 
     title: str | None
     paragraphs: list[str] = field(default_factory=list)
@@ -46,6 +47,9 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     parts = [top, summary, board] if summary else [top, board]
     if data.failed:
         parts.append(Section("Failed methods", bullets=[f"{name}: {reason}" for name, reason in data.failed.items()]))
+    # The figures right under the numbers they show, before the long tables of the claims.
+    parts.append(Section("Plots", figures=figures))
+    parts.append(setup_section(data))
     parts += _claim_sections(data.claims)
     if data.comparisons:
         comparisons = Section("Paired comparisons", [tables.COMPARISON_NOTE])
@@ -59,8 +63,33 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     if costs:
         parts.append(Section("Cost", [tables.COST_NOTE], tables=[(tables.COST_HEADER, costs)]))
     parts.append(Section("Protocol", tables=[(["parameter", "value"], [list(p) for p in tables.parameters(data)])]))
-    parts.append(Section("Plots", figures=figures))
     return parts
+
+
+def setup_section(data: ReportData) -> Section:
+    """What the methods were trained with: the test set's size, why the untrained row does not depend
+    on the mode, the shared base config and each method's settings and search ranges."""
+    part = Section("Set-up", [tables.held_out_text(data)])
+    if UNTRAINED in data.results:
+        k = data.benchmark["protocol"]["folds"]
+        part.paragraphs.append(
+            f"The `untrained` row is the same in both modes: the {k} fold models of an untrained reproduction are "
+            "built with the same seed (the reproduction's), and the folds differ only in their training and "
+            f"validation classes, which an untrained model has not seen, so they are {k} copies of one network. "
+            f"Concatenating {k} copies of one L2-normalised embedding scales every distance by the same factor "
+            f"(√{k}) and changes no ranking of neighbours, and the mean of {k} equal scores is that score.")
+    base = tables.base_rows(data)
+    if base:
+        overrides = " ".join(f"`{o}`" for o in data.benchmark.get("overrides", []))
+        part.paragraphs.append("The configuration every method starts from (`spec.base`); a method's settings in the "
+                               "second table replace its keys, and the protocol sets each run's seed, epochs, patience "
+                               "and classes. Keys not listed take the config defaults of the benchmark's git commit."
+                               + (f" Command-line overrides for every method: {overrides}." if overrides else ""))
+        part.tables.append((["setting", "config key", "value"], base))
+    methods = tables.method_rows(data)
+    if methods:
+        part.tables.append((["method", "set for the method", "searched (range)"], methods))
+    return part
 
 
 def provenance(data: ReportData) -> str:

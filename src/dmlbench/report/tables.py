@@ -177,17 +177,17 @@ def _r(value: float) -> str:
 
 
 def parameters(data: ReportData) -> list[tuple[str, str]]:
+    """The protocol's settings as ``(parameter, value)`` rows, in words."""
     b = data.benchmark
     protocol = b["protocol"]
     epochs = protocol["epochs"] if protocol["epochs"] is not None else "each method's training.epochs"
     return [
-        ("budget per method", f"{protocol['trials']} trials x {protocol['folds']} folds, then "
-                              f"{protocol['reproductions']} reproductions x {protocol['folds']} folds; at most {epochs} epochs per run"),
+        ("budget per method", (f"{protocol['trials']} trials x {protocol['folds']} folds, then {protocol['reproductions']} "
+                               f"reproductions x {protocol['folds']} folds; at most {epochs} epochs per run")),
         ("folds", f"{protocol['folds']} class-disjoint ({protocol['fold_mode']}) on the development classes"),
-        ("search", f"Optuna {protocol['sampler']} sampler, seed {protocol['search_seed']}, "
-                   f"{_startup(protocol.get('startup_trials'))} random start-up trials, objective fold-mean "
-                   f"validation MAP@R, pruning: {protocol.get('pruner', 'none')}"),
-        ("early stopping patience", str(protocol["patience"])),
+        ("search", (f"{search_sampler(protocol)}; seed {protocol['search_seed']}; objective fold-mean "
+                    f"validation MAP@R; pruning: {protocol.get('pruner', 'none')}")),
+        ("early stopping patience", patience_text(b)),
         ("reproduction seeds", f"{protocol['first_seed']}..{protocol['first_seed'] + protocol['reproductions'] - 1}"),
         ("fold layout hash", b["fold_layout_hash"]),
         ("dataset", f"{b['dataset']['name']} (content hash {b['dataset']['content_hash']})"),
@@ -200,8 +200,128 @@ def parameters(data: ReportData) -> list[tuple[str, str]]:
     ]
 
 
-def _startup(startup_trials: int | None) -> str:
-    return "Optuna's default number of" if startup_trials is None else str(startup_trials)
+OPTUNA_STARTUP_TRIALS = 10  # n_startup_trials of Optuna's GPSampler and TPESampler when protocol.startup_trials is unset
+
+
+def search_sampler(protocol: dict[str, Any]) -> str:
+    """The search's sampler in words: random when every trial of the budget is one of the sampler's
+    start-up trials (trial k sees at most k earlier trials, so with start-up >= trials none is modelled)."""
+    startup = protocol.get("startup_trials")
+    count = OPTUNA_STARTUP_TRIALS if startup is None else int(startup)
+    source = f"Optuna's default of {count}" if startup is None else str(count)
+    if count >= protocol["trials"]:
+        return (f"random: all {protocol['trials']} trials are start-up trials of Optuna's {protocol['sampler']} "
+                f"sampler ({source} start-up trials), so no trial was suggested by its model")
+    return f"Optuna {protocol['sampler']} sampler after {source} random start-up trials"
+
+
+def patience_text(benchmark: dict[str, Any]) -> str:
+    """``protocol.patience`` in words; a run always keeps its best validation checkpoint, which the search
+    scores and the reproductions test."""
+    patience = benchmark["protocol"]["patience"]
+    if patience is not None:
+        return (f"{patience} validation evaluations without improvement stop a run; the checkpoint of its best "
+                "validation evaluation is kept")
+    text = ("none: every run trains its fixed number of epochs and the checkpoint of its best validation "
+            "evaluation is kept")
+    if _sets_own_patience(benchmark):
+        # The protocol leaves training.early_stopping_patience alone when unset (protocol.plan), so a
+        # method's own value still stops its runs.
+        text += "; training.early_stopping_patience set in the benchmark's configs still applies"
+    return text
+
+
+def _sets_own_patience(benchmark: dict[str, Any]) -> bool:
+    """Whether the base config, a method or a command-line override sets a patience of its own."""
+    key = "training.early_stopping_patience"
+    spec = benchmark.get("spec", {})
+    configs = [spec.get("base", {})] + [method.get("overrides", {}) for method in spec.get("methods", [])]
+    if any(flat_items(config).get(key) is not None for config in configs):
+        return True
+    return any(override.split("=")[0].strip() == key for override in benchmark.get("overrides", []))
+
+
+def flat_items(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config mapping as ``{dotted key: value}``; keys that are dotted already stay as they are."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            flat.update(flat_items(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+# Labels of the base config keys a reader looks for first, in the order shown; other keys follow as stored.
+BASE_LABELS = {
+    "data.name": "dataset", "model.trunk": "trunk", "model.options.width": "trunk width",
+    "model.pretrained": "pretrained trunk", "model.embedding_dim": "embedding size", "loss.name": "loss",
+    "miner.name": "miner", "optimizer.name": "optimiser", "optimizer.lr": "learning rate",
+    "optimizer.weight_decay": "weight decay", "optimizer.loss_lr": "learning rate of the loss's parameters",
+    "optimizer.schedule": "learning-rate schedule", "sampler.name": "batch sampler",
+    "sampler.params.samples_per_class": "samples per class", "training.batch_size": "batch size",
+    "training.max_steps_per_epoch": "steps per epoch (at most)", "training.epochs": "epochs",
+    "training.eval_every": "validation every (epochs)", "evaluation.metrics": "metrics",
+    "evaluation.selection_metric": "checkpoint selection metric", "seed": "seed (replaced per run by the protocol)",
+}
+
+
+def base_rows(data: ReportData) -> list[list[str]]:
+    """``setting``, ``config key``, ``value`` of the configuration every method starts from (``spec.base``)."""
+    flat = flat_items(data.benchmark.get("spec", {}).get("base", {}))
+    keys = [key for key in BASE_LABELS if key in flat] + [key for key in flat if key not in BASE_LABELS]
+    return [[BASE_LABELS.get(key, key.rsplit(".", 1)[-1].replace("_", " ")), f"`{key}`", _config_value(flat[key])]
+            for key in keys]
+
+
+def method_rows(data: ReportData) -> list[list[str]]:
+    """Per method of the stored spec: what it sets over the base, and its searched keys with their ranges."""
+    rows = []
+    for method in data.benchmark.get("spec", {}).get("methods", []):
+        fixed = flat_items(method.get("overrides", {}))
+        searched = method.get("search", {})
+        rows.append([method["name"], "; ".join(f"`{key}` = {_config_value(value)}" for key, value in fixed.items()) or "-",
+                     "; ".join(f"`{key}`: {search_range(entry)}" for key, entry in searched.items()) or "nothing searched"])
+    return rows
+
+
+def search_range(entry: Any) -> str:
+    """One search-space entry (``protocol.search_space``) in words: ``low .. high`` (log, step, integer) or its choices."""
+    if not isinstance(entry, dict):
+        return str(entry)
+    if "choices" in entry:
+        text = "one of " + ", ".join(_config_value(choice) for choice in entry["choices"])
+    else:
+        notes = [note for flag, note in ((entry.get("type") == "int", "integers"), (entry.get("log"), "log scale"),
+                                         ("step" in entry, f"step {entry.get('step')}")) if flag]
+        text = f"{_config_value(entry.get('low'))} .. {_config_value(entry.get('high'))}"
+        text += f" ({', '.join(notes)})" if notes else ""
+    when = entry.get("when") or {}
+    if when:
+        text += " when " + " and ".join(f"`{key}` = {_config_value(value)}" for key, value in when.items())
+    return text
+
+
+def _config_value(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(_config_value, value))
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def held_out_text(data: ReportData) -> str:
+    """The size of the held-out test set and of the development folds, as ``benchmark.json`` stores them."""
+    layout = data.benchmark.get("fold_layout", {})
+    if "test_classes" not in layout:
+        return "The benchmark stores no fold layout, so the test set's size is unknown here."
+    folds = layout.get("folds", [])
+    text = (f"Test set: the {len(layout['test_classes'])} test classes of `fold_layout.test_classes`, which no "
+            "search or training run sees")
+    if "development_classes" in layout and folds:
+        text += (f"; the search used the {len(layout['development_classes'])} development classes in {len(folds)} folds "
+                 f"of {len(folds[0]['train_classes'])} training and {len(folds[0]['val_classes'])} validation classes")
+    options = data.benchmark.get("spec", {}).get("base", {}).get("data", {}).get("options", {})
+    shown = f" (data options: {', '.join(f'{k}={_config_value(v)}' for k, v in options.items())})" if options else ""
+    return text + f". The number of test images is not stored in `benchmark.json`{shown}."
 
 
 def latex(data: ReportData) -> str:

@@ -1,0 +1,229 @@
+"""The report's page: the order of its sections, Markdown inline marks in the HTML, the figures' axes
+and styles, the protocol in words and the set-up section, on a constructed ``ReportData``."""
+
+import inspect
+import itertools
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from matplotlib.colors import to_rgba
+
+from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome
+from dmlbench.report import plots, render, tables
+from dmlbench.report.analysis import analyse
+from dmlbench.report.data import ReportData
+from dmlbench.report.sections import Section, _saturation_section, sections
+
+METHODS = ["contrastive", "triplet", "margin", "fastap"]
+SPEC = {
+    "base": {"seed": 0, "data": {"name": "glyphs", "options": {"max_classes": 160, "image_size": 24}},
+             "model": {"trunk": "small_cnn", "embedding_dim": 64, "options": {"width": 16}},
+             "sampler": {"name": "spc", "params": {"samples_per_class": 4}},
+             "optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.0004},
+             "training": {"epochs": 8, "batch_size": 64, "max_steps_per_epoch": 20}},
+    "methods": [
+        {"name": "contrastive", "overrides": {"loss.name": "contrastive", "loss.params": {"margin": 1.0}},
+         "search": {"loss.params.margin": {"low": 0.5, "high": 1.5}}},
+        {"name": "triplet", "overrides": {"loss.name": "triplet", "miner.name": "semihard"},
+         "search": {"loss.params.margin": {"low": 0.05, "high": 0.5},
+                    "miner.name": {"choices": ["semihard", "hard"]}}},
+        {"name": "margin", "overrides": {"loss.name": "margin"},
+         "search": {"loss.params.beta": {"low": 0.6, "high": 1.6, "log": True}}},
+        {"name": "fastap", "overrides": {"loss.name": "fastap"},
+         "search": {"loss.params.num_bins": {"low": 5, "high": 40, "type": "int"}}},
+    ],
+}
+
+
+def _benchmark(**protocol: object) -> dict:
+    settings = {"folds": 4, "fold_mode": "contiguous", "trials": 8, "epochs": 8, "patience": None, "sampler": "gp",
+                "startup_trials": 4, "pruner": "none", "search_seed": 0, "reproductions": 5, "first_seed": 1000,
+                "parallel_trials": 1, "frozen_trunk": False, **protocol}
+    layout = {"k": 4, "mode": "contiguous", "development_classes": list(range(80)), "test_classes": list(range(80, 160)),
+              "folds": [{"index": i, "train_classes": [c for c in range(80) if c // 20 != i],
+                         "val_classes": list(range(20 * i, 20 * i + 20))} for i in range(4)]}
+    return {"spec": {**SPEC, "protocol": settings}, "overrides": [], "protocol": settings, "methods": METHODS,
+            "fold_layout": layout, "fold_layout_hash": "abc", "dataset": {"name": "glyphs", "content_hash": "123"},
+            "analysis": {"references": ["contrastive", "triplet"]}, "storage": "sqlite:///x.db", "git_commit": "c0ffee"}
+
+
+def _results(shifts: dict[str, float], seeds: int = 5) -> dict[str, MethodReproductions]:
+    """Test scores ``shift`` + a seed effect shared by every method + a small per-method wiggle."""
+    seed_effect = np.random.default_rng(7).normal(0.0, 0.03, size=seeds)
+    results = {}
+    for index, (name, shift) in enumerate(shifts.items()):
+        result = MethodReproductions(name, {}, "abc")
+        for r in range(seeds):
+            value = shift + seed_effect[r] + 0.004 * ((r + index) % 3 - 1)
+            scores = {mode: {"precision_at_1": value, "r_precision": value / 2, "map_at_r": value / 3}
+                      for mode in ("concatenated", "separated")}
+            space = [{"rho": 0.3 + 0.05 * index + 0.01 * fold, "pi_intra": 0.1, "pi_inter": 0.2, "pi_ratio": 0.5}
+                     for fold in range(2)]
+            result.outcomes.append(ReproductionOutcome(r, 1000 + r, [], scores, None, space))
+        results[name] = result
+    return results
+
+
+def _data(**protocol: object) -> ReportData:
+    shifts = {"contrastive": 0.60, "triplet": 0.59, "margin": 0.70, "fastap": 0.50}
+    results = {**_results(shifts), **_results({"untrained": 0.3})}
+    benchmark = _benchmark(**protocol)
+    trials = {name: [{"number": n, "state": "COMPLETE", "value": 0.3 + 0.01 * n, "params": {}} for n in range(3)]
+              for name in METHODS}
+    data = ReportData(Path("."), benchmark, list(METHODS), trials, results=results)
+    data.claims = analyse(results, benchmark["analysis"], {}, ["precision_at_1", "r_precision", "map_at_r"])
+    return data
+
+
+FIGURE = ("A figure", "figure.png", b"\x89PNG")
+
+
+def test_the_plots_follow_the_leaderboard_and_the_set_up_comes_before_the_claims() -> None:
+    data = _data()
+    titles = [part.title for part in sections(data, [FIGURE])]
+    assert titles[:5] == [None, "Summary", "Results", "Plots", "Set-up"]
+    assert titles.index("Set-up") < titles.index("Every method against the references") < titles.index("Protocol")
+    data.failed["fastap"] = "no search trial completed (2 failed)"
+    titles = [part.title for part in sections(data, [FIGURE])]
+    assert titles[2:6] == ["Results", "Failed methods", "Plots", "Set-up"]
+    page = render.markdown(sections(data, [FIGURE]))
+    assert page.index("| untrained |") < page.index("![A figure](figure.png)") < page.index("## Set-up")
+
+
+def test_html_turns_emphasis_and_code_into_tags_in_table_cells_while_the_markdown_keeps_them() -> None:
+    part = Section("Cells", ["See *this* and `x < y`."], bullets=["*equivalent*: `a & b`"],
+                   tables=[(["method", "*outcome*"], [["triplet", "*equivalent*"], ["memory", "`ru_maxrss` & <b>"]])])
+    page = render.html_page([part])
+    assert "<th><em>outcome</em></th>" in page and "<td><em>equivalent</em></td>" in page
+    assert "<td><code>ru_maxrss</code> &amp; &lt;b&gt;</td>" in page
+    assert "<p>See <em>this</em> and <code>x &lt; y</code>.</p>" in page
+    assert "<li><em>equivalent</em>: <code>a &amp; b</code></li>" in page
+    text = render.markdown([part])
+    assert "| triplet | *equivalent* |" in text and "| memory | `ru_maxrss` & <b> |" in text and "| method | *outcome* |" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "html"),
+    [("p* < 0.05 and q*", "p* &lt; 0.05 and q*"), ("2 * 3 * 4", "2 * 3 * 4"), ("a*b*c", "a*b*c"),
+     ("p*-values *better*", "p*-values <em>better</em>"), ("* not* and *not *", "* not* and *not *"),
+     ("*better* / *worse*", "<em>better</em> / <em>worse</em>"), ("`*x*` *`y`*", "<code>*x*</code> <em><code>y</code></em>"),
+     ("one ` tick", "one ` tick"), ("**", "**")],
+)
+def test_only_markdown_emphasis_becomes_em(text: str, html: str) -> None:
+    assert render.inline_html(text) == html
+
+
+def test_search_trials_get_integer_ticks() -> None:
+    pyplot = plots._pyplot()
+    figure, axes = pyplot.subplots()
+    trials = {"a": [{"number": n, "state": "COMPLETE", "value": 0.1 * n} for n in range(3)]}
+    plots.draw_search(axes, ["a"], trials)
+    ticks = [tick for tick in axes.get_xticks() if axes.get_xlim()[0] <= tick <= axes.get_xlim()[1]]
+    pyplot.close(figure)
+    assert len(ticks) >= 2 and all(float(tick).is_integer() for tick in ticks), ticks
+
+
+@pytest.mark.parametrize("count", [20, 30])
+def test_every_method_gets_its_own_colour_and_marker(count: int) -> None:
+    methods = [f"method_{index}" for index in range(count)]
+    styles = plots.method_styles(methods)
+    assert len(set(styles.values())) == count
+    for first, second in itertools.pairwise(methods):  # neighbours in the legend differ in both
+        assert styles[first][0] != styles[second][0] and styles[first][1] != styles[second][1]
+    assert plots.method_styles(methods[:5]) == {m: styles[m] for m in methods[:5]}  # the same in every figure
+
+
+def test_the_space_figure_draws_each_method_in_its_style(monkeypatch: pytest.MonkeyPatch) -> None:
+    pyplot = plots._pyplot()
+    kept = []
+    monkeypatch.setattr(pyplot, "close", kept.append)  # keep the figure to look at its points
+    png = plots.space_figure(_data().claims.points, methods=["unscored", *METHODS])[2]
+    monkeypatch.undo()
+    assert png.startswith(b"\x89PNG")
+    styles = plots.method_styles(["unscored", *METHODS])  # the benchmark's order, as in the other figures
+    drawn = {collection.get_label(): collection for collection in kept[0].axes[0].collections}
+    pyplot.close(kept[0])
+    assert set(drawn) == set(METHODS)
+    for method in METHODS:
+        assert tuple(drawn[method].get_facecolor()[0]) == pytest.approx(to_rgba(styles[method][0]))
+
+
+def test_patience_none_reads_in_words() -> None:
+    rows = dict(tables.parameters(_data()))
+    assert rows["early stopping patience"].startswith("none: every run trains its fixed number of epochs")
+    assert "best validation" in rows["early stopping patience"]
+    assert "None" not in rows["early stopping patience"]
+    assert rows["early stopping patience"].endswith("is kept")  # no method sets a patience of its own
+    assert dict(tables.parameters(_data(patience=3)))["early stopping patience"].startswith("3 validation evaluations")
+    data = _data()
+    data.benchmark["spec"]["base"] = {**SPEC["base"], "training": {"early_stopping_patience": None}}
+    assert "still applies" not in dict(tables.parameters(data))["early stopping patience"]  # set, but to none
+    data.benchmark["overrides"] = ["training.early_stopping_patience=2"]
+    assert "still applies" in dict(tables.parameters(data))["early stopping patience"]
+    data = _data()
+    data.benchmark["spec"]["methods"] = [{"name": "m", "overrides": {"training": {"early_stopping_patience": 2}}}]
+    assert "still applies" in dict(tables.parameters(data))["early stopping patience"]
+
+
+@pytest.mark.parametrize(
+    ("trials", "startup", "random"),
+    [(8, 4, False), (8, 8, True), (8, 20, True), (8, None, True), (10, None, True), (11, None, False)],
+)
+def test_the_search_is_called_random_when_every_trial_is_a_start_up_trial(trials: int, startup: int | None,
+                                                                         random: bool) -> None:
+    search = dict(tables.parameters(_data(trials=trials, startup_trials=startup)))["search"]
+    if random:
+        assert search.startswith(f"random: all {trials} trials are start-up trials of Optuna's gp sampler"), search
+    else:
+        expected = "Optuna's default of 10" if startup is None else str(startup)
+        assert search.startswith(f"Optuna gp sampler after {expected} random start-up trials"), search
+
+
+def test_the_default_start_up_count_is_optunas() -> None:
+    for sampler in (optuna.samplers.GPSampler, optuna.samplers.TPESampler):
+        assert inspect.signature(sampler).parameters["n_startup_trials"].default == tables.OPTUNA_STARTUP_TRIALS
+
+
+def test_the_set_up_section_shows_search_ranges_base_config_and_test_set() -> None:
+    page = render.markdown(sections(_data(), [FIGURE]))
+    setup = page[page.index("## Set-up"):page.index("## Every method against the references")]
+    assert "80 test classes" in setup and "80 development classes in 4 folds of 60 training and 20 validation" in setup
+    assert "| contrastive | `loss.name` = contrastive; `loss.params.margin` = 1 | `loss.params.margin`: 0.5 .. 1.5 |" in setup
+    assert "`miner.name`: one of semihard, hard" in setup and "0.6 .. 1.6 (log scale)" in setup
+    assert "5 .. 40 (integers)" in setup
+    for row in ("| trunk | `model.trunk` | small_cnn |", "| trunk width | `model.options.width` | 16 |",
+                "| embedding size | `model.embedding_dim` | 64 |", "| weight decay | `optimizer.weight_decay` | 0.0004 |",
+                "| steps per epoch (at most) | `training.max_steps_per_epoch` | 20 |"):
+        assert row in setup, row
+    assert "The `untrained` row is the same in both modes" in setup and "4 copies of one network" in setup
+    # A benchmark stored before the spec was recorded still gets the section, with what it has.
+    data = _data()
+    del data.benchmark["spec"], data.benchmark["fold_layout"]
+    bare = render.markdown(sections(data, [FIGURE]))
+    assert "## Set-up" in bare and "test set's size is unknown" in bare
+
+
+def test_k_copies_of_one_embedding_score_alike_concatenated_and_separated() -> None:
+    """What the set-up section says of the untrained row, on the evaluation the reproductions use."""
+    from dmlbench.evaluation.api import evaluate_many
+
+    rng = np.random.default_rng(3)
+    embedding, labels = rng.normal(size=(60, 8)), np.repeat(np.arange(12), 5)
+    copies = {f"fold_{fold}": embedding.copy() for fold in range(4)}
+    concatenated = evaluate_many(copies, labels, mode="concatenated", metrics=["precision_at_1", "map_at_r"])
+    separated = evaluate_many(copies, labels, mode="separated", metrics=["precision_at_1", "map_at_r"])
+    for metric in ("precision_at_1", "map_at_r"):
+        assert concatenated[metric] == pytest.approx(separated[metric], abs=1e-12)
+
+
+def test_the_saturation_counts_add_up_to_the_methods_that_are_not_references() -> None:
+    claims = _data().claims
+    header, rows = _saturation_section(claims).tables[0]
+    outcomes = [header.index(outcome) for outcome in ("better", "equivalent", "worse", "inconclusive")]
+    assert len(rows) == 2 * 2 * 2  # two modes, two metrics, two references
+    for row in rows:
+        # fastap and margin, not the other reference (its outcome is in its own column)
+        assert row[header.index("methods")] == "2" and sum(int(row[i]) for i in outcomes) == 2, row
+        assert row[header.index("the other references")].split(":")[0] in ("contrastive", "triplet")
