@@ -248,26 +248,3 @@ def test_kendall_correlation_is_scipys_tau_b_and_its_bootstrap(seed: int) -> Non
     assert result.low <= result.estimate <= result.high
     with pytest.raises(UserInputError, match="pearson or spearman"):
         within_group_correlation(x, y, ["a"] * 5 + ["b"] * 4, "kendall")
-
-
-def test_compare_rankings_script_writes_tau_and_both_rankings(tmp_path) -> None:
-    import csv
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "results" / "compare_rankings.py"
-    spec = importlib.util.spec_from_file_location("compare_rankings", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    means = {"first": {"a": 0.9, "b": 0.8, "c": 0.7, "d": 0.6, "untrained": 0.1},
-             "second": {"a": 0.7, "b": 0.9, "c": 0.6, "d": 0.5, "e": 0.95, "untrained": 0.1}}
-    for study, methods in means.items():
-        (tmp_path / study).mkdir()
-        rows = ["method,reproduction,mode,metric,value"]
-        rows += [f"{name},{r},concatenated,precision_at_1,{value + 0.01 * r}" for name, value in methods.items() for r in range(3)]
-        (tmp_path / study / "runs.csv").write_text("\n".join(rows) + "\n")
-    output = tmp_path / "tau.csv"
-    assert module.main([str(tmp_path / "first"), str(tmp_path / "second"), "-o", str(output), "--resamples", "200"]) == 0
-    (row,) = list(csv.DictReader(output.open()))
-    assert row["methods"] == "4" and float(row["kendall_tau"]) == pytest.approx(stats.kendalltau([4, 3, 2, 1], [3, 4, 2, 1]).statistic, abs=1e-4)
-    assert row["first_ranking"] == "a > b > c > d" and row["second_ranking"] == "b > a > c > d"
