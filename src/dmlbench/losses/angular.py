@@ -9,8 +9,8 @@ from torch import Tensor
 
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.npairs import npair_sum
-from dmlbench.losses.pair_masks import gram, log1p_exp, masked_logsumexp, pair_masks
+from dmlbench.losses.npairs import npair_term
+from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
 from dmlbench.mining.base import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative
@@ -45,9 +45,8 @@ class AngularLoss(MetricLoss):
         if len(anchors) == 0:
             return zero_loss(embeddings)
         batch_size = len(labels)
-        dot_products = gram(embeddings)
-        npair = npair_sum(dot_products, positive, negative) / batch_size
-        regularizer = self.regularization * embeddings.pow(2).sum(dim=1).mean()
+        # The N-pair term with its embedding regulariser, and the Gram matrix it is computed from.
+        npair, dot_products = npair_term(embeddings, anchors, positives, negative, 1.0, self.regularization)
 
         # The cosines of the L2-normalised embeddings come from the same Gram matrix (one product
         # fewer); norms are clamped at F.normalize's eps, and vector_norm's gradient stays 0 at 0.
@@ -61,4 +60,4 @@ class AngularLoss(MetricLoss):
         anchor_positive = (2 * (1 + tan_squared)) * cosine[anchors, positives]
         over_negatives = masked_logsumexp(scaled[anchors] + scaled[positives], negative[anchors], dim=1)
         angular = log1p_exp(over_negatives - anchor_positive).sum() / batch_size
-        return npair + regularizer + self.angular_weight * angular
+        return npair + self.angular_weight * angular

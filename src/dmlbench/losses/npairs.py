@@ -6,42 +6,96 @@ import torch
 from torch import Tensor
 
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.losses.pair_masks import gram, log1p_exp, pair_masks
+from dmlbench.losses.pair_masks import label_pairs, log1p_exp, pair_masks
 from dmlbench.mining.base import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive
 
 
-class _NPairSum(torch.autograd.Function):
-    """Roth et al. 2020 supp. eq. 4's sum over the positive pairs of a similarity matrix, with its gradient
-    written out: a few [b, b] passes for the backward instead of autograd's chain through the log-sum-exp."""
+class _NPairTerm(torch.autograd.Function):
+    """Roth et al. 2020 supp. eq. 4 on the similarities ``s = x x^T / temperature``, returned with ``s``;
+    the gradient is written out: a few [b, b] passes and one product for the backward instead of
+    autograd's chain through the log-sum-exp, the Gram matrix's two products and the regulariser."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, similarity: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
-        selected = torch.where(negative, similarity, float("-inf"))
-        maximum = selected.amax(dim=1, keepdim=True)
-        # exp(-inf) = 0 off the negatives; an anchor without negatives is shifted by a finite number and
-        # its log-sum-exp is -inf, so its pairs add log(1 + 0) = 0 and get no gradient.
-        exponentials = torch.exp(selected - maximum.clamp_min(torch.finfo(similarity.dtype).min))
-        total = exponentials.sum(dim=1, keepdim=True).clamp_min(0.5)
-        margins = (torch.log(total) + maximum) - similarity  # log sum_n exp(s_an) - s_ap
-        ctx.save_for_backward(exponentials, total, margins, positive)
-        # The positive pairs are a few per anchor: log(1 + exp(.)) (log1p_exp, exact for any value) only for them.
-        return log1p_exp(margins.masked_select(positive)).sum()
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        vectors: Tensor,
+        anchors: Tensor,
+        positives: Tensor,
+        negative: Tensor | None,
+        temperature: float,
+        regularization: float,
+    ) -> tuple[Tensor, Tensor]:
+        batch = len(vectors)
+        similarity = vectors @ (vectors / temperature).T
+        if negative is None:
+            # Every pair but the positives and (a, a) is a negative: masking the few positives by index
+            # is cheaper than a pass with a [b, b] boolean mask.
+            selected = similarity.index_put((anchors, positives), similarity.new_tensor(float("-inf")))
+            selected.fill_diagonal_(float("-inf"))
+        else:
+            selected = torch.where(negative, similarity, float("-inf"))
+        # One fused softmax kernel instead of separate exp / sum / divide passes (torch.exp alone costs
+        # more than the whole softmax on the CPU). Its largest entry is exp(0) / total, so the
+        # log-sum-exp over the negatives is maximum - log(that entry), with no second exp pass.
+        probabilities = torch.softmax(selected, dim=1)
+        maximum = selected.amax(dim=1)
+        log_sum_exp = maximum - torch.log(probabilities.amax(dim=1))
+        no_negatives = maximum == float("-inf")
+        if bool(no_negatives.any()):
+            # Such an anchor's softmax is 0/0: its log-sum-exp is -inf instead, so its pairs add
+            # log(1 + 0) = 0 and get no gradient.
+            probabilities[no_negatives] = 0.0
+            log_sum_exp = log_sum_exp.masked_fill(no_negatives, float("-inf"))
+        margins = log_sum_exp[anchors] - similarity[anchors, positives]  # log sum_n exp(s_an) - s_ap
+        ctx.save_for_backward(vectors, probabilities, margins, anchors, positives)
+        ctx.temperature, ctx.regularization = temperature, regularization
+        # A loss that does not use s gets no [b, b] zero gradient for it.
+        ctx.set_materialize_grads(False)
+        loss = (log1p_exp(margins).sum() + regularization * vectors.square().sum()) / batch
+        return loss, similarity
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None, None]:
-        exponentials, total, margins, positive = ctx.saved_tensors
-        # d/dmargin of log(1 + exp(margin)) is sigmoid(margin); each anchor's log-sum-exp passes its
-        # pairs' total on to its negatives in proportion to exp(s_an).
-        weights = torch.where(positive, torch.sigmoid(margins), 0.0) * grad
-        return exponentials * (weights.sum(dim=1, keepdim=True) / total) - weights, None, None
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: Tensor | None, grad_similarity: Tensor | None
+    ) -> tuple[Tensor | None, None, None, None, None, None]:
+        vectors, probabilities, margins, anchors, positives = ctx.saved_tensors
+        batch = len(vectors)
+        gradient, similarity_gradient = None, grad_similarity
+        if grad is not None:
+            # d/dmargin of log(1 + exp(margin)) is sigmoid(margin); each anchor's log-sum-exp passes its
+            # pairs' total on to its negatives in proportion to their softmax weight.
+            weights = torch.sigmoid(margins) * (grad / batch)
+            per_anchor = weights.new_zeros(batch).index_add_(0, anchors, weights)
+            pairs_gradient = probabilities * per_anchor.to(probabilities.dtype).unsqueeze(1)
+            # accumulate: with mined tuples a pair may be listed as positive and as negative.
+            pairs_gradient.index_put_((anchors, positives), -weights.to(pairs_gradient.dtype), accumulate=True)
+            similarity_gradient = pairs_gradient if grad_similarity is None else pairs_gradient + grad_similarity
+            gradient = vectors * (2 * ctx.regularization / batch * grad)
+        if similarity_gradient is not None:
+            # d(x x^T) is (G + G^T) x, one product; the engine may hand a low-precision output a float32 gradient.
+            symmetric = (similarity_gradient + similarity_gradient.T).to(vectors.dtype)
+            if gradient is None:
+                gradient = torch.mm(symmetric, vectors) / ctx.temperature
+            else:
+                gradient.addmm_(symmetric, vectors, alpha=1 / ctx.temperature)
+        return gradient, None, None, None, None, None
 
 
-def npair_sum(similarity: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
-    """Roth et al. 2020 supp. eq. 4, the sum over the positive pairs ``(a, p)`` of ``positive``:
-    ``sum_(a,p) log(1 + sum_{n in negative[a]} exp(s_an - s_ap))``."""
-    return _NPairSum.apply(similarity, positive, negative)
+def npair_term(
+    vectors: Tensor,
+    anchors: Tensor,
+    positives: Tensor,
+    negative: Tensor | None,
+    temperature: float,
+    regularization: float,
+) -> tuple[Tensor, Tensor]:
+    """Roth et al. 2020 supp. eq. 4 over the positive pairs ``(anchors[i], positives[i])`` and the
+    negatives ``negative[a]`` of each anchor (``None``: every pair that is neither positive nor (a, a)), ``1/b sum_(a,p) log(1 + sum_n exp(s_an - s_ap))
+    + regularization/b sum_i ||x_i||^2`` with ``s = x x^T / temperature`` for the rows ``x`` of ``vectors``;
+    returned with ``s`` (for a loss that reuses it; its gradient flows back too)."""
+    return _NPairTerm.apply(vectors, anchors, positives, negative, temperature, regularization)
 
 
 @LOSSES.register("npairs")
@@ -66,15 +120,22 @@ class NPairsLoss(MetricLoss):
 
     def forward(self, embeddings: Tensor, labels: Tensor, tuples: Tuples | None = None) -> Tensor:
         check_batch(embeddings, labels)
-        positive, negative = pair_masks(labels, tuples)
-        # Without tuples, a positive pair is a repeated label: cheaper to see in the labels than in the mask.
-        if not (len(torch.unique(labels)) < len(labels) if tuples is None else bool(positive.any())):
+        if tuples is None:
+            # The pairs from the sorted labels, the negatives implied: no [b, b] boolean masks.
+            anchors, positives = label_pairs(labels)
+            negative = None
+        else:
+            positive, negative = pair_masks(labels, tuples)
+            anchors, positives = positive.nonzero(as_tuple=True)
+        if len(anchors) == 0:
             return zero_loss(embeddings)
-        vectors = torch.nn.functional.normalize(embeddings, dim=1) if self.normalize else embeddings
-        # The temperature scales the [b, dim] factors rather than the [b, b] product.
-        similarity = gram(vectors / self.temperature**0.5)
-        ranking = npair_sum(similarity, positive, negative) / len(labels)
-        return ranking + self.regularization * embeddings.pow(2).sum(dim=1).mean()
+        if not self.normalize:
+            # The regulariser acts on the same vectors: its gradient joins the written-out one.
+            loss, _ = npair_term(embeddings, anchors, positives, negative, self.temperature, self.regularization)
+            return loss
+        vectors = torch.nn.functional.normalize(embeddings, dim=1)
+        loss, _ = npair_term(vectors, anchors, positives, negative, self.temperature, 0.0)
+        return loss + self.regularization * embeddings.pow(2).sum(dim=1).mean()
 
 
 @LOSSES.register("nt_xent", "info_nce")

@@ -45,24 +45,18 @@ def pair_masks(labels: Tensor, tuples: Tuples | None = None) -> tuple[Tensor, Te
     return masks[0], masks[1]
 
 
-class _Gram(torch.autograd.Function):
-    """``x @ x.T`` whose backward is the one product ``(G + G^T) x``; autograd would do two."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, vectors: Tensor) -> Tensor:
-        ctx.save_for_backward(vectors)
-        return vectors @ vectors.T
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:
-        (vectors,) = ctx.saved_tensors
-        # The engine may hand a low-precision output a float32 gradient; the product needs one dtype.
-        return (grad + grad.T).to(vectors.dtype) @ vectors
-
-
-def gram(vectors: Tensor) -> Tensor:
-    """Dot products ``vectors @ vectors.T`` of all pairs of rows, with a single-product backward."""
-    return _Gram.apply(vectors)
+def label_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``(anchors, positives)``: every ordered pair of two positions with the same label, the pairs of
+    ``pair_masks(labels)[0]`` (in another order), found from the sorted labels without a [b, b] mask."""
+    order = torch.argsort(labels, stable=True)
+    sorted_labels = labels[order]
+    # Sorted position i pairs with the positions first[i], ..., first[i] + size[i] - 1 of its label.
+    first = torch.searchsorted(sorted_labels, sorted_labels)
+    size = torch.searchsorted(sorted_labels, sorted_labels, right=True) - first
+    anchor = torch.repeat_interleave(size)
+    partner = torch.arange(len(anchor), device=labels.device) + (first - (size.cumsum(0) - size))[anchor]
+    distinct = anchor != partner
+    return order[anchor[distinct]], order[partner[distinct]]
 
 
 def masked_logsumexp(values: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
