@@ -70,6 +70,12 @@ LOSS_OPTIONS: dict[str, dict[str, Any]] = {
     "dreml": {"num_learners": 4, "num_meta_classes": 4},
 }
 
+# Extra rows: a loss with the options that make its work equal to its PML peer's, timed against the
+# same peer, beside the full formula's row (label -> (our loss name, our options)).
+EQUAL_WORK: dict[str, tuple[str, dict[str, Any]]] = {
+    "softtriple[tau=0]": ("softtriple", {"tau": 0.0}),  # without eq. 18's centre regulariser, as PML's
+}
+
 # label -> (our miner name, our hyper-parameters, PML factory or None)
 PML_MINERS: dict[str, tuple[str, dict[str, Any], Callable[[], Any] | None]] = {
     "random": ("random", {}, None),
@@ -169,12 +175,13 @@ def benchmark_losses(batch: int, args: argparse.Namespace, device: torch.device)
     embeddings, labels = make_batch(batch, args.dim, device)
     num_classes = int(labels.max()) + 1
     rows = []
-    for name, aliases in unique_losses().items():
+    entries = [(name, name, LOSS_OPTIONS.get(name, {}), aliases) for name, aliases in unique_losses().items()]
+    entries += [(label, name, options, []) for label, (name, options) in EQUAL_WORK.items()]
+    for label, name, options, aliases in entries:
         if args.only and name not in args.only:
             continue
 
         def ours() -> Callable[[], None]:
-            options = LOSS_OPTIONS.get(name, {})
             loss = losses.build(name, num_classes=num_classes, embedding_dim=args.dim, **options).to(device)
             return loss_step(loss, embeddings, labels)
 
@@ -187,7 +194,7 @@ def benchmark_losses(batch: int, args: argparse.Namespace, device: torch.device)
 
             pml_ms, pml_error = time_or_error(theirs, device, args)
         note = "; ".join(filter(None, [f"= {', '.join(aliases)}" if aliases else "", ours_error, pml_error]))
-        rows.append(Row("loss", name, batch, ours_ms, pml_ms, note))
+        rows.append(Row("loss", label, batch, ours_ms, pml_ms, note))
         print(format_row(rows[-1]), flush=True)
     return rows
 

@@ -50,6 +50,7 @@ def reference_softtriple(
         {},
         {"centers_per_class": 3, "scale": 20.0, "gamma": 0.5, "margin": 0.1, "tau": 1.0},
         {"centers_per_class": 1, "tau": 0.5},
+        {"centers_per_class": 3, "tau": 0.0},  # no regulariser: the branch that skips it
     ],
 )
 def test_matches_brute_force(options: dict) -> None:

@@ -60,7 +60,9 @@ class SoftTripleLoss(ClassLoss):
         similarity = (assignment * cosine).sum(dim=2)
         own = labels.unsqueeze(1)
         logits = similarity.scatter(1, own, similarity.gather(1, own) - self.margin)
-        return F.cross_entropy(self.scale * logits, labels) + self.tau * self.center_spread(centers)
+        loss = F.cross_entropy(self.scale * logits, labels)
+        # tau = 0 is SoftTriple as Qian et al.'s eq. without the regulariser: no pass over the centres.
+        return loss + self.tau * self.center_spread(centers) if self.tau else loss
 
     def center_spread(self, centers: Tensor) -> Tensor:
         """``sum_c sum_{k<l} ||psi_c^k - psi_c^l|| / (C K (K-1))`` for unit centres ``[C, K, D]``."""
