@@ -135,6 +135,8 @@ class NPairsLoss(MetricLoss):
             return loss
         vectors = torch.nn.functional.normalize(embeddings, dim=1)
         loss, _ = npair_term(vectors, anchors, positives, negative, self.temperature, 0.0)
+        if self.regularization == 0:
+            return loss  # NT-Xent's default: no regulariser chain to build and differentiate
         return loss + self.regularization * embeddings.pow(2).sum(dim=1).mean()
 
 
