@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cli_runner import run_cli
 from training_fixtures import TINY

@@ -3,6 +3,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -23,9 +24,12 @@ from dmlbench.errors import UserInputError
 from dmlbench.losses.facility_location import (
     assign_to_medoids,
     batched_nmi,
+    estimated_nmi_after_moves,
     greedy_loss_augmented_medoids,
-    nearest_other_medoid,
+    medoid_state,
+    nearest_other_medoids,
     nmi_after_moves,
+    ranked_columns,
     swap_moves,
     swap_refined_medoids,
 )
@@ -238,20 +242,26 @@ def test_refinement_undoes_a_greedy_centre_medoid() -> None:
 
 def test_swap_assignments_keep_the_tie_rules() -> None:
     # Points on a small integer grid, some repeated: many equal distances and zero-distance pairs.
-    # Every swap's vectorised assignment is assign_to_medoids of the swapped set.
+    # Every swap's moves describe assign_to_medoids of the swapped set.
     generator = torch.Generator().manual_seed(3)
     embeddings = torch.randint(0, 3, (14, 2), generator=generator).double()
     embeddings[10:] = embeddings[:4]
     distances = torch.cdist(embeddings, embeddings)
+    ranked = ranked_columns(distances.numpy())
     for medoids in (torch.tensor([4, 0, 9]), torch.tensor([10, 0, 7, 2]), torch.tensor([5])):
-        newcomers = torch.tensor([j for j in range(14) if j not in medoids.tolist()])
-        for position in range(len(medoids)):
-            nearest_other = nearest_other_medoid(distances, medoids, position)
-            held, moved = swap_moves(distances, medoids, position, newcomers, nearest_other)
-            for row, j in enumerate(newcomers.tolist()):
-                trial = medoids.clone()
-                trial[position] = j
-                assert torch.equal(torch.where(moved[row], position, held), assign_to_medoids(distances, trial))
+        state = medoid_state(distances, medoids.numpy())
+        positions = np.arange(len(medoids))
+        newcomers = np.array([j for j in range(14) if j not in medoids.tolist()])
+        which = np.repeat(positions, len(newcomers))
+        held, row, point = swap_moves(
+            ranked, state, positions, nearest_other_medoids(state, positions), which, np.tile(newcomers, len(medoids))
+        )
+        for r, (position, j) in enumerate(zip(which.tolist(), np.tile(newcomers, len(medoids)).tolist())):
+            swapped = torch.from_numpy(held[position].copy())
+            swapped[point[row == r]] = position
+            trial = medoids.clone()
+            trial[position] = j
+            assert torch.equal(swapped, assign_to_medoids(distances, trial))
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, database=None)
@@ -260,14 +270,22 @@ def test_swap_assignments_keep_the_tie_rules() -> None:
     st.lists(st.lists(st.booleans(), min_size=14, max_size=14), min_size=1, max_size=5),
 )
 def test_nmi_after_moves_is_the_nmi_of_the_moved_clustering(pairs: list[tuple[int, int]], rows: list[list[bool]]) -> None:
-    # The incremental NMI against batched_nmi (itself checked against sklearn) of the clustering it describes:
-    # moves out of every cluster, of whole clusters, of nothing and of everything.
+    # The incremental NMI, and its NumPy estimate, against batched_nmi (itself checked against sklearn)
+    # of the clustering it describes: moves out of every cluster, of whole clusters, of nothing and of
+    # everything; the rows on two bases, the second the first relabelled.
     _, truth = torch.unique(torch.tensor([t for t, _ in pairs]), return_inverse=True)
     base = torch.tensor([p for _, p in pairs])
     moved = torch.tensor(rows)[:, : len(pairs)]
     moved = torch.cat([moved, torch.zeros_like(moved[:1]), torch.ones_like(moved[:1]), (base == base[0]).unsqueeze(0)])
-    direct = batched_nmi(torch.where(moved, int(base.max()) + 1, base.unsqueeze(0)), truth)
-    torch.testing.assert_close(nmi_after_moves(base, truth, moved), direct, rtol=1e-12, atol=1e-12)
+    largest = int(base.max())
+    bases = torch.stack([base, largest - base])
+    base_of_row = torch.arange(len(moved)) % 2
+    direct = batched_nmi(torch.where(moved, largest + 1, bases[base_of_row]), truth)
+    row, point = moved.nonzero(as_tuple=True)
+    torch.testing.assert_close(nmi_after_moves(bases, truth, base_of_row, row, point), direct, rtol=1e-12, atol=1e-12)
+    arrays = (array.numpy() for array in (bases, truth, base_of_row, row, point))
+    estimate = torch.from_numpy(estimated_nmi_after_moves(*arrays))
+    torch.testing.assert_close(estimate, direct, rtol=1e-12, atol=1e-12)
 
 
 def test_refinement_never_lowers_the_loss() -> None:
@@ -315,3 +333,136 @@ def test_bad_input() -> None:
         losses.build("facility_location", refine="yes")
     with pytest.raises(UserInputError, match="embeddings"):
         losses.build("facility_location")(torch.zeros(4), torch.zeros(4, dtype=torch.long))
+
+
+# The medoid search as it was before its swaps were scored several positions at a time (commit
+# a0b7694): one position per visit, every NMI from dense boolean moves. The reference for the test below.
+
+
+def previous_nmi_after_moves(base: torch.Tensor, truth: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
+    rows, size = moved.shape
+    dtype = torch.float64
+    num_true, num_base = int(truth.max()) + 1, int(base.max()) + 1
+    cell = base * num_true + truth
+    row, point = moved.nonzero(as_tuple=True)
+    cluster_sizes = torch.bincount(base, minlength=num_base).to(dtype)
+    leaving = torch.bincount(row * num_base + base[point], minlength=rows * num_base).view(rows, num_base)
+    remaining = cluster_sizes - leaving
+    arriving = torch.bincount(row * num_true + truth[point], minlength=rows * num_true).view(rows, num_true).to(dtype)
+    moved_count = arriving.sum(dim=1)
+    clusters_term = torch.special.xlogy(remaining, remaining).sum(dim=1) + torch.special.xlogy(moved_count, moved_count)
+    cell_sizes = torch.bincount(cell, minlength=num_base * num_true).to(dtype)
+    keys, taken = torch.unique(row * len(cell_sizes) + cell[point], return_counts=True)
+    before = cell_sizes[keys % len(cell_sizes)]
+    change = torch.special.xlogy(before - taken, before - taken) - torch.special.xlogy(before, before)
+    cells_term = torch.special.xlogy(cell_sizes, cell_sizes).sum() + torch.special.xlogy(arriving, arriving).sum(dim=1)
+    cells_term = cells_term.index_add_(0, keys // len(cell_sizes), change)
+    class_sizes = torch.bincount(truth, minlength=num_true).to(dtype)
+    classes_term = torch.special.xlogy(class_sizes, class_sizes).sum()
+    total = size * math.log(size)
+    mutual_information = ((cells_term - clusters_term - classes_term + total) / size).clamp_min(0.0)
+    entropy_predicted, entropy_true = (total - clusters_term) / size, (total - classes_term) / size
+    normaliser = (entropy_predicted + entropy_true) / 2
+    nmi = torch.where(mutual_information > 0, mutual_information / normaliser.clamp_min(1e-300), 0.0)
+    num_clusters = (remaining > 0).sum(dim=1) + (moved_count > 0).long()
+    single_cluster = (num_clusters == 1) & (int((class_sizes > 0).sum()) == 1)
+    return torch.where(single_cluster, 1.0, nmi)
+
+
+def previous_greedy(distances: torch.Tensor, class_index: torch.Tensor, margin_multiplier: float) -> torch.Tensor:
+    batch = len(class_index)
+    nearest = torch.full((batch,), float("inf"), dtype=distances.dtype)
+    assignment = torch.zeros(batch, dtype=torch.long)
+    available = torch.ones(batch, dtype=torch.bool)
+    chosen: list[int] = []
+    for step in range(int(class_index.max()) + 1):
+        energy = -torch.minimum(nearest.unsqueeze(0), distances).sum(dim=1).double()
+        energy = energy.masked_fill(~available, float("-inf"))
+        best_energy = energy.max()
+        bound = best_energy - margin_multiplier - 1e-9 * (best_energy.abs() + 1.0)
+        contenders = (energy >= bound).nonzero().squeeze(1)
+        captured = (distances[contenders] < nearest.unsqueeze(0)) & available.unsqueeze(0)
+        captured[torch.arange(len(contenders)), contenders] = True
+        score = energy[contenders] + margin_multiplier * (
+            1.0 - previous_nmi_after_moves(assignment, class_index, captured)
+        )
+        winner = int(torch.argmax(score))
+        best = int(contenders[winner])
+        chosen.append(best)
+        nearest = torch.minimum(nearest, distances[best])
+        assignment = torch.where(captured[winner], step, assignment)
+        available[best] = False
+    return torch.tensor(chosen, dtype=torch.long)
+
+
+def previous_refinement(
+    distances: torch.Tensor, class_index: torch.Tensor, margin_multiplier: float, medoids: torch.Tensor
+) -> torch.Tensor:
+    batch, size = len(class_index), len(medoids)
+    medoids = medoids.clone()
+    if size == batch:
+        return medoids
+    distances = distances.double()
+    is_medoid = torch.zeros(batch, dtype=torch.bool)
+    is_medoid[medoids] = True
+    nmi = batched_nmi(assign_to_medoids(distances, medoids).unsqueeze(0), class_index).squeeze(0)
+    current = -distances[medoids].amin(dim=0).sum() + margin_multiplier * (1.0 - nmi)
+    swaps = 0
+    settled = [-1] * size
+    for _ in range(10):
+        swaps_before = swaps
+        for position in range(size):
+            if settled[position] == swaps:
+                continue
+            others = distances[medoids].index_fill(0, torch.tensor([position]), float("inf"))
+            held_distance, held = others.min(dim=0)
+            candidates = (~is_medoid).nonzero().squeeze(1)
+            energy = -torch.minimum(held_distance.unsqueeze(0), distances[candidates]).sum(dim=1)
+            slack = 1e-10 * (abs(float(current)) + 1.0)
+            contenders = (energy + margin_multiplier > current + slack).nonzero().squeeze(1)
+            if len(contenders) > 0:
+                newcomers = candidates[contenders]
+                new_distance = distances[newcomers]
+                moved = (new_distance < held_distance) | ((new_distance == held_distance) & (position < held))
+                positions = torch.arange(size)
+                kept = positions != position
+                held[medoids[kept]] = positions[kept]
+                moved[:, medoids[kept]] = False
+                moved[torch.arange(len(newcomers)), newcomers] = True
+                score = energy[contenders] + margin_multiplier * (
+                    1.0 - previous_nmi_after_moves(held, class_index, moved)
+                )
+                best = int(torch.argmax(score))
+                if bool(score[best] > current + slack):
+                    is_medoid[medoids[position]] = False
+                    is_medoid[newcomers[best]] = True
+                    medoids[position] = newcomers[best]
+                    current = score[best]
+                    swaps += 1
+            settled[position] = swaps
+        if swaps == swaps_before:
+            break
+    return medoids
+
+
+def test_medoids_are_those_of_the_previous_search() -> None:
+    # 300 random batches of 4-70 points in 1-24 classes, two thirds of them on small integer grids
+    # (many equal distances, repeated points, equal scores) and some in float32 as the loss passes them:
+    # the greedy and the refined medoids are exactly the previous implementation's, in the same order.
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        size = int(torch.randint(4, 71 if trial % 10 == 0 else 41, (1,), generator=generator))
+        classes = int(torch.randint(1, min(size, 24) + 1, (1,), generator=generator))
+        labels = torch.cat([torch.arange(classes), torch.randint(0, classes, (size - classes,), generator=generator)])
+        if trial % 3 == 0:
+            embeddings = torch.randint(0, 3, (size, 2), generator=generator).double()
+        elif trial % 3 == 1:
+            embeddings = torch.randint(-2, 3, (size, 4), generator=generator).float()
+        else:
+            embeddings = torch.randn(size, 8, generator=generator)
+        distances = torch.cdist(embeddings, embeddings)
+        gamma = (1.0, 0.5, 5.0, 0.0)[trial % 4]
+        greedy = previous_greedy(distances, labels, gamma)
+        assert torch.equal(greedy_loss_augmented_medoids(distances, labels, gamma), greedy), trial
+        refined = previous_refinement(distances, labels, gamma, greedy)
+        assert torch.equal(swap_refined_medoids(distances, labels, gamma, greedy), refined), trial

@@ -28,6 +28,7 @@ from pytorch_metric_learning import losses as pml_losses
 from dmlbench import losses
 from dmlbench.errors import UserInputError
 from dmlbench.losses.npairs import NPairsLoss, NTXentLoss
+from dmlbench.losses.pair_masks import label_pairs, pair_masks
 from dmlbench.mining.tuples import Pairs
 
 
@@ -133,3 +134,12 @@ def test_build_aliases_and_bad_input() -> None:
     check_bad_hyper_parameters("npairs", {"regularization": [-1]})
     with pytest.raises(UserInputError, match="unknown loss 'npair'"):
         losses.build("npair")
+
+
+@pytest.mark.parametrize("labels", [[], [3], [1, 1, 1], [0, 1, 2], [2, 0, 2, 1, 0, 2, 5, 5, 0], list(range(7)) * 3])
+def test_label_pairs_are_the_positive_mask(labels: list[int]) -> None:
+    # The sorted-label enumeration lists exactly the pairs of pair_masks' positive mask, each once.
+    tensor = torch.tensor(labels, dtype=torch.long)
+    anchors, positives = label_pairs(tensor)
+    expected = pair_masks(tensor)[0].nonzero().tolist()
+    assert sorted(zip(anchors.tolist(), positives.tolist())) == sorted(map(tuple, expected))

@@ -28,11 +28,12 @@ class _NPairTerm(torch.autograd.Function):
         regularization: float,
     ) -> tuple[Tensor, Tensor]:
         batch = len(vectors)
-        similarity = vectors @ (vectors / temperature).T
+        similarity = vectors @ (vectors if temperature == 1 else vectors / temperature).T
         if negative is None:
             # Every pair but the positives and (a, a) is a negative: masking the few positives by index
             # is cheaper than a pass with a [b, b] boolean mask.
-            selected = similarity.index_put((anchors, positives), similarity.new_tensor(float("-inf")))
+            selected = similarity.clone()
+            selected[anchors, positives] = float("-inf")
             selected.fill_diagonal_(float("-inf"))
         else:
             selected = torch.where(negative, similarity, float("-inf"))
@@ -91,10 +92,11 @@ def npair_term(
     temperature: float,
     regularization: float,
 ) -> tuple[Tensor, Tensor]:
-    """Roth et al. 2020 supp. eq. 4 over the positive pairs ``(anchors[i], positives[i])`` and the
-    negatives ``negative[a]`` of each anchor (``None``: every pair that is neither positive nor (a, a)), ``1/b sum_(a,p) log(1 + sum_n exp(s_an - s_ap))
-    + regularization/b sum_i ||x_i||^2`` with ``s = x x^T / temperature`` for the rows ``x`` of ``vectors``;
-    returned with ``s`` (for a loss that reuses it; its gradient flows back too)."""
+    """Roth et al. 2020 supp. eq. 4, ``1/b sum_(a,p) log(1 + sum_n exp(s_an - s_ap)) + regularization/b
+    sum_i ||x_i||^2`` with ``s = x x^T / temperature`` for the rows ``x`` of ``vectors``, over the positive
+    pairs ``(anchors[i], positives[i])`` and the negatives ``negative[a]`` of each anchor (``None``: every
+    pair that is neither positive nor (a, a)); returned with ``s`` (for a loss that reuses it; its
+    gradient flows back too)."""
     return _NPairTerm.apply(vectors, anchors, positives, negative, temperature, regularization)
 
 
