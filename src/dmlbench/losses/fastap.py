@@ -42,13 +42,16 @@ class FastAPLoss(MetricLoss):
         if not has_positive.any():
             return zero_loss(embeddings)
         distances = squared_euclidean(torch.nn.functional.normalize(embeddings, dim=1))
-        centres = torch.linspace(
-            0.0, MAX_SQUARED_DISTANCE, self.num_bins + 1, dtype=distances.dtype, device=distances.device
-        )
-        # kernel[q, j, l]: share of pair (q, j) in bin l.
-        kernel = torch.relu(1 - (distances.unsqueeze(2) - centres).abs() * (self.num_bins / MAX_SQUARED_DISTANCE))
-        positive_histogram = (kernel * positive.unsqueeze(2)).sum(dim=1)
-        all_histogram = positive_histogram + (kernel * negative.unsqueeze(2)).sum(dim=1)
+        # The triangular kernel of width 4 / num_bins gives each pair weight in its two nearest bin
+        # centres only: a [b, b, 2] scatter into the bins instead of a [b, b, num_bins + 1] kernel.
+        scaled = distances * (self.num_bins / MAX_SQUARED_DISTANCE)
+        lower = scaled.detach().floor().clamp_(0, self.num_bins - 1)
+        bins = torch.stack([lower, lower + 1], dim=2)
+        weights = torch.relu(1 - (scaled.unsqueeze(2) - bins).abs())
+        bins = bins.long().flatten(1)
+        empty = distances.new_zeros(len(distances), self.num_bins + 1)
+        positive_histogram = empty.scatter_add(1, bins, (weights * positive.unsqueeze(2)).flatten(1))
+        all_histogram = positive_histogram + empty.scatter_add(1, bins, (weights * negative.unsqueeze(2)).flatten(1))
         cumulative_positive = positive_histogram.cumsum(dim=1)
         cumulative_all = all_histogram.cumsum(dim=1)
         filled = cumulative_all > 0
