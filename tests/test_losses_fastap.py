@@ -103,3 +103,13 @@ def test_build_and_bad_input() -> None:
     loss = losses.build("fastap")
     assert loss.num_bins == 10 and loss.uses_tuples
     check_bad_hyper_parameters("fastap", {"num_bins": [0, -1, 2.0]})
+
+
+def test_non_finite_embeddings_give_a_nan_loss() -> None:
+    # A NaN distance falls in no bin; the loss must come out NaN (which fails a run): neither raise
+    # nor come out finite (it was 1.0 when the empty-bin mask also hid NaN bins).
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    for bad in (float("nan"), float("inf")):
+        embeddings = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+        embeddings[0, 0] = bad
+        assert torch.isnan(FastAPLoss()(embeddings, labels))

@@ -93,6 +93,23 @@ def test_nan_loss_stops_the_run_and_marks_it_failed(tmp_path: Path, monkeypatch:
         evaluate_run(tmp_path / "run")
 
 
+@pytest.mark.parametrize(("loss_name", "miner_name"), [("contrastive", "distance_weighted"), ("triplet", "semihard"),
+                                                     ("multi_similarity", None), ("fastap", None)])
+def test_non_finite_embeddings_fail_the_step_whatever_the_loss(loss_name: str, miner_name: str | None) -> None:
+    # These losses turn a NaN embedding into a finite loss (a masked or clamped distance), and the
+    # distance-weighted miner samples from its distances: the step checks the embeddings first.
+    from dmlbench import losses, mining
+    from dmlbench.training.step import batch_loss
+
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    miner = mining.build(miner_name) if miner_name else None
+    for bad in (float("nan"), float("inf")):
+        embeddings = torch.nn.functional.normalize(torch.randn(8, 8, generator=torch.Generator().manual_seed(1)), dim=1)
+        embeddings[3, 1] = bad
+        with pytest.raises(TrainingDiverged, match="embeddings are not finite .* epoch 2, step 5"):
+            batch_loss(losses.build(loss_name), miner, embeddings, labels, epoch=2, step=5)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

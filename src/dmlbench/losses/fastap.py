@@ -45,7 +45,8 @@ class FastAPLoss(MetricLoss):
         # The triangular kernel of width 4 / num_bins gives each pair weight in its two nearest bin
         # centres only: a [b, b, 2] scatter into the bins instead of a [b, b, num_bins + 1] kernel.
         scaled = distances * (self.num_bins / MAX_SQUARED_DISTANCE)
-        lower = scaled.detach().floor().clamp_(0, self.num_bins - 1)
+        # A NaN distance still needs a valid bin index: its NaN weight then makes the loss NaN.
+        lower = scaled.detach().floor().nan_to_num_(0.0).clamp_(0, self.num_bins - 1)
         bins = torch.stack([lower, lower + 1], dim=2)
         weights = torch.relu(1 - (scaled.unsqueeze(2) - bins).abs())
         bins = bins.long().flatten(1)
@@ -54,7 +55,8 @@ class FastAPLoss(MetricLoss):
         all_histogram = positive_histogram + empty.scatter_add(1, bins, (weights * negative.unsqueeze(2)).flatten(1))
         cumulative_positive = positive_histogram.cumsum(dim=1)
         cumulative_all = all_histogram.cumsum(dim=1)
-        filled = cumulative_all > 0
+        # `!= 0`, not `> 0` (the same for these non-negative sums): a NaN must reach the loss, not be masked.
+        filled = cumulative_all != 0
         safe_cumulative_all = torch.where(filled, cumulative_all, torch.ones_like(cumulative_all))
         precision_terms = torch.where(
             filled, positive_histogram * cumulative_positive / safe_cumulative_all, torch.zeros_like(cumulative_all)

@@ -36,7 +36,12 @@ class TrainResult:
 def batch_loss(loss_fn: MetricLoss, miner: Miner | None, embeddings: torch.Tensor, targets: torch.Tensor,
                *, epoch: int, step: int) -> torch.Tensor:
     """The batch's loss: the miner's index tuples (when the loss takes tuples), then the loss;
-    ``TrainingDiverged`` when it is not finite, so a NaN fails the run instead of scoring it."""
+    ``TrainingDiverged`` when the embeddings or the loss are not finite, so a NaN fails the run
+    instead of scoring it."""
+    # Checked before the miner and the loss: several of them mask or clamp a NaN distance into a
+    # finite value, and a sampling miner would fail on it with an error of its own.
+    if not bool(torch.isfinite(embeddings).all()):
+        raise TrainingDiverged(f"embeddings are not finite (NaN or infinite) at epoch {epoch}, step {step}")
     tuples = miner(embeddings, targets) if miner is not None and loss_fn.uses_tuples else None
     loss = loss_fn(embeddings, targets, tuples)
     if not torch.isfinite(loss):
