@@ -6,6 +6,7 @@ import torch
 from dmlbench import models
 from dmlbench.errors import UserInputError
 from dmlbench.models.bninception import BNInception
+from dmlbench.models.trunks import MaxPool2x2
 
 
 def test_small_cnn_embeddings_are_unit_norm_and_seeded() -> None:
@@ -17,6 +18,38 @@ def test_small_cnn_embeddings_are_unit_norm_and_seeded() -> None:
     assert out.shape == (4, 16)
     torch.testing.assert_close(out.norm(dim=1), torch.ones(4))
     torch.testing.assert_close(out, second(images))
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 24, 24), (2, 3, 7, 9), (2, 2, 3, 3), (1, 1, 2, 2), (2, 1, 5, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_window_maximum_pooling_is_max_pool2d(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    # Small integers after a ReLU: most windows hold ties; odd sizes drop the last row or column.
+    rows = torch.relu(torch.randint(-2, 3, shape, generator=torch.Generator().manual_seed(0))).to(dtype)
+    rows[0, 0, 0, 0] = float("nan")
+    expected = torch.nn.functional.max_pool2d(rows, 2)
+    with torch.no_grad():
+        assert torch.equal(MaxPool2x2()(rows).isnan(), expected.isnan())
+        assert torch.equal(MaxPool2x2()(rows).nan_to_num(), expected.nan_to_num())
+    # With gradients it is max_pool2d itself: its gradient goes to the first maximum of a window.
+    leaf = rows.nan_to_num().requires_grad_(True)
+    MaxPool2x2()(leaf).sum().backward()
+    reference = rows.nan_to_num().requires_grad_(True)
+    torch.nn.functional.max_pool2d(reference, 2).sum().backward()
+    assert torch.equal(leaf.grad, reference.grad)
+
+
+def test_small_cnn_embeds_the_same_bits_with_either_pooling() -> None:
+    model = models.build("small_cnn", embedding_dim=16, seed=3).eval()
+    images = torch.rand(8, 1, 24, 24, generator=torch.Generator().manual_seed(1)).round()  # glyph-like: ties
+    with torch.no_grad():
+        ours = model(images)
+        swapped = 0
+        for module in model.modules():
+            for name, child in module.named_children():
+                if isinstance(child, MaxPool2x2):
+                    setattr(module, name, torch.nn.MaxPool2d(2))
+                    swapped += 1
+        assert swapped == 4 and torch.equal(ours, model(images))
 
 
 def test_seeded_build_leaves_global_random_state_alone() -> None:
