@@ -102,9 +102,12 @@ def test_the_continue_command_of_a_benchmark_names_its_output_directory() -> Non
     from dmlbench.cli.benchmark import continue_command
 
     command = continue_command("benchmark", None, ["training.epochs=3"], Path("runs/benchmark-20261124-010203"),
-                               "postgresql://me@db/bench", jobs=2, heartbeat=30, db_retry=300, quiet=True)
+                               "postgresql://me@db/bench", jobs="2", heartbeat=30, db_retry=300, quiet=True)
     assert command == ("dmlbench benchmark training.epochs=3 -o runs/benchmark-20261124-010203 "
                        "--storage postgresql://me@db/bench --jobs 2 -q")
+    # --jobs auto is continued as auto (the same machine resolves it the same way), not as a number.
+    command = continue_command("benchmark", None, [], Path("out"), None, jobs="auto")
+    assert command == "dmlbench benchmark -o out --jobs auto"
 
 
 @pytest.fixture(scope="module")

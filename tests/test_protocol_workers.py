@@ -391,11 +391,59 @@ def test_a_password_is_never_stored_and_another_config_is_refused(postgres_url: 
     assert not (tmp_path / "wrong").exists()
 
 
+def test_jobs_auto_gives_the_single_worker_results_and_one_worker_on_sqlite(reference: Path, tmp_path: Path) -> None:
+    # The smoke config pins one thread per run, so any number of workers gives the reference's bytes.
+    output = tmp_path / "out"
+    result = run(["benchmark", str(SMOKE), "-o", str(output), "-q", "--jobs", "auto"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("results.csv", "runs.csv"):
+        assert (output / name).read_bytes() == (reference / name).read_bytes(), name
+    expected = "journal:///" if len(os.sched_getaffinity(0)) > 1 else "sqlite:///"
+    assert json.loads((output / "benchmark.json").read_text())["storage"].startswith(expected)
+    # A benchmark stored in SQLite (one worker's default) goes on with one worker, not an error.
+    stored = tmp_path / "sqlite"
+    shutil.copytree(reference, stored)
+    again = run(["benchmark", str(SMOKE), "-o", str(stored), "--jobs", "auto"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "--jobs auto: 1 worker process(es)" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("cores", "omp", "threads_override", "expected"),
+    [
+        (16, None, [], 4),  # smoke pins 1 thread: capped by 2 methods x 2 folds
+        (3, None, [], 3),
+        (1, None, [], 1),
+        (16, None, ["training.num_threads=auto"], 4),
+        (16, "8", ["training.num_threads=auto"], 2),  # OMP_NUM_THREADS pins the threads of an auto run
+        (6, None, ["training.num_threads=3"], 2),
+        (2, None, ["training.num_threads=4"], 1),
+        (16, None, ["protocol.parallel_trials=2"], 8),
+    ],
+)
+def test_auto_jobs_fills_the_cores_at_the_runs_thread_count(cores: int, omp: str | None, threads_override: list[str],
+                                                            expected: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
+    from dmlbench.protocol.pipeline import auto_jobs
+    from dmlbench.protocol.plan import MethodPlan
+    from dmlbench.training import threads
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    monkeypatch.setattr(threads, "available_cores", lambda: cores)
+    spec, overrides = apply_spec_overrides(load_spec(SMOKE), threads_override)
+    plans = {method.name: MethodPlan.build(spec, method.name, overrides) for method in spec.methods}
+    assert auto_jobs(spec, plans) == expected
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--storage", "mysql://user@host/db"], "unsupported kind of storage URL"),
-        (["--jobs", "0"], "--jobs must be a positive integer"),
+        (["--jobs", "0"], "--jobs must be a positive integer or auto"),
+        (["--jobs", "many"], "--jobs must be a positive integer or auto, got 'many'"),
         (["--jobs", "2", "--storage", "sqlite:///{tmp}/x.db"], "SQLite is not safe for 2 concurrent workers"),
         (["--storage", "postgresql://someone:hunter2@127.0.0.1:1/none"], "cannot be reached"),
     ],

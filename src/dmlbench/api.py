@@ -18,10 +18,11 @@ from dmlbench.errors import UserInputError
 
 def benchmark(
     config: str | Path | None, output_dir: str | Path, overrides: Sequence[str] = (), *,
-    storage: str | None = None, jobs: int = 1, progress: bool = False, accept_plugin_changes: bool = False,
+    storage: str | None = None, jobs: int | str = 1, progress: bool = False, accept_plugin_changes: bool = False,
 ) -> Any:
     """Run (or continue) the benchmark of the YAML ``config`` (``None``: the built-in glyphs one) in
-    ``output_dir`` and write its report; returns the ``BenchmarkOutcome`` (``results``, ``failed``),
+    ``output_dir`` and write its report with ``jobs`` worker processes (``"auto"``: as
+    ``dmlbench benchmark --jobs auto``); returns the ``BenchmarkOutcome`` (``results``, ``failed``),
     or ``None`` when another worker on the same storage wrote the report."""
     from dmlbench.protocol.benchmark import load_spec
     from dmlbench.protocol.pipeline import prepare, run_benchmark
@@ -30,7 +31,7 @@ def benchmark(
     config_path = None if config is None else Path(config)
     prepared = prepare(load_spec(config_path), Path(output_dir), list(overrides), storage, jobs=jobs,
                        accept_plugin_changes=accept_plugin_changes)
-    if jobs > 1:
+    if prepared.jobs > 1:
         from dmlbench.protocol.jobs import run_jobs
 
         return run_jobs(prepared, config_path, list(overrides), progress=progress, report=write_report)

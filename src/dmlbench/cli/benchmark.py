@@ -19,7 +19,8 @@ from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS
 STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
                 "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: OUTPUT/study.db, "
                 "or OUTPUT/study.journal with --jobs > 1).")
-JOBS_HELP = "Worker processes on this machine, each with training.num_threads torch threads."
+JOBS_HELP = ("Worker processes on this machine, each with training.num_threads torch threads; auto: one per core "
+             "(or per training.num_threads cores), at most as many as the search can keep busy.")
 HEARTBEAT_HELP = "Seconds between a PostgreSQL worker's heartbeats; a worker silent for 3 of them is taken for dead."
 ACCEPT_HELP = ("Continue although a plugin's code changed since the benchmark started; the change is recorded in "
                "benchmark.json.")
@@ -27,8 +28,10 @@ DB_RETRY_HELP = ("Seconds a worker waits for a database server that went away (a
                  "pause, before it stops with exit 1 (the same command continues later).")
 
 
-# Measured with benchmarks/jobs.py (README, "Several workers on one machine").
-DEFAULT_JOBS = 1
+# One worker by default: the results of --jobs auto depend on the machine's core count through the
+# thread count, and on a protocol of seconds the extra processes cost more than they save
+# (benchmarks/jobs.py; docs/protocol.md, "One machine, several processes").
+DEFAULT_JOBS = "1"
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +44,7 @@ def benchmark_command(
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP + " Applied to every method.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/benchmark-<time>); an existing one is resumed.")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help=JOBS_HELP)] = DEFAULT_JOBS,
+    jobs: Annotated[str, typer.Option("--jobs", "-j", help=JOBS_HELP)] = DEFAULT_JOBS,
     heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
     db_retry: Annotated[int, typer.Option("--db-retry", help=DB_RETRY_HELP)] = DEFAULT_RETRY_SECONDS,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the training runs and epochs the config implies and an estimate of their time; train nothing.")] = False,
@@ -65,8 +68,10 @@ def benchmark_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_spec(config_path)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage, jobs=jobs, heartbeat=heartbeat, retry_seconds=db_retry,
-                       accept_plugin_changes=accept_plugin_changes)
+    prepared = prepare(spec, output_dir, overrides, storage, jobs=int(jobs) if jobs.isdigit() else jobs,
+                       heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes)
+    if jobs != str(prepared.jobs) and not quiet:
+        typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
     if dry_run:
         from dmlbench.protocol.cost import dry_run as estimate
 
@@ -75,7 +80,7 @@ def benchmark_command(
     again = continue_command("benchmark", config_path, overrides, output_dir, prepared.redacted if storage else None,
                              jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet)
     with stops_explained(f"benchmark {output_dir}", again):
-        if jobs > 1:
+        if prepared.jobs > 1:
             from dmlbench.protocol.jobs import run_jobs
 
             outcome = run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report)
@@ -133,7 +138,7 @@ def search_command(
 
 
 def continue_command(command: str, config_path: Path | None, overrides: list[str], output_dir: Path,
-                     storage: str | None, *, jobs: int = 1, heartbeat: int = 30,
+                     storage: str | None, *, jobs: str = DEFAULT_JOBS, heartbeat: int = 30,
                      db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False) -> str:
     """The command line that continues this benchmark: the same config and overrides, with ``-o``
     (a run without it would start a new directory) and the storage without its password."""
@@ -145,7 +150,7 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
     if storage:
         words += ["--storage", storage]
     if jobs != DEFAULT_JOBS:
-        words += ["--jobs", str(jobs)]
+        words += ["--jobs", jobs]
     if heartbeat != 30:
         words += ["--heartbeat", str(heartbeat)]
     if db_retry != DEFAULT_RETRY_SECONDS:

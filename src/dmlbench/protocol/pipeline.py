@@ -37,7 +37,7 @@ from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings, Se
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
 from dmlbench.protocol.search import MethodSearch, SearchResult, best_trial
-from dmlbench.training import records, tracking
+from dmlbench.training import records, threads, tracking
 from dmlbench.training.setup import load_dataset
 
 # How often a worker whose remaining work is running elsewhere looks again (seconds).
@@ -119,27 +119,33 @@ class BenchmarkOutcome:
 
 def prepare(
     spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None, storage: str | None = None,
-    *, jobs: int = 1, heartbeat: int = 30, retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS,
+    *, jobs: int | str = 1, heartbeat: int = 30, retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS,
     accept_plugin_changes: bool = False,
 ) -> Prepared:
     """Check the whole benchmark; a ``UserInputError`` (one line) names the first problem. Writes nothing.
 
-    ``jobs``: local worker processes (more than one needs a storage for concurrent writers);
+    ``jobs``: local worker processes (more than one needs a storage for concurrent writers), or
+    ``auto`` (``auto_jobs``; one where the benchmark is already stored in SQLite);
     ``heartbeat``: seconds between a PostgreSQL worker's heartbeats (stale after three missed);
     ``retry_seconds``: how long a worker waits for a lost database server before it stops;
     ``accept_plugin_changes``: continue a benchmark whose plugin code changed (recorded in ``benchmark.json``)."""
     spec, overrides = apply_spec_overrides(spec, list(overrides or []))
     output_dir = Path(output_dir)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise UserInputError(f"--jobs must be a positive integer, got {jobs!r}")
+    if jobs != AUTO_JOBS and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise UserInputError(f"--jobs must be a positive integer or auto, got {jobs!r}")
     if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1:
         raise UserInputError(f"--heartbeat must be a positive number of seconds, got {heartbeat!r}")
     if isinstance(retry_seconds, bool) or not isinstance(retry_seconds, int) or retry_seconds < 0:
         raise UserInputError(f"--db-retry must be a number of seconds >= 0, got {retry_seconds!r}")
     if output_dir.exists() and not output_dir.is_dir():
         raise UserInputError(f"output {output_dir} is a file, not a directory")
-    url = resolve_storage(output_dir, storage, jobs)
     plans = {method.name: MethodPlan.build(spec, method.name, overrides) for method in spec.methods}
+    if jobs == AUTO_JOBS:
+        jobs = auto_jobs(spec, plans)
+        # A benchmark already stored in SQLite (one worker's default) can only go on with one worker.
+        if not storage_module.storage_for(resolve_storage(output_dir, storage, jobs)).concurrent:
+            jobs = 1
+    url = resolve_storage(output_dir, storage, jobs)
     _check_shared(spec, plans)
     first = next(iter(plans.values())).config
     dataset = load_dataset(first)
@@ -240,6 +246,23 @@ def _check_samplers(plans: Mapping[str, MethodPlan], labels: Any, layout: FoldLa
             build_sampler(plan.config, train_labels)
         except UserInputError as error:
             raise UserInputError(f"method {name!r}: {error}") from None
+
+
+AUTO_JOBS = "auto"
+
+
+def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
+    """``--jobs auto``: as many worker processes as this process's cores hold at the methods' torch
+    thread count (one each when ``training.num_threads`` is ``auto`` and ``OMP_NUM_THREADS`` unset),
+    at most the units of work the search can run at once (methods x folds x ``parallel_trials``).
+
+    One process per core because on the built-in benchmark two one-thread workers took 200 s where
+    one two-thread worker took 269 s (``python benchmarks/jobs.py src/dmlbench/configs/benchmark.yaml``
+    on a quiet 2-core machine): the small CNN's steps do not keep two threads busy."""
+    fixed = [int(plan.config.training.num_threads) for plan in plans.values() if plan.config.training.num_threads != threads.AUTO]
+    per_process = max(fixed, default=threads.pinned_threads() or 1)
+    concurrent_units = len(plans) * spec.protocol.folds * spec.protocol.parallel_trials
+    return max(1, min(threads.available_cores() // per_process, concurrent_units))
 
 
 def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:

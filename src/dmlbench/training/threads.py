@@ -53,7 +53,10 @@ def resolve_threads(setting: int | str) -> int:
     the available cores."""
     if setting != AUTO:
         return int(setting)
+    return pinned_threads() or max(1, available_cores() // _processes)
+
+
+def pinned_threads() -> int | None:
+    """``OMP_NUM_THREADS`` when the environment sets it to a positive number, else ``None``."""
     pinned = os.environ.get("OMP_NUM_THREADS", "")
-    if pinned.isdigit() and int(pinned) >= 1:
-        return int(pinned)
-    return max(1, available_cores() // _processes)
+    return int(pinned) if pinned.isdigit() and int(pinned) >= 1 else None
