@@ -44,7 +44,7 @@ def benchmark_command(
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP + " Applied to every method.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/benchmark-<time>); an existing one is resumed.")] = None,
     storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
-    jobs: Annotated[str, typer.Option("--jobs", "-j", help=JOBS_HELP)] = DEFAULT_JOBS,
+    jobs: Annotated[str, typer.Option("--jobs", "-j", metavar="N|auto", help=JOBS_HELP)] = DEFAULT_JOBS,
     heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
     db_retry: Annotated[int, typer.Option("--db-retry", help=DB_RETRY_HELP)] = DEFAULT_RETRY_SECONDS,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the training runs and epochs the config implies and an estimate of their time; train nothing.")] = False,
