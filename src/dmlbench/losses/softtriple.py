@@ -110,23 +110,6 @@ class _SoftTriple(torch.autograd.Function):
         return embeddings_gradient, centers_gradient, None, None, None, None, None
 
 
-class _CenterSpread(torch.autograd.Function):
-    """``weight * sum_{k, l} ||psi^k - psi^l||`` over the ordered pairs of unit centres ``[K, C, D]``
-    of each class, Roth et al. 2020 supp. eq. 18's sum, with its gradient written out."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, centers: Tensor, weight: float) -> Tensor:
-        differences, norms = _spread(centers)
-        ctx.save_for_backward(differences, norms)
-        ctx.weight = weight
-        return norms.sum() * weight
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
-        differences, norms = ctx.saved_tensors
-        return _spread_gradient(differences, norms, ctx.weight * grad), None
-
-
 @LOSSES.register("softtriple")
 class SoftTripleLoss(ClassLoss):
     """SoftTriple, Roth et al. 2020 supp. eq. 16-18 (Qian et al. 2019).
@@ -163,8 +146,9 @@ class SoftTripleLoss(ClassLoss):
         loss = super().forward(embeddings, labels, tuples)
         if len(labels) == 0:
             # Eq. 18's regulariser does not depend on the batch: an empty batch gives it alone.
-            centers = unit_weights(self.centers.transpose(0, 1), embeddings.dtype)
-            loss = loss + _CenterSpread.apply(centers, self.spread_weight())
+            # Autograd suffices here: vector_norm's gradient is 0 where two centres coincide (k = l too).
+            _, norms = _spread(unit_weights(self.centers.transpose(0, 1), embeddings.dtype))
+            loss = loss + norms.sum() * self.spread_weight()
         return loss
 
     def class_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:

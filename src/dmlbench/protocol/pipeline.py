@@ -140,12 +140,12 @@ def prepare(
     if output_dir.exists() and not output_dir.is_dir():
         raise UserInputError(f"output {output_dir} is a file, not a directory")
     plans = {method.name: MethodPlan.build(spec, method.name, overrides) for method in spec.methods}
-    if jobs == AUTO_JOBS:
+    automatic = jobs == AUTO_JOBS
+    if automatic:
         jobs = auto_jobs(spec, plans)
-        # A benchmark already stored in SQLite (one worker's default) can only go on with one worker.
-        if not storage_module.storage_for(resolve_storage(output_dir, storage, jobs)).concurrent:
-            jobs = 1
     url = resolve_storage(output_dir, storage, jobs)
+    if automatic and not storage_module.storage_for(url).concurrent:
+        jobs = 1  # SQLite (given, or one worker's default for a stored benchmark) takes one worker
     _check_shared(spec, plans)
     first = next(iter(plans.values())).config
     dataset = load_dataset(first)
