@@ -71,7 +71,7 @@ def _cannot_create_in(directory: Path) -> bool:
         (["train", "--epochs"], ("No such option", "--epochs")),
         (["train", GLYPHS_CONFIG, "--output"], ("--output", "requires an argument")),
         (["data", "check"], ("Missing argument", "DATASET|CONFIG")),
-        (["evaluate", "--k", "many"], ("Invalid value for '--k'",)),
+        (["evaluate", "--k", "many"], ("Invalid value for", "--k'")),
     ],
 )
 def test_usage_errors_print_usage_and_one_error_line(arguments: list[str], message: tuple[str, ...]) -> None:
@@ -117,7 +117,7 @@ def test_a_benchmark_whose_methods_fail_exits_1_naming_them(tmp_path: Path) -> N
         # a batch the sampler cannot fill is refused before training, exit 2).
         "base": {"training": {"epochs": 1, "max_steps_per_epoch": 2, "batch_size": 16},
                  "optimizer": {"name": "sgd", "lr": 1e30}},
-        "protocol": {"folds": 2, "trials": 1, "reproductions": 1, "sampler": "tpe"},
+        "protocol": {"folds": 2, "trials": 1, "reproductions": 2, "sampler": "tpe"},
         "methods": [
             {"name": "triplet", "overrides": {"loss.name": "triplet", "miner.name": "semihard"}},
             {"name": "contrastive", "overrides": {"loss.name": "contrastive"}},

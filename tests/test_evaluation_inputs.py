@@ -74,3 +74,20 @@ def test_evaluate_many_concatenated_and_separated():
         evaluate_many({"a": embeddings}, labels, mode="stacked")
     with pytest.raises(UserInputError, match="same number of rows"):
         evaluate_many({"a": embeddings, "b": other[:-1]}, labels)
+
+
+@pytest.mark.parametrize("backend", ["torch", "faiss"])
+def test_metrics_are_floats_and_the_two_counts_ints(backend):
+    """What docs/api.md promises: every metric a Python ``float``, the counts ``int`` (also for queries
+    with a gallery, and averaged over separated models)."""
+    embeddings, labels = _data(n=60)
+    names = [*default_metrics(), "map_at_1000"]
+    query_mask = np.arange(60) % 3 == 0
+    results = [evaluate(embeddings, labels, metrics=names, backend=backend),
+               evaluate(embeddings, labels, metrics=names[:-1], backend=backend, query_mask=query_mask),
+               evaluate_many({"a": embeddings, "b": embeddings[:, ::-1].copy()}, labels, mode="separated", backend=backend)]
+    for result in results:
+        counts = {key: type(value) for key, value in result.items() if key.startswith("num_queries")}
+        metrics = {key: type(value) for key, value in result.items() if not key.startswith("num_queries")}
+        assert counts == {"num_queries": int, "num_queries_without_match": int}
+        assert set(metrics.values()) == {float}, metrics

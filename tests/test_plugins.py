@@ -97,14 +97,17 @@ def test_a_plugin_that_cannot_be_imported_is_one_line_and_exit_2(
 def test_a_benchmark_without_plugins_keeps_the_config_hash_it_had_before_plugins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Resuming a benchmark compares config hashes: the plugins key must not change old ones
-    (the smoke benchmark's hash at 8bc0caf, before plugins existed)."""
+    """Resuming a benchmark compares config hashes: the plugins key must not change old ones (the
+    smoke benchmark's hash at 8bc0caf, before plugins existed, which a benchmark started before the
+    analysis entered the hash keeps), nor the hash of a benchmark whose analysis is fixed."""
     from dmlbench.protocol.benchmark import load_spec
     from dmlbench.protocol.pipeline import prepare
 
     monkeypatch.setattr(plugins, "_LOADED", {})  # the plugins earlier tests imported into this process
     prepared = prepare(load_spec(REPO / "configs" / "smoke.yaml"), tmp_path / "out")
-    assert prepared.plugins == [] and prepared.config_hash == "78362e6a273e758f"
+    assert prepared.plugins == [] and prepared.config_hash == "31291e1e60f50613"
+    prepared.analysis_in_hash = False
+    assert prepared.config_hash == "78362e6a273e758f"
 
 
 def test_the_python_api_is_what_the_package_exports() -> None:

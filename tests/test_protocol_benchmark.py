@@ -102,7 +102,8 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
     assert {line.split(",")[-2] for line in comparisons[1:]} == {"0.01"}
     # The plain-language summary comes first, before the leaderboard's details and the claims.
     assert report.index("## Summary") < report.index("## Every method against the references")
-    assert "Against `contrastive` on P@1: " in report
+    assert "Against `contrastive`: " in report and "Primary endpoint MAP@R (concatenated)" in report
+    assert "## Power (MAP@R (concatenated))" in report and "## Sensitivity to the margin" in report
     # The plots right under the leaderboard, then the set-up, then the claims.
     assert report.index("| untrained |") < report.index("## Plots") < report.index("](search.png)") < report.index("## Set-up")
     assert report.index("## Set-up") < report.index("## Every method against the references")
@@ -150,7 +151,8 @@ def test_report_rebuilds_the_same_csv_bytes_from_storage(finished: Path, tmp_pat
         assert (published / name).read_bytes() == (finished / name).read_bytes()
 
 
-def test_a_changed_analysis_section_resumes_and_is_used(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_changed_analysis_is_refused_then_accepted_on_purpose_and_recorded(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
     copy = tmp_path / "copy"
@@ -158,14 +160,71 @@ def test_a_changed_analysis_section_resumes_and_is_used(finished: Path, tmp_path
     benchmark = json.loads((copy / "benchmark.json").read_text())
     benchmark["storage"] = f"sqlite:///{copy.resolve() / 'study.db'}"
     (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    before = (copy / "benchmark.json").read_bytes()
+    assert benchmark["analysis_in_hash"] and benchmark["analysis"]["references"] == ["contrastive"]
     spec = write_spec(tmp_path / "bench.yaml", analysis={"references": ["triplet"]})
     code, _, err = run_cli(["benchmark", str(spec), "-o", str(copy), "-q"], capsys)
-    assert code == 0, err  # report-only settings are outside the config hash: nothing is re-run
-    assert json.loads((copy / "benchmark.json").read_text())["analysis"] == {"references": ["triplet"], "pairs": [], "equivalence_margin": 0.01}
+    assert code == 2 and err.count("\n") == 1 and "analysis.pairs, analysis.references" in err and "--accept-analysis-change" in err
+    assert (copy / "benchmark.json").read_bytes() == before  # nothing stored changed
+    code, _, err = run_cli(["benchmark", str(spec), "-o", str(copy), "-q", "--accept-analysis-change"], capsys)
+    assert code == 0, err  # nothing is re-run: the declared analysis keeps the config hash
+    stored = json.loads((copy / "benchmark.json").read_text())
+    assert stored["config_hash"] == benchmark["config_hash"] and stored["analysis"] == benchmark["analysis"]
+    [change] = stored["analysis_changes_accepted"]
+    assert change["changed"] == ["pairs", "references"] and change["analysis"]["references"] == ["triplet"]
+    code, _, err = run_cli(["benchmark", str(spec), "-o", str(copy), "-q"], capsys)
+    assert code == 0, err  # the accepted analysis is now the one in force
     code, _, err = run_cli(["report", str(copy)], capsys)
     assert code == 0, err
     report = (copy / "report.md").read_text()
     assert "Every method against `triplet`" in report and "Treated against control" not in report
+    assert "changed after the runs with --accept-analysis-change: `analysis.pairs`, `analysis.references`" in report
+    code, _, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 1 and "analysis changed after the runs" in err
+
+
+def test_one_verdict_per_pair_and_endpoint(finished: Path) -> None:
+    """The reference view, the pairs view and comparisons.csv read one Holm family per mode and metric:
+    the pair declared both ways (triplet against the reference contrastive, and as a pair) has one verdict."""
+    import csv
+
+    claims = list(csv.DictReader((finished / "claim_comparisons.csv").open()))
+    table = list(csv.DictReader((finished / "comparisons.csv").open()))
+    for mode in ("concatenated", "separated"):
+        for metric in ("precision_at_1", "map_at_r"):
+            views = [row for row in claims if (row["mode"], row["metric"]) == (mode, metric)]
+            assert {row["family"] for row in views} == {"reference:contrastive", "pairs"}
+            assert len({(row["outcome"], row["t_pvalue_holm"], row["tost_pvalue_holm"]) for row in views}) == 1
+            [row] = [row for row in table if (row["mode"], row["metric"]) == (mode, metric)]
+            assert (row["outcome"], float(row["t_pvalue_holm"])) == (views[0]["outcome"], float(views[0]["t_pvalue_holm"]))
+
+
+def test_a_benchmark_started_before_the_analysis_was_fixed_resumes_and_reports(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As the committed studies: benchmark.json without ``analysis_in_hash``, config hash without the analysis."""
+    import shutil
+
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.pipeline import prepare
+
+    copy = tmp_path / "old"
+    shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
+    benchmark = json.loads((copy / "benchmark.json").read_text())
+    del benchmark["analysis_in_hash"]
+    spec = write_spec(tmp_path / "bench.yaml", analysis={"references": ["triplet"]})
+    benchmark.update(storage=f"sqlite:///{copy.resolve() / 'study.db'}", analysis={"references": ["contrastive"]})
+    (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    code, _, err = run_cli(["report", str(copy), "-o", str(tmp_path / "published")], capsys)
+    assert code == 0, err
+    assert "started before the analysis entered the config hash" in (tmp_path / "published" / "report.md").read_text()
+    # Resuming it: the description (so the hash its studies carry) has no analysis, whatever the config declares.
+    fresh = prepare(load_spec(spec), tmp_path / "fresh")
+    fresh.analysis_in_hash = False
+    alone = tmp_path / "record_only"
+    alone.mkdir()
+    (alone / "benchmark.json").write_text(json.dumps({**benchmark, "storage": f"sqlite:///{alone.resolve() / 'study.db'}"}))
+    resumed = prepare(load_spec(spec), alone, accept_plugin_changes=False)
+    assert "analysis" not in resumed.description() and resumed.config_hash == fresh.config_hash
 
 
 def test_audit_passes_then_names_a_planted_leak(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,6 +244,22 @@ def test_audit_passes_then_names_a_planted_leak(finished: Path, tmp_path: Path, 
     code, out, err = run_cli(["audit", str(copy)], capsys)
     assert code == 1
     assert "triplet/trial_0001/fold_0: search-stage run saw test classes" in err
+
+
+def test_audit_reads_the_storage_given_with_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy whose benchmark.json names a storage that is gone: the audit finds no study there, and
+    passes on the storage named with --storage (as report and status take it)."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
+    benchmark = json.loads((copy / "benchmark.json").read_text())
+    benchmark["storage"] = f"sqlite:///{tmp_path.resolve() / 'gone.db'}"
+    (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    code, _, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 1 and "method triplet: no study in" in err
+    code, out, err = run_cli(["audit", str(copy), "--storage", f"sqlite:///{copy.resolve() / 'study.db'}"], capsys)
+    assert code == 0 and "audit passed" in out, err
 
 
 def test_report_and_audit_of_a_directory_without_a_study_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -346,7 +421,10 @@ def test_keys_added_later_leave_an_older_benchmark_description_unchanged(tmp_pat
     assert "startup_trials" not in plain["protocol"] and "startup_trials" not in plain["spec"]["protocol"]
     assert "analysis" not in plain["spec"]
     analysed = prepare(load_spec(write_spec(tmp_path / "analysed.yaml", analysis=ANALYSIS)), tmp_path / "b").description()
-    assert analysed == plain
+    # The analysis is fixed before the data: it is part of the description (and hash), outside `spec`.
+    assert analysed["analysis"]["references"] == ["contrastive"] and analysed != plain
+    assert {key: value for key, value in analysed.items() if key != "analysis"} == {
+        key: value for key, value in plain.items() if key != "analysis"}
     started = prepare(load_spec(write_spec(tmp_path / "startup.yaml", protocol={**PROTOCOL, "startup_trials": 1})),
                       tmp_path / "c").description()
     assert started["protocol"]["startup_trials"] == 1 and started["spec"]["protocol"]["startup_trials"] == 1

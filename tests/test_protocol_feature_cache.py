@@ -173,7 +173,7 @@ def test_a_pretrained_trunk_is_used_as_is_and_keys_the_features_by_its_file(tmp_
 
 
 def test_benchmark_with_frozen_trunk_reports_it_and_passes_the_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = {"base": base_raw(), "protocol": {"folds": 2, "trials": 1, "reproductions": 1, "epochs": 1, "sampler": "tpe",
+    spec = {"base": base_raw(), "protocol": {"folds": 2, "trials": 1, "reproductions": 2, "epochs": 1, "sampler": "tpe",
                                              "first_seed": 100, "frozen_trunk": True},
             "methods": [{"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]}
     (tmp_path / "bench.yaml").write_text(yaml.safe_dump(spec))

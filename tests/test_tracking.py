@@ -2,6 +2,7 @@
 unreachable server is one warning and changes nothing."""
 
 import json
+import re
 import subprocess
 import warnings
 from pathlib import Path
@@ -43,6 +44,31 @@ def test_mlflow_gets_the_config_tags_and_every_epoch(tmp_path: Path) -> None:
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
 
 
+@pytest.mark.parametrize("from_environment", [True, False])
+def test_mlflow_without_uri_follows_mlflows_own_convention(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           from_environment: bool) -> None:
+    """No ``tracking.uri``: ``MLFLOW_TRACKING_URI``, else MLflow's default in the working directory
+    (where ``mlflow ui`` looks), read back with a client that names the place itself."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    if from_environment:
+        expected = f"sqlite:///{tmp_path / 'elsewhere' / 'team.db'}"
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", expected)
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        expected = mlflow.get_tracking_uri()
+        assert expected == f"sqlite:///{tmp_path / 'mlflow.db'}"  # MLflow's default: its database in this folder
+    result = train(tiny("tracking.backend=mlflow"), tmp_path / "run", progress=False)
+    recorded = json.loads((result.run_dir / records.RUN_FILE).read_text())["tracking"]
+    assert recorded["uri"] == expected
+    run = MlflowClient(tracking_uri=expected).get_run(recorded["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["loss.name"] == "triplet"
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()
+
+
 def test_tensorboard_event_files_hold_every_epoch(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -82,6 +108,9 @@ def test_a_tracked_benchmark_has_a_parent_run_with_the_report_and_its_config_has
     (parent,) = [run for run in runs if run.data.tags.get("dmlbench.role") == "benchmark"]
     artifacts = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
     assert {"report.md", "report.html", "results.csv", "runs.csv", "benchmark.json"} <= artifacts
+    # The figures report.md links to travel with it, so the report reads whole in MLflow.
+    linked = set(re.findall(r"\]\(([^)]+\.png)\)", (output / "report.md").read_text()))
+    assert {"search.png", "validation_curves.png"} <= linked <= artifacts
     children = [run for run in runs if run is not parent and run.data.tags.get("dmlbench.role") != "benchmark"]
     # 2 methods x (1 trial + 2 reproductions) x 2 folds; each child under the parent
     assert len(children) == 12 and all(run.data.tags["mlflow.parentRunId"] == parent.info.run_id for run in children)
@@ -92,5 +121,5 @@ def test_a_tracked_benchmark_has_a_parent_run_with_the_report_and_its_config_has
                                 "protocol.trials=1", "protocol.reproductions=2"], capture_output=True, text=True, timeout=600,
                                cwd=tmp_path)
     # The same benchmark without tracking: the same config hash, so it continues (here: nothing left to do).
-    assert untracked.returncode == 0 and "nothing left to do" in untracked.stderr + untracked.stdout
+    assert untracked.returncode == 0 and "wrote the report" in untracked.stderr + untracked.stdout
     assert json.loads((output / "benchmark.json").read_text())["config_hash"] == benchmark["config_hash"]

@@ -8,8 +8,9 @@ message, a stop signal a ``RunInterrupted``.
 
 from __future__ import annotations
 
+import contextlib
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,28 @@ def benchmark(
     from dmlbench.report import write_report
 
     config_path = None if config is None else Path(config)
-    prepared = prepare(load_spec(config_path), Path(output_dir), list(overrides), storage, jobs=jobs,
-                       accept_plugin_changes=accept_plugin_changes)
-    if prepared.jobs > 1:
-        from dmlbench.protocol.jobs import run_jobs
+    with _optuna_warnings_only():
+        prepared = prepare(load_spec(config_path), Path(output_dir), list(overrides), storage, jobs=jobs,
+                           accept_plugin_changes=accept_plugin_changes)
+        if prepared.jobs > 1:
+            from dmlbench.protocol.jobs import run_jobs
 
-        return run_jobs(prepared, config_path, list(overrides), progress=progress, report=write_report)
-    return run_benchmark(prepared, progress=progress, report=write_report)
+            return run_jobs(prepared, config_path, list(overrides), progress=progress, report=write_report)
+        return run_benchmark(prepared, progress=progress, report=write_report)
+
+
+@contextlib.contextmanager
+def _optuna_warnings_only() -> Iterator[None]:
+    """Optuna logs a line per study created (one per method, fold and trial); the command hides them,
+    and so does the API, giving the caller's verbosity back afterwards."""
+    import optuna
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def train(
@@ -54,9 +70,11 @@ def train(
     return train_run(loaded, Path(output_dir), resume=resume, progress=progress)
 
 
-def evaluate(embeddings: Any, labels: Any, **options: Any) -> dict[str, float]:
+def evaluate(embeddings: Any, labels: Any, **options: Any) -> dict[str, float | int]:
     """Retrieval and clustering metrics of ``embeddings`` ``[N, D]`` with labels ``[N]`` (arrays or
-    tensors); ``options`` as ``dmlbench.evaluation.evaluate`` (``metrics``, ``query_mask``, ``k``, ...)."""
+    tensors); ``options`` as ``dmlbench.evaluation.evaluate`` (``metrics``, ``query_mask``, ``k``, ...).
+    Every metric is a ``float``; retrieval metrics come with two counts, ``num_queries`` and
+    ``num_queries_without_match``, as ``int``."""
     from dmlbench.evaluation import evaluate as evaluate_embeddings
 
     return evaluate_embeddings(embeddings, labels, **options)

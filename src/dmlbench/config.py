@@ -27,9 +27,9 @@ class DataConfig(Section):
     name: str = "glyphs"
     options: dict[str, Any] = Field(default_factory=dict)
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
-    # File formats (cub200, cars196, sop, inshop, folder, csv): the dataset folder, or the CSV file.
+    # File formats (cub200, cars196, sop, inshop, folder, csv) and emoji: the dataset folder, or the CSV file.
     root: str | None = None
-    # Side of the square images of a file dataset (glyphs keeps data.options.image_size).
+    # Side of the square images of a file dataset (glyphs and emoji keep data.options.image_size).
     image_size: int = Field(224, ge=8)
     # Training augmentation preset (data/transforms.py); evaluation is always resize + centre crop.
     augmentation: Literal["none", "reality_check", "base", "reduced", "big", "advanced"] = "none"
@@ -145,16 +145,40 @@ class TrainingConfig(Section):
     compile: bool = False
 
 
+class RerankConfig(Section):
+    """Re-ranking after the first retrieval (``evaluation.rerank``): ``kind`` none, query_expansion or
+    k_reciprocal with that kind's ``params`` (``dmlbench.evaluation.rerank``, checked by its ``build``)."""
+
+    kind: str = "none"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _valid(self) -> RerankConfig:
+        self.method()  # a UserInputError is a ValueError: pydantic reports it under evaluation.rerank
+        return self
+
+    def method(self) -> Any:
+        """The validated re-ranking (``evaluation.rerank.Reranking``), or ``None`` for kind none."""
+        from dmlbench.evaluation.rerank import build
+
+        return build(self.kind, **self.params)
+
+
 class EvaluationConfig(Section):
     metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_METRICS))
     selection_metric: str = "map_at_r"
     batch_size: int = Field(256, gt=0)
+    # Test metrics also with each query's gallery restricted to the other domains (datasets whose
+    # images carry a domain, e.g. emoji's vendors): the *_cross_domain modes of results.csv.
+    cross_domain: bool = False
+    # Validation (so the search) re-ranked; test metrics raw and re-ranked (the *_reranked modes).
+    rerank: RerankConfig = Field(default_factory=RerankConfig)
 
 
 class TrackingConfig(Section):
     """Where a run is tracked besides ``metrics.jsonl`` (the ``tracking:`` section): ``none``, ``mlflow``
-    (``uri``: a tracking server or database; default ``sqlite:///mlruns/mlflow.db`` in the working
-    directory) or ``tensorboard`` (event files in the run directory)."""
+    (``uri``: a tracking server or database; unset: ``MLFLOW_TRACKING_URI``, else MLflow's default,
+    ``sqlite:///mlflow.db`` in the working directory) or ``tensorboard`` (event files in the run directory)."""
 
     backend: Literal["none", "mlflow", "tensorboard"] = "none"
     uri: str | None = None
@@ -181,6 +205,8 @@ class Config(Section):
                 f"evaluation.selection_metric {self.evaluation.selection_metric!r} "
                 "is not among evaluation.metrics"
             )
+        if self.model.binarize and self.evaluation.rerank.kind != "none":
+            raise ValueError("evaluation.rerank needs float embeddings; model.binarize evaluates sign bits")
         return self
 
 
@@ -233,14 +259,20 @@ def _validation_message(error: ValidationError) -> str:
     return f"config key {key!r}: {message}" if first["loc"] else f"config: {message}"
 
 
-def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
+def from_dict(raw: dict[str, Any], overrides: list[str] | None = None, *,
+              previous: Mapping[str, Any] | None = None) -> Config:
+    """The validated config of ``raw`` with ``overrides`` applied. ``previous``: the raw config
+    before whatever changed it (default: ``raw`` before ``overrides``), so that an error can name
+    the fix when an override switched a component but kept the old one's parameters."""
+    if previous is None and overrides:
+        previous = copy.deepcopy(raw)
     raw = apply_overrides(raw, overrides or [])
     try:
         config = Config.model_validate(raw)
     except ValidationError as error:
         raise UserInputError(_validation_message(error)) from None
     plugins.load(config.plugins)
-    check_component_names(config)
+    check_component_names(config, previous)
     return config
 
 
@@ -276,8 +308,25 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
             )
         if not isinstance(raw, dict):
             raise UserInputError(f"config file {path} must hold a mapping of sections")
+        _refuse_benchmark_config(raw, path)
         raw = with_plugin_paths(raw, path.parent)
     return from_dict(raw, overrides)
+
+
+BENCHMARK_KEYS = ("base", "methods", "protocol")
+
+
+def _refuse_benchmark_config(raw: dict[str, Any], path: Path) -> None:
+    """A benchmark config given where a run config belongs (``dmlbench train``): say what it is and
+    what takes it, rather than that ``base`` is an unknown key."""
+    found = [key for key in BENCHMARK_KEYS if key in raw]
+    if not found or any(key in raw for key in Config.model_fields if key != "plugins"):
+        return
+    raise UserInputError(
+        f"{path} is a benchmark config ({', '.join(found)}), not a run config: run it with `dmlbench benchmark {path}`; "
+        "to train one of its methods alone, give `dmlbench train` a run config (e.g. configs/glyphs.yaml) and the "
+        "method's overrides (a method's run config is the benchmark's base with its overrides)"
+    )
 
 
 def with_plugin_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -295,8 +344,9 @@ def with_plugin_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     return {**raw, "plugins": [absolute(name) for name in names]}
 
 
-def check_component_names(config: Config) -> None:
-    """Names and hyper-parameter keys must exist in their registries (values are checked on build)."""
+def check_component_names(config: Config, previous: Mapping[str, Any] | None = None) -> None:
+    """Names and hyper-parameter keys must exist in their registries (values are checked on build);
+    ``previous`` as in ``from_dict``."""
     from dmlbench import data, losses, mining, sampling
     from dmlbench.models import trunk_constructor
     from dmlbench.registry import check_kwargs
@@ -321,7 +371,15 @@ def check_component_names(config: Config) -> None:
     if config.miner.name is not None:
         checks.append(("miner.params", mining.MINERS, config.miner.name, config.miner.params))
     for section, registry, name, params in checks:
-        check_kwargs(registry.get(name), params, f"{section} of {registry.kind} {name!r}")
+        try:
+            constructor = registry.get(name)
+        except UserInputError as error:
+            if registry is mining.MINERS:
+                raise UserInputError(f"{error}; miner.name=null turns the miner off") from None
+            raise
+        component = section.split(".")[0]
+        check_kwargs(constructor, params, f"{section} of {registry.kind} {name!r}",
+                     _kept_parameters_hint(component, name, constructor, params, previous))
     trunk = config.model.trunk
     check_kwargs(trunk_constructor(trunk)[0], config.model.options, f"model.options of trunk {trunk!r}")
     if config.model.ensemble > 1 and config.loss.name == "dreml":
@@ -337,7 +395,28 @@ def check_component_names(config: Config) -> None:
         raise UserInputError(f"loss {config.loss.name!r} does not use mined tuples: remove miner.name")
 
 
+def _kept_parameters_hint(component: str, name: str, constructor: Any, params: Mapping[str, Any],
+                          previous: Mapping[str, Any] | None) -> str:
+    """The fix when an override switched ``component`` (loss, miner, sampler) to ``name`` but
+    ``params`` still holds parameters of the old component that the new one does not take."""
+    from dmlbench.registry import accepted_parameters
+
+    old = (previous or {}).get(component)
+    if not isinstance(old, Mapping) or not isinstance(old.get("params"), Mapping):
+        return ""
+    old_name = old.get("name", getattr(Config.model_fields[component].default_factory(), "name", None))
+    accepted = accepted_parameters(constructor)
+    if old_name == name or accepted is None or not (set(old["params"]) & set(params)) - accepted:
+        return ""
+    return (f"; {component}.name changed from {old_name!r} to {name!r} but {component}.params kept the old "
+            f"{component}'s: add {component}.params={{}} to drop the old {component}'s parameters")
+
+
 def to_yaml(config: Config) -> str:
-    # Without plugins or tracking the file stays as it was before they existed (stored run configs compare equal).
-    unset = {name for name, default in (("plugins", []), ("tracking", TrackingConfig())) if getattr(config, name) == default}
+    # Without plugins, tracking or re-ranking the file stays as it was before they existed (stored run
+    # configs, and the config hashes of indexes and calibrations, compare equal).
+    unset: dict[str, Any] = {name: True for name, default in (("plugins", []), ("tracking", TrackingConfig()))
+                             if getattr(config, name) == default}
+    if config.evaluation.rerank == RerankConfig():
+        unset["evaluation"] = {"rerank"}
     return yaml.safe_dump(config.model_dump(mode="json", exclude=unset or None), sort_keys=False)

@@ -16,3 +16,9 @@ class StorageFailed(Exception):
     """The disk or the database failed, not the work: a write failed for lack of space, an exceeded
     quota or an I/O error, or the database stayed away past the retry bound. The run or unit is left
     ``interrupted`` (never ``failed``); the message names the path or URL and how to continue (exit 1)."""
+
+
+class PluginFailed(RuntimeError):
+    """A plugin's code raised while a run used it: the message is one line naming the plugin, the
+    exception and its last frame in the plugin; the run is marked ``failed`` and its ``error.log``
+    holds the full traceback (exit 1)."""

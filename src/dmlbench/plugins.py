@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -143,6 +144,29 @@ def _load_one(spec: str, base: Path | None) -> Plugin:
     plugin = Plugin(spec, module.__name__, _module_file(module), _version(module.__name__), _module_hash(module))
     _LOADED[key] = plugin
     return plugin
+
+
+def failure(error: BaseException) -> str | None:
+    """One line for an exception raised in a plugin's code: the plugin, the exception (type and the
+    first line of its message) and the deepest frame of its traceback in the plugin's source
+    (``file:line in function``); ``None`` when no frame is a plugin's (an error of dmlbench itself)."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        plugin = _owner(frame.filename)
+        if plugin is not None:
+            return f"plugin {plugin.plugin} raised {_reason(error)} (at {frame.filename}:{frame.lineno} in {frame.name})"
+    return None
+
+
+def _owner(filename: str) -> Plugin | None:
+    """The imported plugin whose source holds ``filename``: its file, or a file of its package."""
+    path = Path(filename).resolve()
+    for plugin in _LOADED.values():
+        if plugin.path is None:
+            continue
+        source = Path(plugin.path)
+        if path == source or (source.name == "__init__.py" and source.parent in path.parents):
+            return plugin
+    return None
 
 
 def _reason(error: BaseException) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -72,7 +73,13 @@ class Registry(Generic[T]):
 
 
 def accepted_parameters(constructor: Callable[..., Any]) -> set[str] | None:
-    """Names of keyword arguments ``constructor`` accepts; ``None`` if it takes ``**kwargs``."""
+    """Names of keyword arguments ``constructor`` accepts; ``None`` if it takes ``**kwargs``.
+
+    A class without a constructor of its own that inherits ``torch.nn.Module``'s accepts none: that
+    one's ``*args, **kwargs`` only exist to refuse every argument (a plugin loss without ``__init__``)."""
+    torch_nn = sys.modules.get("torch.nn")  # loaded wherever a module class exists; never imported for this
+    if isinstance(constructor, type) and torch_nn is not None and constructor.__init__ is torch_nn.Module.__init__:
+        return set()
     signature = inspect.signature(constructor)
     names = set()
     for parameter in signature.parameters.values():
@@ -84,12 +91,14 @@ def accepted_parameters(constructor: Callable[..., Any]) -> set[str] | None:
     return names
 
 
-def check_kwargs(constructor: Callable[..., Any], kwargs: dict[str, Any], what: str) -> None:
+def check_kwargs(constructor: Callable[..., Any], kwargs: dict[str, Any], what: str, hint: str = "") -> None:
+    """A one-line ``UserInputError`` naming ``what``, every keyword of ``kwargs`` the constructor does
+    not accept and those it does, then ``hint`` (the fix, where the caller knows it)."""
     accepted = accepted_parameters(constructor)
     if accepted is None:
         return
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
-        raise UserInputError(
-            f"{what} has no parameter {unknown[0]!r}; it accepts: {', '.join(sorted(accepted)) or 'none'}"
-        )
+        names = ", ".join(repr(name) for name in unknown)
+        raise UserInputError(f"{what} has no parameter{'s' if len(unknown) > 1 else ''} {names}; "
+                             f"it accepts: {', '.join(sorted(accepted)) or 'none'}{hint}")

@@ -14,13 +14,14 @@ from __future__ import annotations
 import signal
 import sys
 import warnings
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 import typer.core
 
 from dmlbench import __version__
-from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
+from dmlbench.cli.common import PLUGIN_HELP, PLUGIN_SPECS
+from dmlbench.errors import PluginFailed, RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 
 
@@ -40,7 +41,9 @@ app = typer.Typer(
     name="dmlbench",
     help="Train and fairly compare deep metric learning methods.\n\nEvery command also takes --plugin "
          "MODULE_OR_FILE (repeatable): code that registers your own losses, miners, samplers, trunks or "
-         "datasets (docs/your-method.md).",
+         "datasets (docs/your-method.md), and -q/--quiet (no progress output).\n\nExit codes: 0 done, 1 the "
+         "work failed (the reason on stderr), 2 bad input (one line on stderr), 130 interrupted by Ctrl-C, 143 "
+         "by SIGTERM (the same command continues the work).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -60,14 +63,18 @@ def _root(
     version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version)
     ] = False,
+    # Listed for --help only: main() takes every --plugin out of the arguments before they are parsed.
+    plugin: Annotated[
+        Optional[list[str]], typer.Option("--plugin", metavar="MODULE_OR_FILE", help=PLUGIN_HELP, show_default=False)
+    ] = None,
 ) -> None:
     """Train and fairly compare deep metric learning methods."""
 
 
 def _register_commands() -> None:
-    from dmlbench.cli import benchmark, catalog, data, deploy, evaluate, report, status, toy, train
+    from dmlbench.cli import benchmark, calibrate, catalog, data, deploy, evaluate, report, status, toy, train
 
-    for module in (data, train, evaluate, benchmark, report, status, toy, deploy, catalog):
+    for module in (data, train, evaluate, calibrate, benchmark, report, status, toy, deploy, catalog):
         module.register(app)
 
 
@@ -79,14 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     restore_handlers = install_stop_handlers()
     try:
         argv, specs = _take_plugins(list(sys.argv[1:] if argv is None else argv))
-        from dmlbench import plugins
-
-        # Installed packages' plugins too, so that every command (`list` included) sees the same components.
-        plugins.load_from_command_line(specs)
-        app(args=argv, prog_name="dmlbench")
+        # The command imports them (and installed packages' plugins, so that every command, `list`
+        # included, sees the same components) once its arguments parsed: `--help` answers at once.
+        app(args=argv, prog_name="dmlbench", obj={PLUGIN_SPECS: specs})
     except UserInputError as error:
         _fail(f"error: {error}", 2)
-    except StorageFailed as error:
+    except (StorageFailed, PluginFailed) as error:
         _fail(f"error: {error}", 1)
     except RunInterrupted as error:
         signum = received_signal()

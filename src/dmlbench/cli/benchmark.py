@@ -4,26 +4,32 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from itertools import takewhile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from dmlbench.cli.common import OVERRIDES_HELP, Command, config_and_overrides
+from dmlbench.cli.common import OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed
-from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS
+from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS, redact
 
 STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
-                "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: OUTPUT/study.db, "
-                "or OUTPUT/study.journal with --jobs > 1).")
+                "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: DIR/study.db, "
+                "or DIR/study.journal with --jobs > 1).")
+SEARCH_STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
+                       "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: DIR/study.db).")
 JOBS_HELP = ("Worker processes on this machine, each with training.num_threads torch threads; auto: one per core "
              "(or per training.num_threads cores), at most as many as the search can keep busy.")
 HEARTBEAT_HELP = "Seconds between a PostgreSQL worker's heartbeats; a worker silent for 3 of them is taken for dead."
 ACCEPT_HELP = ("Continue although a plugin's code changed since the benchmark started; the change is recorded in "
                "benchmark.json.")
+ACCEPT_ANALYSIS_HELP = ("Continue although the config's `analysis` differs from the one declared when the benchmark "
+                        "started; the change is recorded in benchmark.json and the report.")
 DB_RETRY_HELP = ("Seconds a worker waits for a database server that went away (a restart), retrying with a doubling "
                  "pause, before it stops with exit 1 (the same command continues later).")
 
@@ -42,14 +48,15 @@ def register(app: typer.Typer) -> None:
 def benchmark_command(
     config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help="Benchmark YAML (default: the built-in glyphs benchmark).", show_default=False)] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP + " Applied to every method.", show_default=False)] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/benchmark-<time>); an existing one is resumed.")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="DIR", help="Output directory (default: runs/benchmark-<time>); an existing one is resumed.", show_default=False)] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", metavar="URL", help=STORAGE_HELP, show_default=False)] = None,
     jobs: Annotated[str, typer.Option("--jobs", "-j", metavar="N|auto", help=JOBS_HELP)] = DEFAULT_JOBS,
-    heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
-    db_retry: Annotated[int, typer.Option("--db-retry", help=DB_RETRY_HELP)] = DEFAULT_RETRY_SECONDS,
+    heartbeat: Annotated[int, typer.Option("--heartbeat", metavar="SECONDS", help=HEARTBEAT_HELP)] = 30,
+    db_retry: Annotated[int, typer.Option("--db-retry", metavar="SECONDS", help=DB_RETRY_HELP)] = DEFAULT_RETRY_SECONDS,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the training runs and epochs the config implies and an estimate of their time; train nothing.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
     accept_plugin_changes: Annotated[bool, typer.Option("--accept-plugin-changes", help=ACCEPT_HELP)] = False,
+    accept_analysis_change: Annotated[bool, typer.Option("--accept-analysis-change", help=ACCEPT_ANALYSIS_HELP)] = False,
 ) -> None:
     """Run the whole protocol: search, reproductions on new seeds, untrained baseline, paired tests, report.
 
@@ -60,38 +67,43 @@ def benchmark_command(
     input, 130 interrupted by Ctrl-C and 143 by SIGTERM (the message prints the command that continues
     it; finished trials and runs are kept).
     """
-    from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare, run_benchmark
-    from dmlbench.report import write_report
-
-    _quiet_optuna()
+    started = time.monotonic()  # the dry run counts this command's start in its estimate
     config_path, overrides = config_and_overrides(config_path, overrides)
-    spec = load_spec(config_path)
+    if config_path is not None:
+        require_yaml(config_path, "benchmark config")
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage, jobs=int(jobs) if jobs.isdigit() else jobs,
-                       heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes)
-    if jobs != str(prepared.jobs) and not quiet:
-        typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
-    if dry_run:
-        from dmlbench.protocol.cost import dry_run as estimate
-
-        typer.echo(estimate(prepared))
-        return
-    again = continue_command("benchmark", config_path, overrides, output_dir, prepared.redacted if storage else None,
-                             jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet)
+    # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
+    again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
+                             jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run)
     with stops_explained(f"benchmark {output_dir}", again):
-        if prepared.jobs > 1:
-            from dmlbench.protocol.jobs import run_jobs
+        from dmlbench.protocol.benchmark import load_spec
+        from dmlbench.protocol.pipeline import prepare
+        from dmlbench.report import write_report  # here, so that a dry run's measured start includes it
 
-            outcome = run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report)
-        else:
-            outcome = run_benchmark(prepared, progress=not quiet, report=write_report)
+        _quiet_optuna()
+        spec = load_spec(config_path)
+        prepared = prepare(spec, output_dir, overrides, storage, jobs=int(jobs) if jobs.isdigit() else jobs,
+                           heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes,
+                           accept_analysis_change=accept_analysis_change)
+        if jobs != str(prepared.jobs) and not quiet:
+            typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
+        if dry_run:
+            from dmlbench.protocol.cost import dry_run as estimate
+
+            from dmlbench.protocol.power import dry_run_plan
+
+            typer.echo(estimate(prepared, started))
+            typer.echo(dry_run_plan(prepared.spec))
+            return
+        if not quiet:
+            typer.echo(f"output: {output_dir} (report.md and report.html at the end)", err=True)
+        outcome = _run_prepared(prepared, config_path, overrides, quiet, write_report)
     if outcome is None:
-        typer.echo(f"nothing left to do; the report is in the directory of the worker that wrote it "
-                   f"(`dmlbench report {output_dir}` builds it here from the storage)")
+        typer.echo(f"done: another worker sharing this benchmark wrote the report: {output_dir / 'report.md'} "
+                   f"(`dmlbench report {output_dir}` rebuilds it from the storage)")
         return
     if not quiet:
-        typer.echo((output_dir / "report.md").read_text())
+        typer.echo(report_summary((output_dir / "report.md").read_text()))
     typer.echo(f"report: {output_dir / 'report.md'} {output_dir / 'report.html'}; results: {output_dir / 'results.csv'}")
     for name, reason in outcome.failed.items():
         print(f"dmlbench: error: method {name} failed: {reason}", file=sys.stderr)
@@ -99,30 +111,65 @@ def benchmark_command(
         raise typer.Exit(1)
 
 
+def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str], quiet: bool, write_report: Any) -> Any:
+    """Run a prepared benchmark with its workers (``--jobs``) and ``write_report``; the
+    ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
+    from dmlbench.protocol.pipeline import run_benchmark
+
+    if prepared.jobs > 1:
+        from dmlbench.protocol.jobs import run_jobs
+
+        return run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report)
+    return run_benchmark(prepared, progress=not quiet, report=write_report)
+
+
+SUMMARY_LINES = 12  # what a finished benchmark prints of its report; the whole report.md is hundreds of lines
+
+
+def report_summary(report: str) -> str:
+    """The lines of ``report.md`` a finished benchmark prints: its plain-language ``Summary`` section,
+    or without one (no references to compare with) the leaderboard table; at most ``SUMMARY_LINES``."""
+    lines = report.splitlines()
+    if "## Summary" in lines:
+        section = takewhile(lambda line: not line.startswith("## "), lines[lines.index("## Summary") + 1:])
+        chosen = [line for line in section if line.strip()]
+    else:
+        first = next((index for index, line in enumerate(lines) if line.startswith("|")), len(lines))
+        chosen = list(takewhile(lambda line: line.startswith("|"), lines[first:]))
+    return "\n".join(chosen[:SUMMARY_LINES])
+
+
 def search_command(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="A benchmark YAML, or a run config with a `search:` space (and optional `protocol:`).", show_default=False)],
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP, show_default=False)] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (default: runs/search-<time>); an existing one is resumed.")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help=STORAGE_HELP)] = None,
-    heartbeat: Annotated[int, typer.Option("--heartbeat", help=HEARTBEAT_HELP)] = 30,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="DIR", help="Output directory (default: runs/search-<time>); an existing one is resumed.", show_default=False)] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", metavar="URL", help=SEARCH_STORAGE_HELP, show_default=False)] = None,
+    heartbeat: Annotated[int, typer.Option("--heartbeat", metavar="SECONDS", help=HEARTBEAT_HELP)] = 30,
+    db_retry: Annotated[int, typer.Option("--db-retry", metavar="SECONDS", help=DB_RETRY_HELP)] = DEFAULT_RETRY_SECONDS,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
     accept_plugin_changes: Annotated[bool, typer.Option("--accept-plugin-changes", help=ACCEPT_HELP)] = False,
+    accept_analysis_change: Annotated[bool, typer.Option("--accept-analysis-change", help=ACCEPT_ANALYSIS_HELP)] = False,
 ) -> None:
     """Run the search stage alone: Bayesian optimisation with class-disjoint k-fold cross-validation.
 
+    Other workers share the work as in `benchmark` (this command with the same CONFIG and --storage
+    on other machines); `benchmark` continues a finished search into the whole protocol.
+
     Exit codes: 0 done, 1 a method has no completed trial or a write failed for lack of space, 2 bad
-    input, 130 / 143 interrupted by SIGINT / SIGTERM (resumable).
+    input, 130 interrupted by Ctrl-C, 143 by SIGTERM (the message prints the command that continues it).
     """
+    config_path, overrides = config_and_overrides(config_path, overrides)
+    require_yaml(config_path, "config")  # before optuna and torch are imported
     from dmlbench.protocol.benchmark import load_search_spec
     from dmlbench.protocol.pipeline import prepare, run_search_stage
 
     _quiet_optuna()
-    config_path, overrides = config_and_overrides(config_path, overrides)
     spec = load_search_spec(config_path)
     output_dir = output or Path("runs") / f"search-{datetime.now():%Y%m%d-%H%M%S}"
-    prepared = prepare(spec, output_dir, overrides, storage, heartbeat=heartbeat, accept_plugin_changes=accept_plugin_changes)
+    prepared = prepare(spec, output_dir, overrides, storage, heartbeat=heartbeat, retry_seconds=db_retry,
+                       accept_plugin_changes=accept_plugin_changes, accept_analysis_change=accept_analysis_change)
     again = continue_command("search", config_path, overrides, output_dir, prepared.redacted if storage else None,
-                             heartbeat=heartbeat, quiet=quiet)
+                             heartbeat=heartbeat, db_retry=db_retry, quiet=quiet)
     with stops_explained(f"search {output_dir}", again):
         results = run_search_stage(prepared, progress=not quiet)
     failed = False
@@ -139,9 +186,10 @@ def search_command(
 
 def continue_command(command: str, config_path: Path | None, overrides: list[str], output_dir: Path,
                      storage: str | None, *, jobs: str = DEFAULT_JOBS, heartbeat: int = 30,
-                     db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False) -> str:
+                     db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False, dry_run: bool = False) -> str:
     """The command line that continues this benchmark: the same config and overrides, with ``-o``
-    (a run without it would start a new directory) and the storage without its password."""
+    (a run without it would start a new directory) and the storage without its password; a stopped
+    ``--dry-run`` is repeated as one."""
     from dmlbench import plugins
 
     words = ["dmlbench", command, *([str(config_path)] if config_path else []), *overrides, "-o", str(output_dir)]
@@ -157,6 +205,8 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
         words += ["--db-retry", str(db_retry)]
     if quiet:
         words.append("-q")
+    if dry_run:
+        words.append("--dry-run")
     return shlex.join(words)
 
 
@@ -167,7 +217,7 @@ def stops_explained(what: str, again: str) -> Iterator[None]:
 
     try:
         yield
-    except RunInterrupted:
+    except (RunInterrupted, KeyboardInterrupt):  # a stop before the run started (imports, the dataset) too
         raise RunInterrupted(f"{what} stopped; continue it with: {again}") from None
     except Exception as error:  # a full disk in a training run names that run's resume: name this command
         full = storage_error(error)

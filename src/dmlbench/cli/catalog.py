@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench.cli.common import Command
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command
 from dmlbench.errors import UserInputError
 
 
@@ -16,13 +16,14 @@ def register(app: typer.Typer) -> None:
 
 
 def list_command(
-    kind: Annotated[Optional[str], typer.Argument(metavar="[KIND]", help="losses, miners, samplers, trunks, datasets or metrics (default: all).", show_default=False)] = None,
+    kind: Annotated[Optional[str], typer.Argument(metavar="KIND", help="losses, miners, samplers, trunks, datasets or metrics (default: all).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document (for scripts) instead of the text listing.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Each component with its hyper-parameters and defaults and the paper it cites; plugins
     (--plugin, or installed ones) included.
 
-    Exit codes: 0 listed, 2 unknown KIND.
+    Exit codes: 0 listed, 2 unknown KIND, 130 interrupted by Ctrl-C, 143 by SIGTERM.
     """
     from dmlbench.catalog import KINDS, components, prefix_note
 

@@ -1,17 +1,31 @@
-"""Argument handling shared by the commands that take ``CONFIG [OVERRIDES]...``."""
+"""What every command shares: ``CONFIG [OVERRIDES]...``, the help layout, plugins loaded once the
+arguments parsed, and the cheap checks of paths that run before any heavy import (torch)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import typer.core
+
+from dmlbench.errors import UserInputError
 
 # The CLI library's usage-error class (click's ``UsageError``, vendored by newer typer releases):
 # reached through the public ``typer.BadParameter`` so that both layouts work.
 USAGE_ERROR: type[Exception] = typer.BadParameter.__bases__[0]
 
 CONFIG_HELP = "YAML config file."
+QUIET_HELP = "No progress output."
+# Commands that show no progress accept -q too, so that a script can pass it to every command.
+QUIET_SILENT_HELP = "No progress output (this command shows none)."
+# main() takes --plugin out of the arguments (it may come before or after the command's name) and
+# hands the specs on in the context object; Command imports them once the arguments parsed.
+PLUGIN_SPECS = "dmlbench.plugin_specs"
+PLUGIN_OPTION = "--plugin MODULE_OR_FILE"
+PLUGIN_HELP = ("Import your own losses, miners, samplers, trunks or datasets from this module or .py file first "
+               "(repeatable; docs/your-method.md).")
+
 OVERRIDES_HELP = "Dotted overrides KEY=VALUE, e.g. training.epochs=3 loss.name=contrastive."
 
 
@@ -35,3 +49,98 @@ class Command(typer.core.TyperCommand):
                 error.ctx = ctx  # type: ignore[attr-defined]
                 error.cmd = ctx.command  # type: ignore[attr-defined]
             raise
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # An option declared without a placeholder gets its name in capitals (--seed SEED), not the
+        # CLI library's type (<int>, INTEGER: it differs between releases).
+        for param in self.params:
+            if param.param_type_name == "option" and param.metavar is None and not (param.is_flag or param.count):
+                param.metavar = str(param.name).upper()
+
+    def invoke(self, ctx: Any) -> Any:
+        """Plugins are imported here, after parsing: ``--help`` and usage errors answer without them."""
+        from dmlbench import plugins
+
+        specs = ctx.obj.get(PLUGIN_SPECS, []) if isinstance(ctx.obj, dict) else []
+        plugins.load_from_command_line(specs)
+        return super().invoke(ctx)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """``[OPTIONS] CONFIG [OVERRIDES]...``: the placeholders as the help lists them, whatever the
+        CLI library's release writes by default (``{CONFIG}``, ``<path>``)."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = placeholder(param) if param.required else f"[{placeholder(param)}]"
+                pieces.append(name + ("..." if param.nargs == -1 else ""))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        """Arguments by their placeholder alone, the options with theirs, and ``--plugin`` (taken by
+        ``main`` before the command parses) listed before ``--help``."""
+        arguments: list[tuple[str, str]] = []
+        options: list[tuple[str, str]] = []
+        help_option = self.get_help_option(ctx)
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if param.param_type_name == "argument":
+                text = record[1] if record else getattr(param, "help", None) or ""
+                arguments.append((placeholder(param) + ("..." if param.nargs == -1 else ""), text))
+                continue
+            if param is help_option:
+                options.append((PLUGIN_OPTION, PLUGIN_HELP))
+            if record is not None:
+                options.append(record)
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def placeholder(param: Any) -> str:
+    """An argument's placeholder: its ``metavar`` (``CONFIG``, ``DIR``, ``RUN``), else its name in capitals."""
+    return str(param.metavar or param.name.upper())
+
+
+def require_file(path: Path, what: str) -> None:
+    """A one-line error unless ``path`` is a file; for the checks that must come before importing torch."""
+    if path.is_dir():
+        raise UserInputError(f"{what} {path} is a directory, not a file")
+    if not path.is_file():
+        raise UserInputError(f"{what} {path} does not exist")
+
+
+def require_yaml(path: Path, what: str) -> None:
+    """``path`` is a readable YAML file (``config.read_yaml`` says what is wrong; it imports no torch)."""
+    from dmlbench import config
+
+    config.read_yaml(path, what)
+
+
+def require_directory(path: Path, what: str) -> None:
+    """A one-line error unless ``path`` is a directory (``what``: "run directory", "--images")."""
+    if not path.exists():
+        raise UserInputError(f"{what} {path} does not exist")
+    if not path.is_dir():
+        raise UserInputError(f"{what} {path} is not a directory")
+
+
+def require_run_dir(run: Path) -> None:
+    """The cheap part of ``training.records.require_run_dir`` (which imports torch with its package)."""
+    require_directory(run, "run directory")
+
+
+def require_creatable_directory(path: Path, option: str) -> None:
+    """``path`` is a directory or can become one: its nearest existing ancestor is a directory."""
+    if path.exists() and not path.is_dir():
+        raise UserInputError(f"{option} {path} is a file, not a directory")
+    ancestor = path
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserInputError(f"{option} {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK):
+        raise UserInputError(f"{option} {path}: {ancestor} is not writable")

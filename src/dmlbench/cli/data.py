@@ -1,4 +1,4 @@
-"""``dmlbench data check``."""
+"""``dmlbench data check`` and ``dmlbench data fetch``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from dmlbench.cli.common import Command
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command
 from dmlbench.errors import UserInputError
 
 data_app = typer.Typer(help="Inspect datasets.", no_args_is_help=True)
@@ -20,23 +20,36 @@ def register(app: typer.Typer) -> None:
 
 @data_app.command("check", cls=Command)
 def check_command(
-    source: Annotated[str, typer.Argument(metavar="DATASET|CONFIG", help="A dataset name (glyphs, cub200, cars196, sop, inshop, folder, csv) or a run config (YAML), which checks exactly the data and splits that config trains on.", show_default=False)],
-    options: Annotated[Optional[list[str]], typer.Argument(metavar="OPTIONS", help="Dataset options KEY=VALUE (e.g. image_size=24), or with a CONFIG, dotted overrides (e.g. data.options.max_classes=40).", show_default=False)] = None,
-    root: Annotated[Optional[str], typer.Option(help="Dataset folder of a file format (the CSV file for csv): the same path as data.root.", show_default=False)] = None,
-    validation_fraction: Annotated[Optional[float], typer.Option(help="Share of training classes held out for validation (default 0.2, or the config's).", show_default=False)] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the validation split (default 0, or the config's).", show_default=False)] = None,
+    source: Annotated[str, typer.Argument(metavar="DATASET|CONFIG", help="A dataset name (glyphs, emoji, cub200, cars196, sop, inshop, folder, csv) or a run config (YAML), which checks exactly the data and splits that config trains on.", show_default=False)],
+    options: Annotated[Optional[list[str]], typer.Argument(metavar="KEY=VALUE", help="Dataset options KEY=VALUE (e.g. image_size=24), or with a CONFIG, dotted overrides (e.g. data.options.max_classes=40).", show_default=False)] = None,
+    root: Annotated[Optional[str], typer.Option(metavar="PATH", help="Dataset folder of a file format or of emoji (the CSV file for csv): the same path as data.root.", show_default=False)] = None,
+    validation_fraction: Annotated[Optional[float], typer.Option(metavar="FRACTION", help="Share of training classes held out for validation (default 0.2, or the config's).", show_default=False)] = None,
+    seed: Annotated[Optional[int], typer.Option(metavar="N", help="Seed of the validation split (default 0, or the config's).", show_default=False)] = None,
     json_path: Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Also write the report as JSON to FILE ('-': print JSON instead of text).", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
-    """Classes, images per class, splits, unreadable and duplicate images, leakage between splits and the content hash."""
+    """Classes, images per class, splits, unreadable and duplicate images, leakage between splits and the content hash.
+
+    Exit codes: 0 no problem found, 1 problems (listed), 2 bad input, 130 interrupted by Ctrl-C,
+    143 by SIGTERM.
+    """
     from dmlbench import config as config_module
+
+    target = _json_target(json_path)
+    # Paths first: a missing config or data folder is reported before torch is imported.
+    is_config = source.endswith((".yaml", ".yml")) or Path(source).is_file()
+    if is_config:
+        config_module.read_yaml(Path(source), "config file")
+    if root is not None and not Path(root).exists():
+        raise UserInputError(f"--root {root} does not exist")
     from dmlbench import data as data_module
     from dmlbench.data.check import format_file_summary, format_summary, summarize, summarize_files
+    from dmlbench.data.emoji import ROOTED_DATASETS
     from dmlbench.data.files import FileDataset
     from dmlbench.data.formats import FILE_FORMATS
     from dmlbench.training.setup import load_dataset
 
-    target = _json_target(json_path)
-    if source.endswith((".yaml", ".yml")) or Path(source).is_file():
+    if is_config:
         overrides = list(options or []) + ([f"data.root={root}"] if root is not None else [])
         config = config_module.load(Path(source), overrides)
         dataset = load_dataset(config)
@@ -49,12 +62,13 @@ def check_command(
             if len(path) != 1:
                 raise UserInputError(f"dataset option {option!r} must be key=value")
             dataset_options[path[0]] = value
-        if source in FILE_FORMATS:
+        if source in FILE_FORMATS or source in ROOTED_DATASETS:
             if root is None:
                 raise UserInputError(f"dataset {source!r} reads files: give --root PATH")
             dataset_options["root"] = root
         elif root is not None:
-            raise UserInputError(f"--root is for the file formats ({', '.join(FILE_FORMATS)}), not {source!r}")
+            raise UserInputError(f"--root is for the file formats ({', '.join(FILE_FORMATS)}) and "
+                                 f"{', '.join(ROOTED_DATASETS)}, not {source!r}")
         dataset = data_module.build(source, **dataset_options)
         fraction = 0.2 if validation_fraction is None else validation_fraction
         split_seed = 0 if seed is None else seed
@@ -78,6 +92,28 @@ def check_command(
     if summary["problems"]:
         # Exit 1 (the data, not the command, is at fault), so that a script or CI can gate on it.
         raise typer.Exit(1)
+
+
+@data_app.command("fetch", cls=Command)
+def fetch_command(
+    source: Annotated[str, typer.Argument(metavar="DATASET", help="The dataset to download: emoji (the others come from their official archives).", show_default=False)],
+    root: Annotated[str, typer.Option(help="Folder to unpack into (data.root of the dataset).", show_default=False)],
+    vendors: Annotated[Optional[list[str]], typer.Option(help="Vendors, comma-separated or repeated: apple, google, twitter, facebook (default: all four).", show_default=False)] = None,
+    tarballs: Annotated[Optional[str], typer.Option(help="Folder of the npm tarballs: used when there, downloaded into otherwise (default: a temporary folder).", show_default=False)] = None,
+) -> None:
+    """Download the emoji packages with npm (16.0.0), check their pinned sha256 and unpack emoji.json and the 64-pixel images."""
+    from dmlbench.data.emoji import VENDORS, parse_vendors
+    from dmlbench.data.emoji_fetch import NpmMissing, fetch
+
+    if source != "emoji":
+        raise UserInputError(f"only emoji can be fetched, not {source!r}; the others come from their official archives (README)")
+    chosen = parse_vendors(",".join(vendors)) if vendors else VENDORS
+    try:
+        fetch(Path(root).expanduser(), chosen or VENDORS, tarballs=None if tarballs is None else Path(tarballs).expanduser(),
+              report=typer.echo)
+    except NpmMissing as missing:
+        typer.echo(str(missing), err=True)
+        raise typer.Exit(1) from None
 
 
 def _json_target(value: str | None) -> Path | str | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dmlbench.cli.common import Command
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_file, require_run_dir
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write, load_array
 
@@ -28,55 +28,67 @@ def _parse_ks(text: str) -> tuple[int, ...]:
 
 
 def evaluate_command(
-    run: Annotated[Path | None, typer.Argument(help="A training run directory.")] = None,
-    embeddings: Annotated[list[Path] | None, typer.Option("--embeddings", help="Embeddings [N, D] (.npy); repeat for several models.")] = None,
-    labels: Annotated[Path | None, typer.Option("--labels", help="Integer labels [N] (.npy).")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
-    metrics: Annotated[str | None, typer.Option("--metrics", help="Comma-separated subset, e.g. map_at_r,recall_at_1.")] = None,
-    ks: Annotated[str, typer.Option("--ks", help="K values of the default recall_at_<k> metrics.")] = "1,2,4,8",
-    query_mask: Annotated[Path | None, typer.Option("--query-mask", help="Bool [N] (.npy): queries; the rest is the gallery.")] = None,
-    backend: Annotated[str, typer.Option(help="torch, faiss (exact), faiss_approx (inverted lists) or faiss_hnsw (graph).")] = "torch",
+    run: Annotated[Path | None, typer.Argument(metavar="RUN", help="A training run directory.", show_default=False)] = None,
+    embeddings: Annotated[list[Path] | None, typer.Option("--embeddings", metavar="FILE", help="Embeddings [N, D] (.npy); repeat for several models.", show_default=False)] = None,
+    labels: Annotated[Path | None, typer.Option("--labels", metavar="FILE", help="Integer labels [N] (.npy).", show_default=False)] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", metavar="FILE", help="Write the results as JSON here.", show_default=False)] = None,
+    metrics: Annotated[str | None, typer.Option("--metrics", metavar="NAMES", help="Comma-separated subset, e.g. map_at_r,recall_at_1.", show_default=False)] = None,
+    ks: Annotated[str, typer.Option("--ks", metavar="K[,K...]", help="K values of the default recall_at_<k> metrics.")] = "1,2,4,8",
+    query_mask: Annotated[Path | None, typer.Option("--query-mask", metavar="FILE", help="Bool [N] (.npy): queries; the rest is the gallery.", show_default=False)] = None,
+    domains: Annotated[Path | None, typer.Option("--domains", metavar="FILE", help="Domain of each row [N] (.npy, integers or strings): also score each query against the other domains only.", show_default=False)] = None,
+    backend: Annotated[str, typer.Option(metavar="NAME", help="torch, faiss (exact), faiss_approx (inverted lists) or faiss_hnsw (graph).")] = "torch",
     binarize: Annotated[bool, typer.Option("--binarize", help="Sign bits and Hamming distance.")] = False,
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise before searching.")] = True,
-    k: Annotated[int | None, typer.Option("--k", help="Neighbours per query (default: the largest class size).")] = None,
-    seed: Annotated[int | None, typer.Option(help="k-means seed (default 0, or the run's seed).")] = None,
-    block_size: Annotated[int | None, typer.Option(help="Rows per block of the torch engine.")] = None,
-    nprobe: Annotated[int | None, typer.Option(help="Inverted lists probed by faiss_approx.")] = None,
-    mode: Annotated[str, typer.Option(help="Several --embeddings: concatenated or separated.")] = "concatenated",
+    k: Annotated[int | None, typer.Option("-k", "--k", metavar="K", help="Neighbours per query (default: the largest class size).", show_default=False)] = None,
+    seed: Annotated[int | None, typer.Option(metavar="N", help="k-means seed (default 0, or the run's seed).", show_default=False)] = None,
+    block_size: Annotated[int | None, typer.Option(metavar="N", help="Rows per block of the torch engine.", show_default=False)] = None,
+    nprobe: Annotated[int | None, typer.Option(metavar="N", help="Inverted lists probed by faiss_approx.", show_default=False)] = None,
+    mode: Annotated[str, typer.Option(metavar="MODE", help="Several --embeddings: concatenated or separated.")] = "concatenated",
+    rerank: Annotated[str | None, typer.Option("--rerank", metavar="KIND", help="Also re-ranked: none, query_expansion or k_reciprocal (default: the RUN config's evaluation.rerank).", show_default=False)] = None,
+    rerank_params: Annotated[list[str] | None, typer.Option("--rerank-param", metavar="NAME=VALUE", help="With --rerank: one of its parameters, e.g. k1=20; repeat for several.", show_default=False)] = None,
     analysis: Annotated[bool, typer.Option("--analysis", help="Also print rho and the pi distance ratios.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="With --analysis: spectrum plot path (PNG).")] = None,
-    drop: Annotated[int, typer.Option(help="Largest singular values left out of rho.")] = 1,
+    plot: Annotated[Path | None, typer.Option("--plot", metavar="FILE", help="With --analysis: spectrum plot path (PNG).", show_default=False)] = None,
+    drop: Annotated[int, typer.Option(metavar="N", help="Largest singular values left out of rho.")] = 1,
     center: Annotated[bool, typer.Option("--center", help="Center the embeddings before the SVD.")] = False,
-    per_query: Annotated[Path | None, typer.Option("--per-query", help="RUN: write each test query's label, first correct rank and AP@R (CSV).")] = None,
-    worst: Annotated[int | None, typer.Option("--worst", help="RUN: show the N queries with the lowest AP@R (with --html).")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="With --worst: the page of those queries and their neighbours.")] = None,
+    per_query: Annotated[Path | None, typer.Option("--per-query", metavar="FILE", help="RUN: write each test query's label, first correct rank and AP@R (CSV).", show_default=False)] = None,
+    worst: Annotated[int | None, typer.Option("--worst", metavar="N", help="RUN: show the N queries with the lowest AP@R (with --html).", show_default=False)] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="With --worst: the page of those queries and their neighbours.", show_default=False)] = None,
     verification: Annotated[bool, typer.Option("--verification", help="RUN: thresholds and FNMR at target false match rates.")] = False,
-    roc: Annotated[Path | None, typer.Option("--roc", help="With --verification: plot FNMR against FMR here (PNG).")] = None,
+    roc: Annotated[Path | None, typer.Option("--roc", metavar="FILE", help="With --verification: plot FNMR against FMR here (PNG).", show_default=False)] = None,
+    open_set: Annotated[bool, typer.Option("--open-set", help="RUN: open-set identification (DIR@FAR) with half the test classes enrolled.")] = False,
+    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="With --open-set: also at this calibration.json's thresholds.", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
-    """Retrieval and clustering metrics as a table (and JSON with --json)."""
+    """Retrieval and clustering metrics as a table (and JSON with --json).
+
+    Exit codes: 0 evaluated, 1 a write failed for lack of space, 2 bad input, 130 interrupted by
+    Ctrl-C, 143 by SIGTERM.
+    """
+    _check_options(run, embeddings, per_query, worst, html, verification, roc)
+    # Paths first: a missing file is reported before torch and NumPy are imported.
+    if run is not None:
+        require_run_dir(run)
+    for path, what in [(labels, "labels file"), *((path, "embeddings file") for path in embeddings or []),
+                       (query_mask, "query mask file"), (domains, "domains file")]:
+        if path is not None:
+            require_file(path, what)
     from dmlbench import evaluation
     from dmlbench.evaluation.table import format_table
 
-    _check_options(run, embeddings, per_query, worst, html, verification, roc)
+    _check_open_set_options(run, open_set, calibration)
     for option, target in (("--json", json_path), ("--per-query", per_query), ("--html", html), ("--roc", roc)):
         _check_writable(option, target)
-    options: dict[str, Any] = {"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize}
-    for name, value in (("metrics", metrics), ("k", k), ("seed", seed), ("block_size", block_size), ("nprobe", nprobe)):
-        if value is not None:
-            options[name] = value
-    if query_mask is not None:
-        options["query_mask"] = load_array(query_mask, "query mask")
+    options = _evaluation_options({"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize,
+                                   "metrics": metrics, "k": k, "seed": seed, "block_size": block_size, "nprobe": nprobe},
+                                  query_mask, rerank_option(rerank, rerank_params))
 
     if run is not None:
         results = _evaluate_run(run, options)
         if analysis:
-            from dmlbench.training.runs import embed_run
-
-            # Roth et al. 2020 measure the embedding space on the training data, never on the test split.
-            train_embeddings, train_labels = embed_run(run, "train")
-            results = {**results, "analysis": _analyze(train_embeddings, train_labels, drop, center, normalize, plot, "train split")}
+            results = {**results, "analysis": _analyze_training_split(run, drop, center, normalize, plot)}
         if per_query or worst or verification:
             results = {**results, **_diagnose(run, per_query, worst, html, verification, roc, seed)}
+        results = {**results, **_open_set(run, open_set, calibration, seed)}
         _write_json(json_path, results)
         return
 
@@ -84,11 +96,7 @@ def evaluate_command(
         raise UserInputError("--embeddings needs --labels")
     label_array = load_array(labels, "labels")
     matrices = {str(path): load_array(path, "embeddings") for path in embeddings or []}
-    if len(matrices) == 1:
-        results: dict[str, Any] = evaluation.evaluate(next(iter(matrices.values())), label_array, **options)
-    else:
-        results = evaluation.evaluate_many(matrices, label_array, mode=mode, **options)
-    typer.echo(format_table(results))
+    results = _evaluate_arrays(matrices, label_array, mode, options, None if domains is None else load_array(domains, "domains"))
     if analysis:
         import numpy as np
 
@@ -97,6 +105,61 @@ def evaluate_command(
         combined = arrays[0] if len(arrays) == 1 else np.concatenate([_unit_rows(array) for array in arrays], axis=1)
         results = {**results, "analysis": _analyze(combined, label_array, drop, center, normalize, plot, "analysis")}
     _write_json(json_path, results)
+
+
+def _evaluation_options(given: dict[str, Any], query_mask: Path | None, rerank: dict[str, Any] | None) -> dict[str, Any]:
+    """The options of ``evaluation.evaluate`` that were given (``None``: left to the defaults); ``rerank``
+    travels with them and is applied beside the raw metrics, never instead of them."""
+    options = {name: value for name, value in given.items() if value is not None}
+    if query_mask is not None:
+        options["query_mask"] = load_array(query_mask, "query mask")
+    if rerank is not None:
+        options["rerank"] = rerank
+    return options
+
+
+def rerank_option(kind: str | None, params: list[str] | None) -> dict[str, Any] | None:
+    """``--rerank KIND --rerank-param NAME=VALUE ...`` as ``{"kind": ..., "params": {...}}`` (values read as
+    YAML), checked by ``evaluation.rerank.build``; ``None`` when not given."""
+    from dmlbench.config import parse_override
+    from dmlbench.evaluation.rerank import build
+
+    if kind is None:
+        if params:
+            raise UserInputError("--rerank-param goes with --rerank KIND")
+        return None
+    values: dict[str, Any] = {}
+    for text in params or []:
+        path, value = parse_override(text)
+        if len(path) != 1:
+            raise UserInputError(f"--rerank-param {text!r} must be NAME=VALUE, e.g. k1=20")
+        values[path[0]] = value
+    build(kind, **values)
+    return {"kind": kind, "params": values}
+
+
+def _evaluate_arrays(matrices: dict[str, Any], labels: Any, mode: str, options: dict[str, Any], domains: Any) -> dict[str, Any]:
+    """Metrics of stored embeddings printed as a table; with ``domains`` also cross-domain, with ``rerank``
+    also re-ranked, beside them."""
+    from dmlbench import evaluation
+    from dmlbench.evaluation.table import format_table
+
+    options = dict(options)
+    rerank = options.pop("rerank", None)
+
+    def score(extra: dict[str, Any]) -> dict[str, Any]:
+        if len(matrices) == 1:
+            return evaluation.evaluate(next(iter(matrices.values())), labels, **options, **extra)
+        return evaluation.evaluate_many(matrices, labels, mode=mode, **options, **extra)
+
+    results = score({})
+    columns, added = {"all": results}, {}
+    if rerank is not None and rerank["kind"] != "none":
+        added["reranked"] = columns["re-ranked"] = score({"rerank": rerank})
+    if domains is not None:
+        added["cross_domain"] = columns["cross-domain"] = score({"domains": domains})  # answered from the other domains only
+    typer.echo(format_table(columns if added else results))
+    return {**results, **added}
 
 
 def _check_options(
@@ -123,9 +186,28 @@ def _evaluate_run(run: Path, options: dict[str, Any]) -> dict[str, Any]:
     run_defaults = {"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}
     changed = {name: value for name, value in options.items() if run_defaults.get(name, object()) != value}
     results = evaluate_run(run, **changed)
-    trained = {name: value for name, value in results.items() if name != "untrained"}
-    typer.echo(format_table({"trained": trained, "untrained": results.get("untrained", {})}))
+    extra = ("untrained", "reranked", "untrained_reranked", "cross_domain", "untrained_cross_domain")
+    trained = {name: value for name, value in results.items() if name not in extra}
+    columns = {"trained": trained}
+    if "reranked" in results:  # --rerank, or the run's config sets evaluation.rerank
+        columns["trained, re-ranked"] = results["reranked"]
+    columns["untrained"] = results.get("untrained", {})
+    if "reranked" in results:
+        columns["untrained, re-ranked"] = results["untrained_reranked"]
+    if "cross_domain" in results:  # the run's config sets evaluation.cross_domain
+        columns.update({"trained, cross-domain": results["cross_domain"],
+                        "untrained, cross-domain": results["untrained_cross_domain"]})
+    typer.echo(format_table(columns))
     return results
+
+
+def _analyze_training_split(run: Path, drop: int, center: bool, normalize: bool, plot: Path | None) -> dict[str, Any]:
+    """``_analyze`` of the run's training split: Roth et al. 2020 measure the embedding space on the
+    training data, never on the test split."""
+    from dmlbench.training.runs import embed_run
+
+    train_embeddings, train_labels = embed_run(run, "train")
+    return _analyze(train_embeddings, train_labels, drop, center, normalize, plot, "train split")
 
 
 def _analyze(
@@ -177,6 +259,44 @@ def _diagnose(
         )
         added["verification"] = summary
     return added
+
+
+def _check_open_set_options(run: Path | None, open_set: bool, calibration: Path | None) -> None:
+    """A calibration of another model is refused here, before the run is evaluated."""
+    from dmlbench.deploy import calibration as calibrations
+    from dmlbench.training.records import run_hashes
+
+    if calibration is not None and not open_set:
+        raise UserInputError("--calibration goes with --open-set")
+    if open_set and run is None:
+        raise UserInputError("--open-set evaluates a RUN's test split")
+    if calibration is not None and run is not None:
+        calibrations.check_same_model(calibrations.load_calibration(calibration), run_hashes(run), str(calibration), f"run {run}")
+
+
+def _open_set(run: Path, open_set: bool, calibration: Path | None, seed: int | None) -> dict[str, Any]:
+    """``{"open_set": ...}``: DIR and FAR at the default FAR targets and at the calibrated thresholds,
+    printed with their 95% intervals (nothing without ``--open-set``)."""
+    from dmlbench.deploy.calibration import open_set_of_run
+    from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS
+
+    if not open_set:
+        return {}
+    found = open_set_of_run(run, calibration, DEFAULT_FAR_TARGETS, seed=0 if seed is None else seed)
+
+    def span(values: list[float] | None) -> str:
+        return "[n/a]" if values is None else f"[{values[0]:.3f}, {values[1]:.3f}]"
+
+    typer.echo("")
+    typer.echo(f"open set: {found['enrolled_classes']} enrolled classes ({found['gallery_items']} gallery items, "
+               f"{found['known_queries']} known queries), {found['unknown_classes']} unknown classes "
+               f"({found['unknown_queries']} queries); rank-1 identification {found['rank_1_identification_rate']:.4f}")
+    for point in found["at_far"] + found["at_calibrated_threshold"]:
+        at = f"FAR {point['target_far']:g}" if "target_far" in point else f"calibrated FMR {point['target_fmr']:g}"
+        unreachable = "" if point.get("reachable", True) else " (too few unknown queries for this FAR)"
+        typer.echo(f"  {at:>22}: threshold {point['threshold']:.4f}  DIR {point['dir']:.4f} {span(point['dir_ci'])}"
+                   f"  FAR {point['far']:.4f} {span(point['far_ci'])}{unreachable}")
+    return {"open_set": found}
 
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:

@@ -8,23 +8,40 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench.cli.common import Command
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command
+from dmlbench.errors import UserInputError
+
+
+STORAGE_HELP = ("Read this storage URL instead of the one DIR/benchmark.json records (password from PGPASSWORD or "
+                "~/.pgpass).")
 
 
 def register(app: typer.Typer) -> None:
     app.command("report", cls=Command)(report_command)
     app.command("audit", cls=Command)(audit_command)
+    app.command("plan", cls=Command)(plan_command)
+
+
+def _require_benchmark(directory: Path) -> None:
+    """Before optuna, matplotlib and torch are imported: the message of the library's own check."""
+    from dmlbench.protocol.layout import BENCHMARK_FILE
+
+    if not (directory / BENCHMARK_FILE).is_file():
+        raise UserInputError(f"{directory} holds no benchmark study (no {BENCHMARK_FILE})")
 
 
 def report_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A benchmark output directory.", show_default=False)],
-    storage: Annotated[Optional[str], typer.Option("--storage", help="Read this storage URL instead of the one DIR/benchmark.json records.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report files here instead of DIR (a folder to publish: no checkpoints, no database).")] = None,
+    storage: Annotated[Optional[str], typer.Option("--storage", metavar="URL", help=STORAGE_HELP, show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="DIR", help="Write the report files here instead of DIR (a folder to publish: no checkpoints, no database).", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Rebuild report.md, report.html, results.csv, runs.csv, comparisons.csv, the claim CSVs, the plots and results.tex from storage.
 
-    Exit codes: 0 written, 2 no benchmark study in DIR.
+    Exit codes: 0 written, 1 a write failed for lack of space, 2 no benchmark study in DIR (or its
+    storage cannot be read), 130 interrupted by Ctrl-C, 143 by SIGTERM.
     """
+    _require_benchmark(directory)
     from dmlbench.report import write_report
 
     paths = write_report(directory, storage, output)
@@ -34,17 +51,48 @@ def report_command(
 
 def audit_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A benchmark output directory.", show_default=False)],
+    storage: Annotated[Optional[str], typer.Option("--storage", metavar="URL", help=STORAGE_HELP, show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Check every record: no search run saw a test class, no checkpoint was selected with test data,
     train/validation/test classes disjoint in every run, the same budget for every method.
 
-    Exit codes: 0 the audit passed, 1 problems (each offending run named), 2 no benchmark study in DIR.
+    Exit codes: 0 the audit passed, 1 problems (each offending run named), 2 no benchmark study in DIR
+    (or its storage cannot be read), 130 interrupted by Ctrl-C, 143 by SIGTERM.
     """
+    _require_benchmark(directory)
     from dmlbench.protocol.audit import audit
 
-    problems = audit(directory)
+    problems = audit(directory, storage)
     if problems:
         for problem in problems:
             print(f"dmlbench: audit: {problem}", file=sys.stderr)
         raise typer.Exit(1)
     typer.echo(f"audit passed: {directory}")
+
+
+def plan_command(
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Benchmark YAML.", show_default=False)],
+    pilot: Annotated[Optional[Path], typer.Option("--pilot", metavar="DIR", help="A finished benchmark whose paired differences give each comparison's SD.")] = None,
+    sd: Annotated[Optional[float], typer.Option("--sd", metavar="X", help="The SD of the paired differences, in score units (0.008 = 0.8 points).")] = None,
+) -> None:
+    """Print, for every declared comparison, the power of the paired t-test and of TOST at the config's
+    reproductions and margin, and the reproductions needed for 80% power after Holm; train nothing.
+
+    Exit codes: 0 printed, 2 bad input (neither or both of --pilot and --sd, no runs.csv in the pilot).
+    """
+    from dmlbench.errors import UserInputError
+    from dmlbench.protocol import power
+    from dmlbench.protocol.benchmark import load_spec
+
+    if (pilot is None) == (sd is None):
+        raise UserInputError("plan needs one of --pilot DIR (a finished benchmark) or --sd X (a stated SD)")
+    if pilot is not None and not pilot.is_dir():
+        raise UserInputError(f"pilot {pilot} is not a directory")
+    if sd is not None and not 0.0 < sd < 1.0:
+        raise UserInputError(f"--sd must lie strictly between 0 and 1 (score units), got {sd}")
+    spec = load_spec(config_path)
+    if pilot is not None:
+        typer.echo(power.plan_text(spec, power.pilot_sds(pilot, spec), f"measured in {pilot} per comparison"))
+    else:
+        typer.echo(power.plan_text(spec, {pair: sd for pair in power.comparisons_of(spec)}, f"{100 * sd:.2f} points (--sd)"))

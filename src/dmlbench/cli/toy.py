@@ -10,45 +10,34 @@ from typing import Annotated, Optional
 
 import typer
 
+from dmlbench.cli.common import QUIET_HELP, Command, require_creatable_directory
 from dmlbench.errors import UserInputError
 
 SWEEP_TEXT = "0,0.001,0.01,0.1,0.3"  # dmlbench.toy.SWEEP, kept here so that --help needs no torch
 
 
 def register(app: typer.Typer) -> None:
-    app.command("toy")(toy_command)
+    app.command("toy", cls=Command)(toy_command)
 
 
 def toy_command(
     output: Annotated[Path, typer.Option("--output", "-o", metavar="DIR", help="Directory for toy.json and toy.png.", show_default=False)],
-    variant: Annotated[str, typer.Option("--variant", help="diagonal (Fig. 6), axes (supp. Fig. 12) or both.")] = "both",
-    seeds: Annotated[int, typer.Option("--seeds", help="Seeds 0..N-1 per model (N >= 2 for the 95% intervals).")] = 10,
+    variant: Annotated[str, typer.Option("--variant", metavar="VARIANT", help="diagonal (Fig. 6), axes (supp. Fig. 12) or both.")] = "both",
+    seeds: Annotated[int, typer.Option("--seeds", metavar="N", help="Seeds 0..N-1 per model (N >= 2 for the 95% intervals).")] = 10,
     p_switch: Annotated[Optional[str], typer.Option("--p-switch", metavar="P[,P...]", help="p_switch of the regularised model, or a comma list of them (one model each). [default: 0.001]", show_default=False)] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help=f"Regularised models for p_switch = {SWEEP_TEXT} (instead of --p-switch).")] = False,
-    iterations: Annotated[int, typer.Option("--iterations", help="Training iterations per model (the paper: 200).")] = 200,
+    iterations: Annotated[int, typer.Option("--iterations", metavar="N", help="Training iterations per model (the paper: 200).")] = 200,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
 ) -> None:
     """Train the 2-D toy example with and without rho-regularisation; write DIR/toy.json and DIR/toy.png.
 
-    Paper settings (Roth et al. 2020 supp. G): MLP 2-30-30-2 with the embedding L2-normalised onto
-    the unit circle; four training and four test lines (classes) of 15 points; 200 iterations,
-    batch size 24, learning rate 0.03, contrastive loss (supp. eq. 1) with margin 0.1; the
-    regularised model switches a tuple's negative to a classmate with probability p_switch (0.001).
+    The paper's settings (Roth et al. 2020 supp. G), the choices it leaves open and what is
+    reported: docs/usage.md, "The toy example".
 
-    Choices the paper leaves open, the same for every model: ReLU activations, PyTorch's default
-    uniform initialisation; Adam (as in the paper's benchmarks); SPC-6 batches (4 classes x 6
-    points); the random miner (one random positive and one random negative per anchor; a switch
-    turns (a, p, n) into (a, a, classmate)); for one seed all models share initial weights,
-    batches, line points and random tuples, so a switch is their only difference. Points are drawn
-    uniformly along the segments, new for every seed.
-    Lines: axes: training x = -0.75, -0.25, 0.25, 0.75 (vertical, y in [-1, 1]), test y = the same
-    values (horizontal, x in [-1, 1]). diagonal: training lines along (1,1) at offsets -0.75..0.75
-    along (-1,1); test lines along (-1,1) in a 2 x 2 grid (u = +-0.5 along (1,1), v in +-[0.1, 0.75]).
-
-    Reported per model: rho of the training embeddings (embedding_space.analyze, drop=0: with a
-    2-D embedding the default drop=1 leaves one singular value and rho would always be 0) and test
-    Recall@1 (evaluation.evaluate, every test point a query against the other 59), per seed, mean
-    and 95% Student-t interval, and the per-seed differences regularised - plain.
+    Exit codes: 0 trained, 1 a write failed for lack of space, 2 bad input, 130 interrupted by
+    Ctrl-C, 143 by SIGTERM.
     """
+    require_creatable_directory(output, "--output")  # before torch is imported
     import torch
 
     from dmlbench import toy
@@ -60,7 +49,7 @@ def toy_command(
     torch.set_num_threads(1)  # tiny tensors: one thread is fastest and leaves the other cores free
     result = toy.run(
         output, variants=variants, seeds=seeds, p_switches=p_switches, iterations=iterations,
-        progress=lambda message: typer.echo(message, err=True),
+        progress=None if quiet else lambda message: typer.echo(message, err=True),
     )
     typer.echo(toy.format_summary(result.summary))
     typer.echo(f"wrote {output / toy.JSON_FILE} and {output / toy.FIGURE_FILE}")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench.cli.common import Command, CONFIG_HELP, OVERRIDES_HELP, config_and_overrides
+from dmlbench.cli.common import CONFIG_HELP, OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_run_dir
 from dmlbench.errors import UserInputError
 
 
@@ -20,9 +20,9 @@ def register(app: typer.Typer) -> None:
 def train_command(
     config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help=CONFIG_HELP + " Omit with --resume.", show_default=False)] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP, show_default=False)] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Run directory (default: runs/<loss>-<time>).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="RUN", help="Run directory (default: runs/<loss>-<time>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output from its last checkpoint.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
 ) -> None:
     """Train one model on one split; select the checkpoint on validation MAP@R only.
 
@@ -30,22 +30,29 @@ def train_command(
     with the configured batch as the global batch; rank 0 writes the run directory.
 
     Exit codes: 0 trained (or already complete), 1 the run failed (e.g. the loss became NaN),
-    2 bad input, 130 interrupted (resumable with --resume).
+    2 bad input, 130 interrupted by Ctrl-C, 143 by SIGTERM (both resumable with --resume).
     """
     from dmlbench import config as config_module
-    from dmlbench.training import TrainingDiverged, distributed, records, train
 
     config_path, overrides = config_and_overrides(config_path, overrides)
+    # Paths and arguments first: a mistake is reported before torch is imported.
     if resume:
         if output is None:
             raise UserInputError("--resume needs --output RUN_DIR")
-        records.require_run_dir(output)
+        require_run_dir(output)
         if config_path is not None or overrides:
             raise UserInputError("--resume continues the run with its stored config; give no CONFIG or overrides")
+    elif config_path is None:
+        raise UserInputError("missing CONFIG (a YAML file, e.g. configs/glyphs.yaml)")
+    else:
+        config_module.read_yaml(config_path, "config file")
+    from dmlbench.training import TrainingDiverged, distributed, records, train
+
+    if resume:
+        assert output is not None  # checked above
+        records.require_run_dir(output)
         config = config_module.load(output / records.CONFIG_FILE)
     else:
-        if config_path is None:
-            raise UserInputError("missing CONFIG (a YAML file, e.g. configs/glyphs.yaml)")
         config = config_module.load(config_path, overrides)
     started_group = distributed.init_from_environment(config.training.device)
     try:

@@ -1,10 +1,11 @@
-"""Datasets built by name: in-memory ``ImageDataset``s (glyphs) and file-backed ``FileDataset``s
+"""Datasets built by name: in-memory ``ImageDataset``s (glyphs, emoji) and file-backed ``FileDataset``s
 (cub200, cars196, sop, inshop, folder, csv; ``data/formats.py``), and their class-disjoint splits.
 
 ``build("glyphs", seed=0)`` returns the built-in dataset; ``splits`` cuts index arrays by class;
 ``check.summarize`` reports on a dataset and its splits.
 """
 
+from dmlbench.data import emoji as emoji  # noqa: F401  (importing registers "emoji" in DATASETS)
 from dmlbench.data import formats as formats  # noqa: F401  (importing registers the file formats)
 from dmlbench.data import glyphs as glyphs  # noqa: F401  (importing registers "glyphs" in DATASETS)
 from dmlbench.data.base import DATASETS, ImageDataset, build, content_hash

@@ -25,16 +25,32 @@ def build(name: str, /, **options: Any) -> ImageDataset:
     return DATASETS.build(name, **options)
 
 
-def content_hash(images: Tensor, labels: Tensor) -> str:
-    """sha256 over the shapes, then the raw bytes of ``images`` (uint8) and ``labels`` (little-endian int64).
+def content_hash(images: Tensor, labels: Tensor, domains: np.ndarray | None = None) -> str:
+    """sha256 over the shapes, then the raw bytes of ``images`` (uint8) and ``labels`` (little-endian int64),
+    then, for a dataset whose images carry a domain, the domains (one name per line).
 
-    The shapes go first so that two datasets with equal bytes but different image sizes differ.
+    The shapes go first so that two datasets with equal bytes but different image sizes differ. A
+    dataset without domains hashes exactly as before domains existed.
     """
     digest = hashlib.sha256()
     digest.update(f"{tuple(images.shape)}|{tuple(labels.shape)}|".encode())
     digest.update(images.contiguous().numpy().tobytes())
     digest.update(labels.numpy().astype("<i8", copy=False).tobytes())
+    if domains is not None:
+        digest.update(("|domains|" + "\n".join(str(domain) for domain in domains)).encode())
     return digest.hexdigest()
+
+
+def check_domains(domains: Sequence[str] | np.ndarray | None, count: int, name: str) -> np.ndarray | None:
+    """``domains`` as a 1-D array of ``count`` non-empty strings (``None`` stays ``None``)."""
+    if domains is None:
+        return None
+    array = np.asarray(domains)
+    if array.shape != (count,) or (count and array.dtype.kind != "U"):
+        raise UserInputError(f"domains of dataset {name!r} must be {count} strings, one per image, got shape {array.shape}")
+    if count and not all(array):
+        raise UserInputError(f"domains of dataset {name!r} must not be empty strings")
+    return array
 
 
 def as_index_tensor(indices: IndexLike, size: int, what: str = "indices") -> Tensor:
@@ -59,6 +75,8 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
     ``mean``/``std`` per channel when given), the original class id, and ``i`` itself so that samplers
     with a memory bank can update by index. ``metadata`` records where the data came from;
     ``source_indices`` is ``None`` for a root dataset and, for a ``subset``, the root positions of its items.
+    ``domains`` (optional, one string per image, e.g. the vendor that drew it) says where each image
+    comes from; cross-domain evaluation answers each query from the other domains only.
     """
 
     def __init__(
@@ -73,6 +91,7 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         std: Sequence[float] | None = None,
         metadata: dict[str, Any] | None = None,
         source_indices: Tensor | None = None,
+        domains: Sequence[str] | np.ndarray | None = None,
     ) -> None:
         if not isinstance(images, Tensor) or images.dtype != torch.uint8 or images.ndim != 4:
             raise UserInputError(f"images of dataset {name!r} must be a uint8 tensor [N, C, H, W]")
@@ -92,6 +111,7 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         self.name = name
         self.metadata = dict(metadata or {})
         self.source_indices = source_indices
+        self.domains = check_domains(domains, int(labels.shape[0]), name)
         self._content_hash = content_hash
         self.augmentation, self.augmentation_seed = "none", 0
         self.mean, self.std = _check_normalization(mean, std, images.shape[1])
@@ -102,7 +122,7 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
     def content_hash(self) -> str:
         """sha256 of this dataset's images and labels (see ``content_hash``), computed once."""
         if self._content_hash is None:
-            self._content_hash = content_hash(self.images, self.labels)
+            self._content_hash = content_hash(self.images, self.labels, self.domains)
         return self._content_hash
 
     @property
@@ -143,6 +163,7 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         view = ImageDataset(
             self.images, self.labels, self.class_names, name=self.name, content_hash=self._content_hash,
             mean=self.mean, std=self.std, metadata=self.metadata, source_indices=self.source_indices,
+            domains=self.domains,
         )
         view.augmentation, view.augmentation_seed = transforms.check_augmentation(augmentation), int(seed)
         return view
@@ -174,6 +195,7 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         subset = ImageDataset(
             self.images[index], self.labels[index], self.class_names, name=self.name,
             mean=self.mean, std=self.std, metadata=self.metadata, source_indices=source,
+            domains=None if self.domains is None else self.domains[index.numpy()],
         )
         subset.augmentation, subset.augmentation_seed = self.augmentation, self.augmentation_seed
         return subset
@@ -183,6 +205,7 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         view = ImageDataset(
             self.images, self.labels, self.class_names, name=self.name, content_hash=self._content_hash,
             mean=mean, std=std, metadata=self.metadata, source_indices=self.source_indices,
+            domains=self.domains,
         )
         view.augmentation, view.augmentation_seed = self.augmentation, self.augmentation_seed
         return view

@@ -82,6 +82,14 @@ def summarize(
                 "value": raw_pixel_precision_at_1(dataset, test, max_queries=queries, seed=seed),
             }
     summary["problems"] = _problems(summary)
+    if dataset.domains is not None:
+        names, counts = np.unique(dataset.domains, return_counts=True)
+        summary["images_per_domain"] = {str(name): int(count) for name, count in zip(names, counts)}
+    # What the dataset's reader found on disk (emoji: per vendor and category, missing, unlisted, licences).
+    source = dataset.metadata.get("source_report")
+    if isinstance(source, dict):
+        summary["source"] = source
+        summary["problems"] += list(source.get("problems", []))
     summary.update({name: dict(sizes) for name, sizes in summary["splits"].items()})  # one object per split
     return summary
 
@@ -118,8 +126,23 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"difficulty     raw-pixel 1-NN Precision@1 on {baseline['split']} = {baseline['value']:.3f} "
             f"({baseline['queries']} queries)"
         )
+    if "images_per_domain" in summary:
+        lines.append("domains        " + _inline(summary["images_per_domain"]))
+    for key, value in summary.get("source", {}).items():
+        if key != "problems":
+            lines.append(f"{key.replace('_', ' '):<14} {_inline(value)}")
     lines.append("status         " + ("OK" if not summary["problems"] else "PROBLEMS: " + "; ".join(summary["problems"])))
     return "\n".join(lines)
+
+
+def _inline(value: Any) -> str:
+    """A JSON value of a reader's report on one line: ``key value, key value``; lists comma-separated."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {_inline(item)}" if not isinstance(item, dict) else f"{key} ({_inline(item)})"
+                         for key, item in value.items())
+    if isinstance(value, list):
+        return "[" + ", ".join(str(item) for item in value) + "]"
+    return str(value)
 
 
 def raw_pixel_precision_at_1(

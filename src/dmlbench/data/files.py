@@ -47,6 +47,9 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
     ``(seed, epoch, root index)``. ``subset`` shares the file list and the cache.
     """
 
+    # No file format here records where an image comes from (see ``ImageDataset.domains``).
+    domains: np.ndarray | None = None
+
     def __init__(
         self,
         root: Path,

@@ -207,6 +207,8 @@ def _meta(run: RunModel, collection: Collection, spec: InputSpec, batch_size: in
     return {
         **identity,
         "fingerprint": hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest(),
+        # With checkpoint_sha256, what a calibration of this model must match (training.records.run_hashes).
+        "config_sha256": file_sha256(run.run_dir / records.CONFIG_FILE),
         "checkpoint_epoch": run.epoch,
         "embedding_dim": run.embedding_dim,
         "normalized": bool(run.config.model.normalize),

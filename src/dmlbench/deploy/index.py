@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from dmlbench import __version__, files, provenance
+from dmlbench.deploy.calibration import check_same_model, index_hashes, load_calibration
 from dmlbench.deploy.embeddings import EmbeddingSet
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.knn_faiss import HNSW_EF_SEARCH, HNSW_NEIGHBOURS, add_with_one_thread
@@ -34,6 +35,7 @@ KINDS = ("exact", "ivf", "hnsw")
 INDEX_FILE, EMBEDDINGS_FILE, LABELS_FILE, PATHS_FILE, META_FILE = (
     "index.faiss", "embeddings.npy", "labels.npy", "paths.txt", "index.json",
 )
+CALIBRATION_FILE = "calibration.json"  # the thresholds stored with the index (``index --calibration``)
 RECALL_K = 10
 RECALL_QUERIES = 1000
 
@@ -61,6 +63,7 @@ class StoredIndex:
     labels: np.ndarray | None
     paths: list[str]
     meta: dict[str, Any]
+    calibration: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -84,11 +87,17 @@ class StoredIndex:
         embeddings = np.load(directory / EMBEDDINGS_FILE, mmap_mode="r", allow_pickle=False)
         labels = np.load(directory / LABELS_FILE, allow_pickle=False) if (directory / LABELS_FILE).is_file() else None
         paths = (directory / PATHS_FILE).read_text().splitlines()
+        calibration = files.read_json(directory / CALIBRATION_FILE) if (directory / CALIBRATION_FILE).is_file() else None
         _configure(index, meta)
-        return cls(directory, index, embeddings, labels, paths, meta)
+        return cls(directory, index, embeddings, labels, paths, meta, calibration)
 
     def search(self, queries: np.ndarray | Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Row ids ``[Q, k]`` and Euclidean distances ``[Q, k]`` of the k nearest stored items."""
+        queries = self.checked_queries(queries, k)
+        return _search(self.faiss_index, self.embeddings, queries, k, certify=self.kind == "exact")
+
+    def checked_queries(self, queries: np.ndarray | Tensor, k: int) -> Tensor:
+        """``queries`` as float64 ``[Q, D]`` once they and ``k`` fit the index (one-line errors otherwise)."""
         queries = torch.as_tensor(np.asarray(queries, dtype=np.float64))
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             raise UserInputError(
@@ -100,7 +109,7 @@ class StoredIndex:
         check_positive_int("k", k)
         if k > len(self):
             raise UserInputError(f"k={k} exceeds the {len(self)} items in the index")
-        return _search(self.faiss_index, self.embeddings, queries, k, certify=self.kind == "exact")
+        return queries
 
     def hits(self, ids: Tensor, distances: Tensor) -> list[list[Hit]]:
         return [
@@ -120,10 +129,17 @@ def build_index(
     seed: int = 0,
     nprobe: int | None = None,
     ef_search: int = HNSW_EF_SEARCH,
+    calibration: Path | None = None,
 ) -> StoredIndex:
-    """Build and store an index of ``embedding_set``; approximate kinds get their recall@10 measured."""
+    """Build and store an index of ``embedding_set``; approximate kinds get their recall@10 measured.
+    ``calibration`` (a ``calibration.json`` of the model that made the embeddings, checked by its
+    model and config hashes) is stored with the index, so that queries apply its thresholds."""
     if kind not in KINDS:
         raise UserInputError(f"--kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    thresholds = None
+    if calibration is not None:
+        thresholds = load_calibration(calibration)
+        check_same_model(thresholds, index_hashes(embedding_set.meta), str(calibration), f"embeddings {embedding_set.prefix}")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserInputError(f"index directory {out} already exists and is not empty")
@@ -152,7 +168,12 @@ def build_index(
     _configure(index, meta)
     if kind != "exact":
         meta["recall_at_10"] = _recall_against_exact(index, rows, seed)
+    if thresholds is not None:
+        meta["calibration"] = {"file": CALIBRATION_FILE, "source": str(Path(calibration).resolve()),
+                               "target_fmrs": [point["target_fmr"] for point in thresholds["targets"]]}
     out.mkdir(parents=True, exist_ok=True)
+    if thresholds is not None:
+        files.write_json(out / CALIBRATION_FILE, thresholds)
     _store(out, index, rows.astype(np.float32), embedding_set, meta)
     return StoredIndex.load(out)
 

@@ -24,9 +24,14 @@ class Tile:
 
 @dataclass(frozen=True)
 class Row:
+    """A query and its neighbours; ``verdict`` says whether a calibrated threshold found a match
+    (``matched``: ``None`` when no threshold was applied)."""
+
     query: Tile
     neighbors: list[Tile]
     heading: str
+    verdict: str = ""
+    matched: bool | None = None
 
 
 class Thumbnails:
@@ -65,6 +70,7 @@ h1 { font-size: 1.3em; } h2 { font-size: 1em; margin: 1.2em 0 0.4em; }
 .correct img, .correct .missing { border-color: #2a9d3a; }
 .wrong img, .wrong .missing { border-color: #d62728; }
 .legend span { display: inline-block; margin-right: 1.2em; }
+.verdict { margin: 0 0 0.4em; font-weight: bold; } .verdict.match { color: #2a9d3a; } .verdict.nomatch { color: #d62728; }
 """
 
 
@@ -82,7 +88,8 @@ def write_page(path: Path, title: str, rows: Sequence[Row], note: str = "") -> N
         '<span style="color:#2a9d3a">&#9632; same label</span><span style="color:#d62728">&#9632; other label</span></p>'
     )
     for row in rows:
-        parts.append(f"<h2>{html.escape(row.heading)}</h2><div class=\"row\">")
+        verdict = f'<p class="verdict {"match" if row.matched else "nomatch"}">{html.escape(row.verdict)}</p>' if row.verdict else ""
+        parts.append(f"<h2>{html.escape(row.heading)}</h2>{verdict}<div class=\"row\">")
         parts.append(_tile(row.query, "query"))
         for tile in row.neighbors:
             parts.append(_tile(tile, "" if tile.correct is None else ("correct" if tile.correct else "wrong")))

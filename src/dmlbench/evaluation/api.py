@@ -15,6 +15,7 @@ from dmlbench.errors import UserInputError
 from dmlbench.evaluation import clustering, retrieval
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
 from dmlbench.evaluation.neighbors import nearest_neighbors
+from dmlbench.evaluation.rerank import KReciprocal, QueryExpansion, Reranking, build, reranked_neighbors, validate_combination
 from dmlbench.validation import check_positive_int
 
 RETRIEVAL_METRICS = ("precision_at_1", "r_precision", "map_at_r", "map_at_c", "map_at_1000", "mrr")
@@ -50,22 +51,32 @@ def evaluate(
     block_size: int | None = None,
     kmeans_iterations: int = clustering.DEFAULT_KMEANS_ITERATIONS,
     nprobe: int | None = None,
-) -> dict[str, float]:
+    domains: Tensor | np.ndarray | Sequence[Any] | None = None,
+    rerank: Reranking | Mapping[str, Any] | str | None = None,
+) -> dict[str, float | int]:
     """Metrics of ``embeddings`` ``[N, D]`` with integer ``labels`` ``[N]`` (definitions: docs/decisions.md).
 
     Queries are the references (each query excluded from its own list) unless ``query_mask``
-    (bool ``[N]``) marks the queries; the rest is then the gallery. Distances are Euclidean on
+    (bool ``[N]``) marks the queries; the rest is then the gallery. With ``domains`` (one value per
+    row: a vendor, a camera, ...) retrieval is cross-domain: each query's gallery holds only the
+    references of the other domains, and R counts only those (clustering ignores domains). Distances are Euclidean on
     L2-normalised embeddings (``normalize=False``: as given), or Hamming on the signs with
     ``binarize``. ``metrics`` names a subset (``recall_at_<k>`` for any k; default
     ``default_metrics(ks)``); ``k`` neighbours are retrieved (default: the largest class size).
-    Retrieval metrics come with ``num_queries`` and ``num_queries_without_match`` (queries whose
-    label has no reference, left out of all retrieval averages except mAP@C and mAP@1000).
+    Every metric is a ``float``. Retrieval metrics come with two counts (``int``), ``num_queries`` and
+    ``num_queries_without_match`` (queries whose label has no reference, left out of all retrieval
+    averages except mAP@C and mAP@1000).
     Clustering metrics run faiss k-means (``seed``, ``kmeans_iterations``) on all N rows with as
     many clusters as classes. Neighbours are exact and ordered by (distance, index) for every
     ``backend`` except ``faiss_approx`` (inverted lists, ``nprobe`` probes) and ``faiss_hnsw`` (a
     graph built by one thread, so that it is reproducible).
+    ``rerank`` (``evaluation.rerank.build``'s result, or ``{"kind": ..., "params": {...}}``) re-ranks
+    every query's list before the retrieval metrics (exact; not with ``binarize``, ``normalize=False``,
+    ``domains``, another ``backend`` or ``block_size``); clustering metrics stay on the embeddings.
     """
     names = _parse_metrics(metrics, ks)
+    method = _as_reranking(rerank, binarize=binarize, normalize=normalize, domains=domains, backend=backend,
+                           block_size=block_size)
     for name, value in (("block_size", block_size), ("nprobe", nprobe)):
         if value is not None:
             check_positive_int(name, value)
@@ -73,11 +84,13 @@ def evaluate(
     label_tensor = _as_labels(labels, space.num_rows)
     if len(torch.unique(label_tensor)) < 2:
         raise UserInputError("labels contain a single class; evaluation needs at least 2 classes")
-    results: dict[str, float] = {}
+    results: dict[str, float | int] = {}
     retrieval_names = [name for name in names if name not in CLUSTERING_METRICS]
     if retrieval_names:
         mask = _as_query_mask(query_mask, space.num_rows)
-        results.update(_retrieval(space, label_tensor, mask, retrieval_names, k, backend, block_size, nprobe, seed))
+        domain_codes = as_domain_codes(domains, space.num_rows)
+        results.update(_retrieval(space, label_tensor, mask, retrieval_names, k, backend, block_size, nprobe, seed,
+                                  domain_codes, method))
     clustering_names = [name for name in names if name in CLUSTERING_METRICS]
     if clustering_names:
         results.update(_clustering(space, label_tensor, clustering_names, seed, kmeans_iterations))
@@ -92,7 +105,7 @@ def evaluate_many(
     *,
     mode: str = "concatenated",
     **evaluate_kwargs: Any,
-) -> dict[str, float]:
+) -> dict[str, float | int]:
     """Several models' embeddings of the same samples, Musgrave et al. 2020 section 3.3.
 
     ``concatenated``: each model's embeddings L2-normalised, concatenated, then evaluated (and
@@ -124,8 +137,10 @@ def _retrieval(
     block_size: int | None,
     nprobe: int | None,
     seed: int,
-) -> dict[str, float]:
-    layout = query_layout(labels, query_mask)
+    domains: Tensor | None = None,
+    rerank: Reranking | None = None,
+) -> dict[str, float | int]:
+    layout = query_layout(labels, query_mask, domains)
     query_ids, reference_ids, relevant = layout.query_ids, layout.reference_ids, layout.relevant
     class_sizes, largest_class, available = layout.class_sizes, layout.largest_class, layout.available
     needs = _neighbours_needed(names, relevant, class_sizes, largest_class, available)
@@ -138,10 +153,14 @@ def _retrieval(
         for name, needed in needs.items():
             if k < needed:
                 raise UserInputError(f"k={k} is too small for {name}, which needs {needed} neighbours")
-    neighbours = nearest_neighbors(
-        space, query_ids, reference_ids, k, exclude_self=layout.self_retrieval,
-        backend=backend, block_size=block_size, nprobe=nprobe, seed=seed,
-    )
+    if rerank is not None:  # the float64 unit rows, re-ranked by their own exact search
+        neighbours = reranked_neighbors(space.exact_rows, query_ids, reference_ids, k,
+                                        exclude_self=layout.self_retrieval, method=rerank)
+    else:
+        neighbours = nearest_neighbors(
+            space, query_ids, reference_ids, k, exclude_self=layout.self_retrieval,
+            backend=backend, block_size=block_size, nprobe=nprobe, seed=seed, domains=domains,
+        )
     # An approximate backend may find fewer than k neighbours for a query; the missing ones (-1) are misses.
     hits = (neighbours.ids >= 0) & (labels[neighbours.ids.clamp_min(0)] == labels[query_ids].unsqueeze(1))
     results = {name: _retrieval_metric(name, hits, relevant, class_sizes, largest_class) for name in names}
@@ -154,9 +173,9 @@ def _retrieval(
 class QueryLayout:
     """Who queries whom in one retrieval evaluation, and how many correct answers each query has.
 
-    ``relevant`` is R per query (references with its label, itself excluded); ``class_sizes`` is k_c
-    of seed 004 eq. 29 (the query counted when queries are the references); ``available`` is the
-    number of references a query can retrieve.
+    ``relevant`` is R per query (references with its label, itself excluded, and with ``domains`` only
+    those of other domains); ``class_sizes`` is k_c of seed 004 eq. 29 (the query counted when queries
+    are the references); ``available`` is the number of references every query can retrieve.
     """
 
     query_ids: Tensor
@@ -168,13 +187,16 @@ class QueryLayout:
     available: int
 
 
-def query_layout(labels: Tensor, query_mask: Tensor | None) -> QueryLayout:
-    """All rows query all others (``query_mask`` ``None``), or the masked rows query the rest."""
-    self_retrieval = query_mask is None
-    if self_retrieval:
+def query_layout(labels: Tensor, query_mask: Tensor | None, domains: Tensor | None = None) -> QueryLayout:
+    """All rows query all others (``query_mask`` ``None``), or the masked rows query the rest; with
+    ``domains`` (int64 codes) a query's references are only those of the other domains."""
+    if query_mask is None:
         query_ids = reference_ids = torch.arange(len(labels))
     else:
         query_ids, reference_ids = torch.nonzero(query_mask).squeeze(1), torch.nonzero(~query_mask).squeeze(1)
+    if domains is not None:
+        return _cross_domain_layout(labels, query_ids, reference_ids, domains)
+    self_retrieval = query_mask is None
     query_labels = labels[query_ids]
     classes, reference_counts = torch.unique(labels[reference_ids], return_counts=True)
     position = torch.searchsorted(classes, query_labels).clamp_max(len(classes) - 1)
@@ -185,6 +207,40 @@ def query_layout(labels: Tensor, query_mask: Tensor | None) -> QueryLayout:
     available = len(reference_ids) - int(self_retrieval)
     largest_class = min(available, int(reference_counts.max()))
     return QueryLayout(query_ids, reference_ids, relevant, counts, self_retrieval, largest_class, available)
+
+
+def _cross_domain_layout(labels: Tensor, query_ids: Tensor, reference_ids: Tensor, domains: Tensor) -> QueryLayout:
+    """The layout when each query's gallery excludes its own domain (so never holds the query itself)."""
+    num_domains = int(domains.max()) + 1
+    num_classes = int(labels.max()) + 1
+    # counts[d, c]: references of domain d and class c; a query of domain d sees the column sums minus row d.
+    counts = torch.zeros(num_domains, num_classes, dtype=torch.int64)
+    counts.index_put_((domains[reference_ids], labels[reference_ids]), torch.ones(len(reference_ids), dtype=torch.int64),
+                      accumulate=True)
+    outside = counts.sum(dim=0, keepdim=True) - counts  # [d, c]: references of class c outside domain d
+    query_domains = domains[query_ids]
+    relevant = outside[query_domains, labels[query_ids]]
+    present = torch.unique(query_domains)
+    available = int((len(reference_ids) - counts.sum(dim=1))[present].min())
+    if available < 1:
+        raise UserInputError("the queries of a domain have no reference in another domain; cross-domain evaluation needs at least 2 domains")
+    if not bool((relevant > 0).any()):
+        raise UserInputError("no query has a reference with its label in another domain; cross-domain retrieval metrics are undefined")
+    largest_class = min(available, int(outside[present].max()))
+    return QueryLayout(query_ids, reference_ids, relevant, relevant, False, largest_class, available)
+
+
+def as_domain_codes(domains: Any, num_rows: int) -> Tensor | None:
+    """One int64 code per row (the sorted order of the distinct domain values), or ``None``."""
+    if domains is None:
+        return None
+    array = np.asarray(domains.detach().cpu() if isinstance(domains, Tensor) else domains)
+    if array.shape != (num_rows,):
+        raise UserInputError(f"domains must have one value per row ({num_rows}); got shape {list(array.shape)}")
+    if array.dtype.kind not in "biuU":
+        raise UserInputError(f"domains must be integers or strings; got dtype {array.dtype}")
+    _, codes = np.unique(array, return_inverse=True)
+    return torch.from_numpy(codes.reshape(-1).astype(np.int64))
 
 
 def _neighbours_needed(
@@ -223,6 +279,30 @@ def _retrieval_metric(name: str, hits: Tensor, relevant: Tensor, class_sizes: Te
     if name == "map_at_1000":
         return retrieval.map_at_1000(hits)
     return retrieval.mean_reciprocal_rank(hits[:, :largest_class], relevant)
+
+
+def _as_reranking(
+    rerank: Reranking | Mapping[str, Any] | str | None, *, binarize: bool, normalize: bool, domains: Any, backend: str,
+    block_size: int | None,
+) -> Reranking | None:
+    """The re-ranking ``evaluate`` was given, validated; the combinations it cannot honour exactly are refused."""
+    if isinstance(rerank, Mapping):
+        unknown = sorted(set(rerank) - {"kind", "params"})
+        if unknown or not isinstance(rerank.get("params", {}), Mapping):
+            raise UserInputError("rerank must be {'kind': KIND, 'params': {...}}" + (f"; got key {unknown[0]!r}" if unknown else ""))
+        rerank = build(str(rerank.get("kind", "none")), **dict(rerank.get("params", {})))
+    elif isinstance(rerank, str):
+        rerank = build(rerank)
+    if rerank is None:
+        return None
+    if not isinstance(rerank, (QueryExpansion, KReciprocal)):
+        raise UserInputError(f"rerank must be a re-ranking kind, mapping or rerank.build(...); got {type(rerank).__name__}")
+    validate_combination(binarize=binarize, normalize=normalize)
+    if domains is not None:
+        raise UserInputError("re-ranking is not defined for cross-domain retrieval (domains=); evaluate one or the other")
+    if backend != "torch" or block_size is not None:
+        raise UserInputError("re-ranking searches exactly with its own blocks; drop backend and block_size")
+    return rerank
 
 
 def _clustering(space: KnnIndex, labels: Tensor, names: list[str], seed: int, iterations: int) -> dict[str, float]:

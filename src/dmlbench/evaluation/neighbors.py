@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,10 +52,14 @@ def nearest_neighbors(
     seed: int = 0,
     searcher: CandidateSearch | None = None,
     certify: bool = True,
+    domains: Tensor | None = None,
 ) -> Neighbors:
     """The ``k`` nearest ``reference_ids`` (ascending global ids) of each of ``query_ids``.
 
     ``exclude_self`` removes each query from its own list (queries must then be among the references).
+    ``domains`` (an int64 code per row of ``space``) restricts each query's references to the other
+    domains: the queries of one domain are searched at a time against the references outside it,
+    so the ranking stays exact and ordered by (distance, index) within that restricted gallery.
     ``faiss_approx`` (inverted lists) and ``faiss_hnsw`` (a graph) return the exact ranking of
     approximate candidates, without certification.
     ``searcher`` replaces the backend's candidate search (a stored index, for instance); its scores
@@ -63,6 +68,11 @@ def nearest_neighbors(
     """
     if backend not in BACKENDS:
         raise UserInputError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if domains is not None:
+        if searcher is not None:
+            raise UserInputError("a stored index searches its whole gallery; it cannot answer cross-domain queries")
+        return _cross_domain(space, query_ids, reference_ids, k, domains, backend=backend, block_size=block_size,
+                             nprobe=nprobe, seed=seed, certify=certify)
     available = len(reference_ids) - int(exclude_self)
     if not 1 <= k <= available:
         raise UserInputError(f"k={k} must lie in [1, {available}] (the number of references per query)")
@@ -95,6 +105,21 @@ def nearest_neighbors(
         distances[pending[certified]] = ranked_distances[certified]
         pending = pending[~certified]
         width = min(available, 4 * width)
+    return Neighbors(ids, distances)
+
+
+def _cross_domain(space: KnnIndex, query_ids: Tensor, reference_ids: Tensor, k: int, domains: Tensor,
+                  **search: Any) -> Neighbors:
+    """``nearest_neighbors`` with each query's own domain left out of its references (see there)."""
+    ids = torch.empty(len(query_ids), k, dtype=torch.int64)
+    distances = torch.empty(len(query_ids), k, dtype=torch.float64)
+    query_domains, reference_domains = domains[query_ids], domains[reference_ids]
+    for domain in torch.unique(query_domains).tolist():
+        rows = torch.nonzero(query_domains == domain).squeeze(1)
+        gallery = reference_ids[reference_domains != domain]
+        # A query is in its own domain, so it is never among these references: nothing to exclude.
+        found = nearest_neighbors(space, query_ids[rows], gallery, k, exclude_self=False, **search)
+        ids[rows], distances[rows] = found.ids, found.distances
     return Neighbors(ids, distances)
 
 

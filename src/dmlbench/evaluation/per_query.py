@@ -7,6 +7,7 @@ is what a person reads to understand a model. Neighbours come from the same exac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +92,37 @@ def per_query(
         neighbor_ids=found.ids[:, :shown],
         neighbor_distances=_euclidean(space, found.distances[:, :shown]),
     )
+
+
+# The retrieval metrics that are a mean over the queries with R > 0 of a per-query value.
+PER_QUERY_METRICS = ("precision_at_1", "r_precision", "map_at_r")
+
+
+def query_scores(
+    embeddings: Tensor | np.ndarray,
+    labels: Tensor | np.ndarray,
+    metrics: Sequence[str],
+    *,
+    query_mask: Tensor | np.ndarray | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Each query's label and its value of every metric of ``metrics`` in ``PER_QUERY_METRICS`` (float64,
+    NaN where R = 0), queries and neighbours as in ``evaluate``, whose value is their mean over the
+    queries with R > 0: P@1 (hit at rank 1), R-Precision r/R and AP@R (Musgrave et al. 2020 §3.2, eq. 3)."""
+    space = prepare(_as_embeddings(embeddings), normalize=True, binarize=False)
+    label_tensor = _as_labels(labels, space.num_rows)
+    layout = query_layout(label_tensor, _as_query_mask(query_mask, space.num_rows))
+    k = min(layout.available, max(1, int(layout.relevant.max())))
+    found = nearest_neighbors(space, layout.query_ids, layout.reference_ids, k, exclude_self=layout.self_retrieval)
+    query_labels = label_tensor[layout.query_ids]
+    hits = label_tensor[found.ids] == query_labels.unsqueeze(1)
+    within_r = torch.arange(k).unsqueeze(0) < layout.relevant.unsqueeze(1)
+    no_match = layout.relevant == 0
+    values = {
+        "precision_at_1": hits[:, 0].to(torch.float64).masked_fill(no_match, float("nan")),
+        "r_precision": ((hits & within_r).sum(dim=1, dtype=torch.float64) / layout.relevant).masked_fill(no_match, float("nan")),
+        "map_at_r": retrieval.average_precision_at_r(hits, layout.relevant),
+    }
+    return query_labels, {name: values[name] for name in metrics if name in PER_QUERY_METRICS}
 
 
 def _exact_first_correct_rank(

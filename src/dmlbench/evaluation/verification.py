@@ -90,6 +90,52 @@ def pair_distances(
     return PairDistances(_row_distances(rows, left, right), negative, positive_total, negative_total)
 
 
+@dataclass(frozen=True)
+class PairRows:
+    """The row indices ``(left, right)`` of the positive and negative pairs ``pair_distances`` uses,
+    for callers that need to know which items (and so which classes) each pair joins."""
+
+    positive_left: np.ndarray
+    positive_right: np.ndarray
+    negative_left: np.ndarray
+    negative_right: np.ndarray
+    positive_total: int
+    negative_total: int
+
+
+def pair_rows(labels: np.ndarray, *, max_pairs: int = DEFAULT_MAX_PAIRS, seed: int = 0) -> PairRows:
+    """The pairs of ``pair_distances(..., max_pairs=max_pairs, seed=seed)`` as row indices: the same
+    sets (all pairs of a kind, or the same seeded sample drawn without replacement), in another order."""
+    check_positive_int("max_pairs", max_pairs)
+    labels = np.asarray(labels, dtype=np.int64)
+    sizes = np.unique(labels, return_counts=True)[1].astype(np.int64)
+    positive_total = int((sizes * (sizes - 1) // 2).sum())
+    negative_total = len(labels) * (len(labels) - 1) // 2 - positive_total
+    if positive_total == 0:
+        raise UserInputError("no two items share a label; verification needs positive pairs")
+    if negative_total == 0:
+        raise UserInputError("all items share one label; verification needs negative pairs")
+    # The draws in pair_distances' order (negatives, then positives), so that the samples coincide.
+    generator = np.random.default_rng(seed)
+    if negative_total <= max_pairs:
+        negative_left, negative_right = _all_negative_rows(labels)
+    else:
+        negative_left, negative_right = _sampled_negative_rows(labels, max_pairs, generator)
+    positive_left, positive_right = _positive_pairs(labels, max_pairs if positive_total > max_pairs else None, generator)
+    return PairRows(positive_left, positive_right, negative_left, negative_right, positive_total, negative_total)
+
+
+def row_distances(embeddings: Tensor | np.ndarray, left: np.ndarray, right: np.ndarray, *, normalize: bool = True) -> np.ndarray:
+    """Euclidean distances of the row pairs ``(left[i], right[i])`` (L2-normalised rows by default,
+    as in ``evaluate``), in chunks that bound the float64 difference tensor."""
+    rows = _as_embeddings(embeddings)
+    if normalize:
+        rows = torch.nn.functional.normalize(rows, dim=1)
+    chunk = max(1, _CHUNK_ENTRIES // rows.shape[1])
+    parts = [_row_distances(rows, left[start:start + chunk], right[start:start + chunk]) for start in range(0, len(left), chunk)]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
+
+
 def threshold_at_fmr(pairs: PairDistances, target_fmr: float) -> dict[str, float]:
     """The largest threshold whose FMR does not exceed ``target_fmr``, with the FMR and FNMR it gives.
 
@@ -191,6 +237,20 @@ def _all_pairs(rows: Tensor, labels: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(positive), np.concatenate(negative)
 
 
+def _all_negative_rows(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``(left, right)``, left < right, of every different-label pair; a block of rows at a time."""
+    num_rows = len(labels)
+    chunk = max(1, (_CHUNK_ENTRIES // 4) // num_rows)
+    left, right = [], []
+    for start in range(0, num_rows, chunk):
+        block = np.arange(start, min(start + chunk, num_rows))
+        later = np.arange(num_rows)[None, :] > block[:, None]
+        first, second = np.nonzero(later & (labels[block][:, None] != labels[None, :]))
+        left.append(block[first])
+        right.append(second)
+    return np.concatenate(left).astype(np.int64), np.concatenate(right).astype(np.int64)
+
+
 def _positive_pairs(labels: np.ndarray, count: int | None, generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``(left, right)`` of every same-label pair (``count=None``), or of ``count`` of them drawn
     uniformly without replacement: pair ``k`` of the enumeration class by class, i < j within a class."""
@@ -210,6 +270,12 @@ def _positive_pairs(labels: np.ndarray, count: int | None, generator: np.random.
 
 def _sampled_negatives(rows: Tensor, labels: np.ndarray, count: int, generator: np.random.Generator) -> np.ndarray:
     """Distances of ``count`` different-label pairs drawn uniformly without replacement from all pairs."""
+    left, right = _sampled_negative_rows(labels, count, generator)
+    return _row_distances(rows, left, right)
+
+
+def _sampled_negative_rows(labels: np.ndarray, count: int, generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``(left, right)`` of ``count`` different-label pairs drawn uniformly without replacement."""
     num_rows = len(labels)
 
     def different(draw: np.ndarray) -> np.ndarray:
@@ -217,8 +283,7 @@ def _sampled_negatives(rows: Tensor, labels: np.ndarray, count: int, generator: 
         return labels[left] != labels[right]
 
     chosen = _distinct(generator, num_rows * (num_rows - 1) // 2, count, different)
-    left, right = _triangle(chosen, np.full(len(chosen), num_rows, dtype=np.int64))
-    return _row_distances(rows, left, right)
+    return _triangle(chosen, np.full(len(chosen), num_rows, dtype=np.int64))
 
 
 def _distinct(generator: np.random.Generator, population: int, count: int,

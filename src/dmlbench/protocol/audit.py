@@ -10,6 +10,7 @@ line per problem (empty: the audit passed):
   (or that happened before the run finished);
 * train, validation and test classes not disjoint within a run;
 * methods with different budgets (trials, epochs, folds, reproductions, search settings);
+* an analysis changed after the runs (accepted with ``--accept-analysis-change``): not the declared one;
 * a frozen-trunk run (``trunks/fold_K``) whose train or validation classes are not exactly its
   fold's or that is not recorded as stage ``trunk`` of its fold; a head trained on another fold's trunk.
 """
@@ -30,6 +31,7 @@ from dmlbench.protocol import work
 from dmlbench.protocol.layout import (
     BENCHMARK_FILE,
     REPRODUCTION_STAGE,
+    SEARCH_REPEAT_MARK,
     SEARCH_STAGE,
     TEST_ACCESS_FILE,
     TRUNK_STAGE,
@@ -39,8 +41,9 @@ from dmlbench.protocol.layout import (
 from dmlbench.training import records
 
 
-def audit(output_dir: Path) -> list[str]:
-    """Every problem found in ``output_dir`` (one line each, naming the run); ``[]`` if none."""
+def audit(output_dir: Path, storage: str | None = None) -> list[str]:
+    """Every problem found in ``output_dir`` (one line each, naming the run); ``[]`` if none.
+    ``storage``: the URL to read (by default the one ``benchmark.json`` records, without password)."""
     output_dir = Path(output_dir)
     path = output_dir / BENCHMARK_FILE
     if not path.is_file():
@@ -50,7 +53,10 @@ def audit(output_dir: Path) -> list[str]:
     problems: list[str] = []
     runs: dict[str, dict[str, Any]] = {}
     epochs: dict[str, set[int]] = {}
-    for method in benchmark["methods"]:
+    # The runs of the repeated searches (``protocol.search_repeats``) are audited like their method's.
+    repeats = [path.name for method in benchmark["methods"]
+               for path in sorted(output_dir.glob(f"{method}{SEARCH_REPEAT_MARK}*")) if path.is_dir()]
+    for method in [*benchmark["methods"], *repeats]:
         epochs[method] = set()
         for run_file in sorted((output_dir / method).glob("*/fold_*/" + records.RUN_FILE)):
             name = str(run_file.parent.relative_to(output_dir))
@@ -64,7 +70,8 @@ def audit(output_dir: Path) -> list[str]:
             problems += _audit_plugins(name, record, benchmark)
     problems += _audit_trunks(output_dir, benchmark, test_classes, runs)
     problems += _audit_test_access(output_dir / TEST_ACCESS_FILE, runs)
-    problems += _audit_budgets(benchmark, epochs)
+    problems += _audit_budgets(benchmark, epochs, storage or str(benchmark["storage"]))
+    problems += _audit_analysis(benchmark)
     return problems
 
 
@@ -144,15 +151,30 @@ def _audit_test_access(accesses: Path, runs: dict[str, dict[str, Any]]) -> list[
     return problems
 
 
-def _audit_budgets(benchmark: dict[str, Any], epochs: dict[str, set[int]]) -> list[str]:
-    """Each method's study spent the protocol's trials, and all methods spent the same budgets."""
+def _audit_analysis(benchmark: dict[str, Any]) -> list[str]:
+    """The analysis in force must be the one declared before the runs (``benchmark.json``'s ``analysis``,
+    covered by the config hash); each change accepted with ``--accept-analysis-change`` is named."""
+    if not benchmark.get("analysis_in_hash"):
+        return []  # started before the analysis was fixed: nothing was declared to check against
+    return [f"analysis changed after the runs ({change.get('time')}): "
+            f"{', '.join('analysis.' + key for key in change.get('changed', []))}, accepted with --accept-analysis-change"
+            for change in benchmark.get("analysis_changes_accepted", [])]
+
+
+def _audit_budgets(benchmark: dict[str, Any], epochs: dict[str, set[int]], url: str) -> list[str]:
+    """Each method's study in storage ``url`` spent the protocol's trials, and all methods spent the same budgets."""
     problems: list[str] = []
     protocol = benchmark["protocol"]
     budgets: dict[str, tuple[Any, ...]] = {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = str(benchmark["storage"])
-    names = set(storage_module.study_names(url))
-    storage = storage_module.open_storage(url)
+    try:
+        names = set(storage_module.study_names(url))
+        storage = storage_module.open_storage(url)
+    except UserInputError:
+        raise
+    except Exception as error:  # an unreachable or foreign storage: one line, as the report says it
+        raise UserInputError(f"storage {storage_module.redact(url)} cannot be read: "
+                             f"{storage_module.scrub(str(error).splitlines()[0], url)}") from None
     for method in benchmark["methods"]:
         if method not in names:
             problems.append(f"method {method}: no study in {storage_module.redact(url)}")

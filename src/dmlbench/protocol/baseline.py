@@ -47,7 +47,7 @@ class UntrainedBaseline:
 
     def _scores(self, reproduction: int, seed: int) -> dict[str, dict[str, float]]:
         from dmlbench.training.embed import embed, resolve_device
-        from dmlbench.training.runs import query_mask
+        from dmlbench.training.runs import query_mask, test_domains
         from dmlbench.training.setup import build_model, load_dataset, make_splits
 
         output_dir = self.context.output_dir
@@ -56,7 +56,7 @@ class UntrainedBaseline:
             "stage": layout.REPRODUCTION_STAGE, "method": layout.UNTRAINED, "reproduction": directory.name,
             "model": "untrained", "reference": self.reference.name, "runs": [],
         })
-        embeddings, labels, mask = {}, None, None
+        embeddings, labels, mask, domains = {}, None, None, None
         for fold in self.context.layout.folds:
             config = self.reference.run_config(self.params, fold, seed)
             dataset = load_dataset(config)
@@ -66,8 +66,11 @@ class UntrainedBaseline:
             test = make_splits(config, dataset).test
             embeddings[f"fold_{fold.index}"], labels = embed(model, dataset.subset(test), config.evaluation.batch_size, device)
             mask = query_mask(dataset, test)  # queries against the gallery for a dataset with roles
+            domains = test_domains(dataset, test, config)
         assert labels is not None
-        scores = score_modes(embeddings, labels, self.reference.config.evaluation.metrics, seed, mask)
+        # Re-ranked (when evaluation.rerank is set) with the reference's best parameters, like its reproductions.
+        scores = score_modes(embeddings, labels, self.reference.config.evaluation.metrics, seed, mask, domains,
+                             config.evaluation.rerank.method())
         directory.mkdir(parents=True, exist_ok=True)
         files.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": provenance.now(), "scores": scores})
         return scores

@@ -4,10 +4,11 @@ runs it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from dmlbench import config as config_module
 from dmlbench import plugins
@@ -16,6 +17,12 @@ from dmlbench.protocol import layout
 from dmlbench.protocol.statistics import DEFAULT_EQUIVALENCE_MARGIN
 
 DEFAULT_BENCHMARK = Path(__file__).resolve().parent.parent / "configs" / "benchmark.yaml"
+# A 95% interval and a paired test need two reproductions (seeds) per method at least.
+MIN_REPRODUCTIONS = 2
+DEFAULT_CLASS_BOOTSTRAP = 1000
+# Protocol keys left out of a benchmark's description (and config hash) while they keep these values, so
+# that benchmarks started before the keys existed keep their hash.
+LATER_PROTOCOL_DEFAULTS = {"search_repeats": 1, "search_repeat_methods": [], "class_bootstrap": DEFAULT_CLASS_BOOTSTRAP}
 
 
 class MethodSpec(BaseModel):
@@ -38,7 +45,11 @@ class ProtocolSpec(BaseModel):
     ``parallel_trials``: trials of one method suggested from the same history, so that many workers
     can run them at once (1: every suggestion sees every earlier trial, sequential as in seed 001);
     ``frozen_trunk``: the search trains only heads on cached trunk features (``protocol.feature_cache``);
-    the reproductions still train full models."""
+    the reproductions still train full models; ``search_repeats``: the whole search (and the
+    reproductions of its best trial) run this many times, repeat ``k`` with search seed
+    ``search_seed + k``, for ``search_repeat_methods`` (empty: every method), so the report shows how
+    much the search's luck moves a method; ``class_bootstrap``: replicates of the paired bootstrap over
+    test classes of the report (0: none)."""
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
@@ -50,27 +61,76 @@ class ProtocolSpec(BaseModel):
     startup_trials: int | None = Field(None, ge=1)
     pruner: Literal["none", "median"] = "none"
     search_seed: int = Field(0, ge=0)
-    reproductions: int = Field(3, ge=1)
+    reproductions: int = 3
     first_seed: int = Field(1000, ge=0)
     parallel_trials: int = Field(1, ge=1)
     frozen_trunk: StrictBool = False
+    search_repeats: int = Field(1, ge=1)
+    search_repeat_methods: list[str] = Field(default_factory=list)
+    class_bootstrap: int = Field(DEFAULT_CLASS_BOOTSTRAP, ge=0)
+
+    @field_validator("reproductions")
+    @classmethod
+    def _enough_reproductions(cls, value: int) -> int:
+        # With one reproduction the report would silently lose its intervals, paired tests and summary.
+        if value < MIN_REPRODUCTIONS:
+            raise ValueError(f"{value} is too few: intervals and paired tests need at least {MIN_REPRODUCTIONS} "
+                             "reproductions")
+        return value
+
+
+class PrimaryEndpoint(BaseModel):
+    """The one mode and metric whose comparisons are the benchmark's confirmatory result (the report's headline)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["concatenated", "separated"] = "concatenated"
+    metric: str = "map_at_r"
 
 
 class AnalysisSpec(BaseModel):
-    """What the report compares beyond the leaderboard; read by ``dmlbench report`` only, so it may
-    change after the runs without touching the config hash.
+    """The analysis, fixed before the data: it enters the config hash, so changing it once runs exist
+    is refused unless ``--accept-analysis-change`` records the change (``benchmark.json``, the report).
 
-    ``references``: every other method is compared with each of these (paired by reproduction seed,
-    Holm-corrected per reference, mode and metric), e.g. the classic losses of seed 001's claim;
-    ``pairs``: ``[treated, control]`` comparisons reported on their own, e.g. a rho-regularised loss
-    against the same loss without (seed 003 §5.1); ``equivalence_margin``: two methods are
-    *equivalent* when the two one-sided tests (TOST) put their mean paired difference within
-    ``±margin`` (in score units: 0.01 is one percentage point)."""
+    ``primary``: the endpoint (mode and metric) of the confirmatory comparisons, the report's headline;
+    the other modes and metrics are secondary. The declared comparisons are every other method
+    against each method of ``references`` (e.g. the classic losses of seed 001's claim) and the
+    ``[treated, control]`` ``pairs`` (e.g. a rho-regularised loss against the same loss, seed 003
+    §5.1); none declared: every pair of methods. ``correction``: one Holm family per mode and metric
+    holding every declared comparison, so a pair has one verdict per endpoint. ``equivalence_margin``:
+    two methods are *equivalent* when TOST puts their mean paired difference within ``±margin`` (score
+    units: 0.01 is one percentage point), and ``margin_reason`` says why that difference is the one that
+    matters. ``planning_sd``: the standard deviation of paired differences assumed by the power planning
+    of ``benchmark --dry-run`` (``dmlbench plan --pilot`` measures it)."""
 
     model_config = ConfigDict(extra="forbid")
+    primary: PrimaryEndpoint = Field(default_factory=PrimaryEndpoint)
     references: list[str] = Field(default_factory=list)
     pairs: list[tuple[str, str]] = Field(default_factory=list)
+    correction: Literal["holm"] = "holm"
     equivalence_margin: float = Field(DEFAULT_EQUIVALENCE_MARGIN, gt=0.0, lt=1.0)
+    margin_reason: str = ""
+    planning_sd: float | None = Field(None, gt=0.0, lt=1.0)
+
+
+def declared_comparisons(references: Sequence[str], pairs: Sequence[Sequence[str]], methods: Sequence[str]) -> list[tuple[str, str]]:
+    """The comparisons of one Holm family, ``(a, b)`` for ``a - b``: each method against each reference, then
+    the pairs; a pair of methods already compared keeps its first orientation; none declared: every pair."""
+    present = set(methods)
+    candidates = [(name, reference) for reference in references if reference in present for name in methods if name != reference]
+    candidates += [(a, b) for a, b in pairs if a in present and b in present]
+    if not references and not pairs:
+        candidates = [(a, b) for index, a in enumerate(methods) for b in methods[index + 1:]]
+    chosen: dict[frozenset[str], tuple[str, str]] = {}
+    for a, b in candidates:
+        chosen.setdefault(frozenset((a, b)), (a, b))
+    return list(chosen.values())
+
+
+def analysis_in_force(benchmark: Mapping[str, Any]) -> dict[str, Any]:
+    """The analysis a stored benchmark is read with: the last change accepted with ``--accept-analysis-change``,
+    else the declared one (``benchmark.json``'s ``analysis``)."""
+    accepted = benchmark.get("analysis_changes_accepted", [])
+    return dict(accepted[-1]["analysis"]) if accepted else dict(benchmark.get("analysis", {}))
 
 
 class BenchmarkSpec(BaseModel):
@@ -97,11 +157,16 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise UserInputError(f"benchmark method names must be unique; repeated: {', '.join(duplicates)}")
+    marked = [name for name in names if layout.SEARCH_REPEAT_MARK in name]
+    if marked:
+        raise UserInputError(f"benchmark method name {marked[0]!r} contains {layout.SEARCH_REPEAT_MARK!r}, which names "
+                             "the repeats of a search")
     reserved = [name for name in layout.RESERVED_METHOD_NAMES if name in names]
     if reserved:
         what = "the baseline row" if reserved[0] == layout.UNTRAINED else "the frozen-trunk feature cache"
         raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for {what}")
     _check_analysis(spec.analysis, names)
+    _check_repeats(spec.protocol, names)
     return spec
 
 
@@ -129,7 +194,15 @@ def apply_spec_overrides(spec: BenchmarkSpec, overrides: list[str]) -> tuple[Ben
     raw = config_module.apply_overrides(spec.model_dump(mode="json"), own)
     changed = _validated(raw, "benchmark override")
     _check_analysis(changed.analysis, [method.name for method in changed.methods])
+    _check_repeats(changed.protocol, [method.name for method in changed.methods])
     return changed, [item for item in overrides if item not in own]
+
+
+def _check_repeats(protocol: ProtocolSpec, names: list[str]) -> None:
+    unknown = [name for name in protocol.search_repeat_methods if name not in names]
+    if unknown:
+        raise UserInputError(f"protocol.search_repeat_methods names {unknown[0]!r}, which is not a method; "
+                             f"methods: {', '.join(names)}")
 
 
 def _check_analysis(analysis: AnalysisSpec, names: list[str]) -> None:

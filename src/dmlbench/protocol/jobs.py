@@ -23,7 +23,7 @@ from dmlbench import files, plugins
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.layout import RESULTS_FILE
-from dmlbench.protocol.pipeline import BenchmarkOutcome, Prepared, _start, run_benchmark
+from dmlbench.protocol.pipeline import BenchmarkOutcome, Prepared, _start, owned_output, run_benchmark
 from dmlbench.training.threads import share_cores
 
 STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
@@ -32,7 +32,14 @@ STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
 def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
              report: Callable[[Path, str], Any] | None = None) -> BenchmarkOutcome | None:
     """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it).
-    ``report``: the report writer of ``run_benchmark``, a module-level function (it is sent to the workers)."""
+    ``report``: the report writer of ``run_benchmark``, a module-level function (it is sent to the workers).
+    This process holds the output directory (shared, as each worker does) until every worker has ended."""
+    with owned_output(prepared):
+        return _run_jobs(prepared, config_path, overrides, progress=progress, report=report)
+
+
+def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
+              report: Callable[[Path, str], Any] | None) -> BenchmarkOutcome | None:
     _start(prepared)
     share_cores(prepared.jobs)
     context = multiprocessing.get_context("spawn")

@@ -5,6 +5,7 @@ only, so that a renamed file is renamed everywhere::
 
     OUTPUT_DIR/
       benchmark.json           the spec, overrides, protocol, fold layout, dataset hash, git commit
+      benchmark.lock           held by the worker(s) writing the directory now (``dmlbench.ownership``)
       study.db | study.journal the Optuna studies (unless --storage names a database server)
       test_access.jsonl        every opening of the test data
       search.json, reproductions.json, results.json   summaries, rebuilt from the studies
@@ -12,6 +13,7 @@ only, so that a renamed file is renamed everywhere::
       trunks/fold_K, features/fold_K.pt                the frozen-trunk feature cache
       METHOD/trial_SSSS/fold_K                         search runs (slot SSSS)
       METHOD/reproduction_RR/fold_K                    reproduction runs; test_metrics.json beside them
+      METHOD@searchK/...                               search repeat K of a method (protocol.search_repeats)
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ RESULTS_FILE = "results.json"
 RESULTS_CSV = "results.csv"
 RUNS_CSV = "runs.csv"
 REPORT_FILE = "report.md"
+# Held (flock) while workers write the directory: by one process with SQLite, shared by the workers
+# of a journal or PostgreSQL storage; removed by the last one.
+LOCK_FILE = "benchmark.lock"
 
 SEARCH_STAGE = "search"
 REPRODUCTION_STAGE = "reproduction"
@@ -35,6 +40,8 @@ UNTRAINED = "untrained"
 TRUNKS_DIR = "trunks"
 FEATURES_DIR = "features"
 RESERVED_METHOD_NAMES = (UNTRAINED, TRUNKS_DIR, FEATURES_DIR)
+# Joins a method's name and the number of a repeat of its search; not allowed in a method's name.
+SEARCH_REPEAT_MARK = "@search"
 
 
 def trial_dir(output_dir: Path, method: str, slot: int) -> Path:
@@ -49,6 +56,12 @@ def reproduction_dir(output_dir: Path, method: str, reproduction: int) -> Path:
 
 def fold_dir(directory: Path, fold: int) -> Path:
     return Path(directory) / f"fold_{fold}"
+
+
+def search_repeat_name(method: str, repeat: int) -> str:
+    """The name under which search repeat ``repeat`` >= 1 of ``method`` (``protocol.search_repeats``) is
+    stored: its studies, its run directories ``METHOD@searchK/...``."""
+    return f"{method}{SEARCH_REPEAT_MARK}{repeat}"
 
 
 def reproduction_study(method: str) -> str:

@@ -19,21 +19,22 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from dmlbench import config as config_module
-from dmlbench import files, plugins, provenance
+from dmlbench import files, ownership, plugins, provenance
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
 from dmlbench.protocol.baseline import UntrainedBaseline
-from dmlbench.protocol.benchmark import BenchmarkSpec, apply_spec_overrides
+from dmlbench.protocol.benchmark import LATER_PROTOCOL_DEFAULTS, BenchmarkSpec, analysis_in_force, apply_spec_overrides
 from dmlbench.protocol.feature_cache import FeatureCache
 from dmlbench.protocol.folds import FoldLayout, fold_layout
-from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings, SearchSettings
+from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings, SearchSettings, search_repeats
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
 from dmlbench.protocol.search import MethodSearch, SearchResult, best_trial
@@ -68,6 +69,11 @@ class Prepared:
     retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS
     plugins: list[dict[str, Any]] = field(default_factory=list)  # the benchmark's (``plugins.identity``)
     plugin_changes: list[str] = field(default_factory=list)  # accepted on purpose by this worker
+    # The analysis enters the hash, as declared when the benchmark started (``None``: this spec's); a benchmark
+    # started before it was fixed (no ``analysis_in_hash`` in its benchmark.json) keeps its old hash.
+    declared_analysis: dict[str, Any] | None = None
+    analysis_in_hash: bool = True
+    analysis_change: dict[str, Any] | None = None  # accepted on purpose by this worker (--accept-analysis-change)
 
     @property
     def redacted(self) -> str:
@@ -84,16 +90,23 @@ class Prepared:
         text = json.dumps(self.description(), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    @property
+    def repeats(self) -> dict[str, tuple[MethodPlan, SearchSettings]]:
+        """The repeated searches (``protocol.search_repeats``), ``METHOD@searchK -> (plan, settings)``."""
+        return search_repeats(self.plans, self.spec.protocol, self.search)
+
     def study_names(self) -> list[str]:
-        names = [*self.plans, output_layout.UNTRAINED]
-        return [*self.plans, *(output_layout.reproduction_study(name) for name in names)]
+        searched = [*self.plans, *self.repeats]
+        return [*searched, *(output_layout.reproduction_study(name) for name in [*searched, output_layout.UNTRAINED])]
 
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically.
-        The report-only ``analysis`` section and the ``tracking`` settings (a view of the runs, not
-        part of them) are left out, and so are an unset ``startup_trials`` and an empty ``plugins``
-        list, so that benchmarks started before those keys existed keep their description and config hash."""
+        The ``analysis`` is the declared one; the ``tracking`` settings (a view of the runs, not
+        part of them) are left out, and so are an unset ``startup_trials``, an empty ``plugins``
+        list and, for a benchmark started before the analysis was fixed, the analysis, so that
+        benchmarks started before those keys existed keep their description and config hash."""
         unset = {"startup_trials"} if self.spec.protocol.startup_trials is None else set()
+        unset |= {key for key, default in LATER_PROTOCOL_DEFAULTS.items() if getattr(self.spec.protocol, key) == default}
         first = next(iter(self.plans.values())).config
         return {
             "spec": _without_tracking(self.spec.model_dump(
@@ -107,6 +120,7 @@ class Prepared:
             "dataset": {"name": first.data.name, "content_hash": self.dataset_hash},
             # Only when there are plugins, so that benchmarks without any keep their config hash.
             **({"plugins": self.plugins} if self.plugins else {}),
+            **({"analysis": self.declared_analysis or self.spec.analysis.model_dump(mode="json")} if self.analysis_in_hash else {}),
         }
 
 
@@ -120,7 +134,7 @@ class BenchmarkOutcome:
 def prepare(
     spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None, storage: str | None = None,
     *, jobs: int | str = 1, heartbeat: int = 30, retry_seconds: int = storage_module.DEFAULT_RETRY_SECONDS,
-    accept_plugin_changes: bool = False,
+    accept_plugin_changes: bool = False, accept_analysis_change: bool = False,
 ) -> Prepared:
     """Check the whole benchmark; a ``UserInputError`` (one line) names the first problem. Writes nothing.
 
@@ -128,7 +142,8 @@ def prepare(
     ``auto`` (``auto_jobs``; one where the benchmark is already stored in SQLite);
     ``heartbeat``: seconds between a PostgreSQL worker's heartbeats (stale after three missed);
     ``retry_seconds``: how long a worker waits for a lost database server before it stops;
-    ``accept_plugin_changes``: continue a benchmark whose plugin code changed (recorded in ``benchmark.json``)."""
+    ``accept_plugin_changes``: continue a benchmark whose plugin code changed (recorded in ``benchmark.json``);
+    ``accept_analysis_change``: continue with another ``analysis`` than the declared one (recorded there too)."""
     spec, overrides = apply_spec_overrides(spec, list(overrides or []))
     output_dir = Path(output_dir)
     if jobs != AUTO_JOBS and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
@@ -139,6 +154,9 @@ def prepare(
         raise UserInputError(f"--db-retry must be a number of seconds >= 0, got {retry_seconds!r}")
     if output_dir.exists() and not output_dir.is_dir():
         raise UserInputError(f"output {output_dir} is a file, not a directory")
+    if records.is_run_dir(output_dir):  # the mirror of ``train -o`` refusing a benchmark's directory
+        raise UserInputError(f"output {output_dir} is a training run directory, not a benchmark's: "
+                             "use a new output directory")
     plans = {method.name: MethodPlan.build(spec, method.name, overrides) for method in spec.methods}
     automatic = jobs == AUTO_JOBS
     if automatic:
@@ -148,6 +166,9 @@ def prepare(
         jobs = 1  # SQLite (given, or one worker's default for a stored benchmark) takes one worker
     _check_shared(spec, plans)
     first = next(iter(plans.values())).config
+    if spec.analysis.primary.metric not in first.evaluation.metrics:
+        raise UserInputError(f"analysis.primary.metric {spec.analysis.primary.metric!r} is not computed; "
+                             f"evaluation.metrics: {', '.join(first.evaluation.metrics)}")
     dataset = load_dataset(first)
     layout = fold_layout(dataset, k=spec.protocol.folds, mode=spec.protocol.fold_mode)
     _check_samplers(plans, dataset.labels, layout)
@@ -159,13 +180,46 @@ def prepare(
     if stored_path.exists():
         stored = files.read_json(stored_path)
         _check_plugins(prepared, stored.get("plugins", []), accept_plugin_changes)
-        for key, value in prepared.description().items():
-            if stored.get(key) != value:
-                raise UserInputError(
-                    f"{output_dir} holds a benchmark with another {key}: re-run the same command, or use a new output directory"
-                )
+        _check_analysis_change(prepared, stored, accept_analysis_change)
+        found = [line for key, value in prepared.description().items() for line in _differences(stored.get(key), value, key)]
+        # The description repeats some values (``protocol`` is also in ``spec``): each difference is named once.
+        differences = [line for line in found if not any(other.endswith(f".{line}") for other in found)]
+        if differences:
+            shown = ", ".join(differences[:SHOWN_DIFFERENCES])
+            more = f" and {len(differences) - SHOWN_DIFFERENCES} more" if len(differences) > SHOWN_DIFFERENCES else ""
+            raise UserInputError(f"{output_dir} holds a benchmark with other settings ({shown}{more}): "
+                                 "re-run the command that started it, or use a new output directory")
     _check_studies(prepared)
     return prepared
+
+
+SHOWN_DIFFERENCES = 3  # in the refusal to continue another benchmark; the rest are counted
+
+
+def _differences(stored: Any, current: Any, key: str) -> list[str]:
+    """``key.sub.key: stored -> current`` for every value that differs between two descriptions;
+    list items are named by their ``name`` (a method) where both have the same one, else by index."""
+    if isinstance(stored, dict) and isinstance(current, dict):
+        return [line for sub in [*stored, *(name for name in current if name not in stored)]
+                for line in _differences(stored.get(sub, _UNSET), current.get(sub, _UNSET), f"{key}.{sub}")]
+    if isinstance(stored, list) and isinstance(current, list) and len(stored) == len(current) and stored != current:
+        lines = []
+        for index, (old, new) in enumerate(zip(stored, current)):
+            same_name = isinstance(old, dict) and isinstance(new, dict) and old.get("name", _UNSET) == new.get("name")
+            lines += _differences(old, new, f"{key}[{old['name'] if same_name else index}]")
+        return lines
+    return [] if stored == current else [f"{key}: {_shown(stored)} -> {_shown(current)}"]
+
+
+_UNSET = object()
+
+
+def _shown(value: Any) -> str:
+    """A described value in a one-line message: JSON, cut to 40 characters."""
+    if value is _UNSET:
+        return "unset"
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _without_tracking(spec: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +246,24 @@ def _check_plugins(prepared: Prepared, recorded: list[dict[str, Any]], accept: b
     prepared.plugins, prepared.plugin_changes = list(recorded), changes
 
 
+def _check_analysis_change(prepared: Prepared, stored: Mapping[str, Any], accept: bool) -> None:
+    """The analysis must be the one declared before the runs (or the last change accepted on purpose);
+    accepted, the benchmark keeps its declared analysis and hash and ``_start`` records the change."""
+    if not stored.get("analysis_in_hash"):
+        prepared.analysis_in_hash = False  # started before the analysis was fixed: report-only, as it was then
+        return
+    prepared.declared_analysis = dict(stored.get("analysis", {}))
+    current, wanted = analysis_in_force(stored), prepared.spec.analysis.model_dump(mode="json")
+    if current == wanted:
+        return
+    changed = sorted(key for key in {*current, *wanted} if current.get(key) != wanted.get(key))
+    if not accept:
+        raise UserInputError(f"{prepared.output_dir}: the analysis was fixed before the runs and this config changes "
+                             f"analysis.{', analysis.'.join(changed)}; restore it, or change it on purpose with "
+                             f"--accept-analysis-change (recorded in {output_layout.BENCHMARK_FILE} and the report)")
+    prepared.analysis_change = {"changed": changed, "analysis": wanted}
+
+
 def _check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
     """What the protocol shares between methods: epochs, data, metrics, seeds (and with a frozen
     trunk, the trunk itself)."""
@@ -204,6 +276,13 @@ def _check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
             raise UserInputError(f"method {name!r} uses other data than {first_name!r}: every method must use the same data")
         if plan.config.evaluation.metrics != first.config.evaluation.metrics:
             raise UserInputError(f"method {name!r} computes other metrics than {first_name!r}")
+        if plan.config.evaluation.rerank.kind != first.config.evaluation.rerank.kind:
+            raise UserInputError(f"method {name!r} re-ranks with another evaluation.rerank.kind than {first_name!r}: "
+                                 "the re-ranked modes compare methods re-ranked alike (search only its params)")
+    for name, plan in plans.items():
+        if {"evaluation.rerank", "evaluation.rerank.kind"} & set(plan.space.keys()):
+            raise UserInputError(f"method {name!r}: evaluation.rerank.kind is fixed for the benchmark; search "
+                                 "evaluation.rerank.params.* instead")
     protocol = spec.protocol
     search_seeds = {plan.config.seed for plan in plans.values()}
     reproduction_seeds = set(range(protocol.first_seed, protocol.first_seed + protocol.reproductions))
@@ -341,15 +420,19 @@ def _start(prepared: Prepared) -> None:
     path = prepared.output_dir / output_layout.BENCHMARK_FILE
     analysis = prepared.spec.analysis.model_dump(mode="json")
     if not path.exists():
-        files.write_json(path, {**prepared.description(), "analysis": analysis, "storage": prepared.redacted,
-                                  "config_hash": prepared.config_hash,
+        files.write_json(path, {**prepared.description(), "analysis": analysis, "analysis_in_hash": True,
+                                  "storage": prepared.redacted, "config_hash": prepared.config_hash,
                                   "git_commit": provenance.git_commit(), "created": provenance.now(),
                                   # the machine of the worker that started it (each run.json has its own)
                                   "environment": provenance.environment()})
         return
     stored = files.read_json(path)
-    if stored.get("analysis") != analysis:  # report-only settings: the latest config's apply
+    if not prepared.analysis_in_hash and stored.get("analysis") != analysis:  # started before the analysis was fixed
         stored = {**stored, "analysis": analysis}
+        files.write_json(path, stored)
+    if prepared.analysis_change and analysis_in_force(stored) != prepared.analysis_change["analysis"]:
+        accepted = {"time": provenance.now(), **prepared.analysis_change}
+        stored = {**stored, "analysis_changes_accepted": [*stored.get("analysis_changes_accepted", []), accepted]}
         files.write_json(path, stored)
     if prepared.plugin_changes:
         accepted = {"time": provenance.now(), "changes": prepared.plugin_changes,
@@ -396,6 +479,9 @@ class Schedule:
         features = (FeatureCache(next(iter(plans.values())).budgeted, prepared.output_dir, prepared.dataset_hash,
                                  context.progress) if prepared.search.frozen_trunk else None)
         self.searches = {name: MethodSearch(plan, prepared.search, context, features) for name, plan in plans.items()}
+        # The repeated searches after every method's first, each with its own seed and reproductions.
+        self.searches.update({name: MethodSearch(plan, settings, context, features)
+                              for name, (plan, settings) in prepared.repeats.items()})
         self.reproductions: dict[str, MethodReproduction] = {}
         self.baseline: UntrainedBaseline | None = None
 
@@ -404,7 +490,7 @@ class Schedule:
             yield search
             if (not self.search_only and search.done and name not in self.reproductions
                     and (best := best_trial(search.study)) is not None):
-                self.reproductions[name] = MethodReproduction(self.prepared.plans[name], dict(best.params),
+                self.reproductions[name] = MethodReproduction(search.plan, dict(best.params),
                                                               self.prepared.reproduction, self.context)
         if self.search_only:
             return
@@ -417,15 +503,27 @@ class Schedule:
             yield self.baseline
 
 
+@contextmanager
+def owned_output(prepared: Prepared) -> Iterator[None]:
+    """This worker's hold on the output directory while it writes there: alone with SQLite (one
+    process at a time), shared with the other workers of a journal or PostgreSQL storage, never
+    beside a SQLite owner; another process is refused with one line naming the owner."""
+    shared = storage_module.storage_for(prepared.storage).concurrent
+    with ownership.owned(prepared.output_dir, output_layout.LOCK_FILE, what="benchmark directory", shared=shared):
+        yield
+
+
 def run_search_stage(prepared: Prepared, *, progress: bool = True) -> dict[str, SearchResult]:
     """The search stage alone (``dmlbench search``): every method's study, then ``search.json``."""
-    return _with_retries(prepared, lambda: _search_only(prepared, progress))
+    with owned_output(prepared):
+        return _with_retries(prepared, lambda: _search_only(prepared, progress))
 
 
 def _search_only(prepared: Prepared, progress: bool) -> dict[str, SearchResult]:
     _start(prepared)
     protocol = prepared.spec.protocol
-    context = context_of(prepared, Progress(len(prepared.plans) * protocol.trials * protocol.folds, 0, progress), progress)
+    searches = len(prepared.plans) + len(prepared.repeats)
+    context = context_of(prepared, Progress(searches * protocol.trials * protocol.folds, 0, progress), progress)
     schedule = Schedule(prepared, context, search_only=True)
     try:
         drive(schedule.units)
@@ -446,8 +544,10 @@ def run_benchmark(
     A database server that goes away (a restart, a fail-over) is waited for: the worker retries
     with a doubling back-off for up to ``prepared.retry_seconds`` per outage, then stops with a
     ``StorageFailed`` (the same command continues later). A unit whose result could not be stored is
-    taken up again through the heartbeat, its finished fold runs kept."""
-    return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report))
+    taken up again through the heartbeat, its finished fold runs kept. The worker holds the output
+    directory meanwhile (``owned_output``)."""
+    with owned_output(prepared):
+        return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report))
 
 
 def _with_retries(prepared: Prepared, attempt: Callable[[], Any]) -> Any:
@@ -485,7 +585,7 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
     _start(prepared)
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol
-    total = len(prepared.plans) * (protocol.trials + protocol.reproductions) * protocol.folds
+    total = (len(prepared.plans) + len(prepared.repeats)) * (protocol.trials + protocol.reproductions) * protocol.folds
     context = context_of(prepared, Progress(total, _completed_runs(output_dir), progress), progress)
     try:
         schedule = Schedule(prepared, context)
@@ -494,41 +594,51 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
             marker = next(iter(schedule.searches.values())).study
             reported = marker.user_attrs.get("report")
             if reported is not None and (output_dir / output_layout.REPORT_FILE).exists():
-                print(f"dmlbench: nothing left to do: every trial and reproduction of this benchmark is done; "
-                      f"worker {reported['worker']} wrote the report", file=sys.stderr, flush=True)
+                # Not a failure: this worker's share is done and a sibling (a --jobs process or another
+                # machine on the same storage) took the report; say so in those words.
+                print(f"dmlbench: done: every trial and reproduction of this benchmark is finished, and worker "
+                      f"{reported['worker']}, which shares it, wrote the report", file=sys.stderr, flush=True)
                 return None
             outcome = _write_summaries(prepared, schedule)
             if report is not None:
-                report(output_dir, prepared.storage)
-                _track_report(prepared)
+                written = report(output_dir, prepared.storage)
+                _track_report(prepared, written)
             marker.set_user_attr("report", {"worker": context.worker.id, "time": provenance.now()})
     except (RunInterrupted, KeyboardInterrupt):
         raise RunInterrupted(f"benchmark {output_dir} stopped; re-run the same command to continue") from None
     return outcome
 
 
-def _track_report(prepared: Prepared) -> None:
-    """With MLflow tracking, the report files as artifacts of the benchmark's parent run."""
+def _track_report(prepared: Prepared, written: Any) -> None:
+    """With MLflow tracking, the report files as artifacts of the benchmark's parent run: every file the
+    report writer returned (``{name: path}``: report.md, report.html, the PNGs report.md links to, the
+    tables) and ``benchmark.json``."""
     settings = next(iter(prepared.plans.values())).config.tracking
     if settings.backend != "mlflow":
         return
-    names = (output_layout.REPORT_FILE, "report.html", output_layout.RESULTS_CSV, output_layout.RUNS_CSV,
-             "comparisons.csv", "results.tex", output_layout.BENCHMARK_FILE)
-    paths = [prepared.output_dir / name for name in names if (prepared.output_dir / name).is_file()]
+    reported = list(written.values()) if isinstance(written, Mapping) else []
+    paths = [Path(path) for path in dict.fromkeys([*reported, prepared.output_dir / output_layout.BENCHMARK_FILE])
+             if Path(path).is_file()]
     benchmark = files.read_json(prepared.output_dir / output_layout.BENCHMARK_FILE)
     tracking.MLflowTracker(settings).report(prepared.output_dir, paths, benchmark)
 
 
 def _write_search_summary(prepared: Prepared, schedule: Schedule) -> dict[str, SearchResult]:
-    """``search.json``: the settings and, per method, the best value and parameters, trial counts."""
+    """``search.json``: the settings and, per method, the best value and parameters, trial counts (the
+    repeated searches, if any, under ``search_repeats``)."""
     searched = {name: search.result() for name, search in schedule.searches.items()}
+
+    def summary(names: Iterable[str]) -> dict[str, Any]:
+        return {name: {"best_value": r.best_value, "best_params": r.best_params, "completed": r.completed,
+                       "failed": r.failed, "pruned": r.pruned, "fold_layout_hash": r.fold_layout_hash,
+                       "storage": r.storage} for name, r in searched.items() if name in names}
+
+    repeats = prepared.repeats
     files.write_json(prepared.output_dir / output_layout.SEARCH_FILE, {
-        "settings": {**asdict(prepared.search), "storage": prepared.redacted},
-        "methods": {name: {"best_value": r.best_value, "best_params": r.best_params, "completed": r.completed,
-                           "failed": r.failed, "pruned": r.pruned, "fold_layout_hash": r.fold_layout_hash,
-                           "storage": r.storage} for name, r in searched.items()},
+        "settings": {**asdict(prepared.search), "storage": prepared.redacted}, "methods": summary(prepared.plans),
+        **({"search_repeats": summary(repeats)} if repeats else {}),
     })
-    return searched
+    return {name: result for name, result in searched.items() if name in prepared.plans}
 
 
 def _write_summaries(prepared: Prepared, schedule: Schedule) -> BenchmarkOutcome:
@@ -536,7 +646,9 @@ def _write_summaries(prepared: Prepared, schedule: Schedule) -> BenchmarkOutcome
     output_dir = prepared.output_dir
     failed = {name: f"no search trial completed ({result.failed} failed)"
               for name, result in _write_search_summary(prepared, schedule).items() if result.best_params is None}
-    results: dict[str, MethodReproductions] = {name: unit.result() for name, unit in schedule.reproductions.items()}
+    # The reproductions of repeated searches are the report's (read from storage), not the leaderboard's.
+    results: dict[str, MethodReproductions] = {name: unit.result() for name, unit in schedule.reproductions.items()
+                                               if name in prepared.plans}
     for name, result in results.items():
         reasons = [f"reproduction {o.reproduction}: {o.reason}" for o in result.outcomes if o.scores is None]
         if reasons:

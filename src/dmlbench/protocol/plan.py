@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from dmlbench.errors import UserInputError
 from dmlbench.protocol import work
 from dmlbench.protocol.benchmark import BenchmarkSpec, ProtocolSpec
 from dmlbench.protocol.folds import ClassFold, FoldLayout
+from dmlbench.protocol.layout import search_repeat_name
 from dmlbench.protocol.search_space import SearchSpace
 
 # Keys the protocol sets for every method alike; a search space may not search them.
@@ -112,6 +113,17 @@ class MethodPlan:
         return config_module.from_dict(config_module.assign(self.budgeted, {**assignment, **fixed}))
 
 
+def search_repeats(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec,
+                   settings: SearchSettings) -> dict[str, tuple[MethodPlan, SearchSettings]]:
+    """The repeated searches of ``protocol.search_repeats``: for repeat ``k`` >= 1 of each method of
+    ``search_repeat_methods`` (empty: every method), the method's plan under the name
+    ``METHOD@searchK`` and the search settings with seed ``search_seed + k``; nothing else differs."""
+    chosen = protocol.search_repeat_methods or list(plans)
+    return {search_repeat_name(name, repeat): (replace(plans[name], name=search_repeat_name(name, repeat)),
+                                               replace(settings, seed=settings.seed + repeat))
+            for repeat in range(1, protocol.search_repeats) for name in plans if name in chosen}
+
+
 @dataclass
 class Context:
     """What the units of one worker share: where they write, the folds, the worker, the benchmark's
@@ -139,7 +151,7 @@ def method_raw_config(spec: BenchmarkSpec, method_name: str, overrides: list[str
     if spec.plugins:  # the benchmark's plugins go with every run, so that each run records them
         raw["plugins"] = list(dict.fromkeys([*spec.plugins, *raw.get("plugins", [])]))
     try:
-        config_module.from_dict(copy.deepcopy(raw))
+        config_module.from_dict(copy.deepcopy(raw), previous=spec.base)
     except UserInputError as error:
         raise UserInputError(f"method {method_name!r}: {error}") from None
     return raw

@@ -27,11 +27,12 @@ import optuna
 from dmlbench import files, provenance
 from dmlbench.evaluation import COUNT_KEYS, embedding_space, evaluate_many
 from dmlbench.protocol import layout, work
+from dmlbench.protocol.class_bootstrap import class_sums
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
-from dmlbench.protocol.results import MODES, MethodReproductions, read_reproductions
+from dmlbench.protocol.results import MODES, MethodReproductions, cross_domain_mode, read_reproductions, reranked_mode
 from dmlbench.protocol.search import run_samples, validation_curves
 from dmlbench.training import records, tracking, train_or_resume
-from dmlbench.training.runs import embed_run, embed_test_split, test_query_mask
+from dmlbench.training.runs import embed_run, embed_test_split, load_run_config, run_test_domains, test_query_mask
 
 
 class MethodReproduction:
@@ -78,10 +79,12 @@ class MethodReproduction:
                 curves.append(validation_curves(run_dir))
             attributes["curves"] = curves
             attributes["embedding_space"] = [training_space(run_dir) for run_dir in run_dirs]
-            scores = _test_scores(output_dir, directory, run_dirs, seed, self.plan.config.evaluation.metrics)
+            scores, per_class = _test_scores(output_dir, directory, run_dirs, seed, self.plan.config.evaluation.metrics)
             for run_dir in run_dirs:
                 tracking.log_test_scores(run_dir, self.plan.config.tracking, scores)
             attributes["scores"] = scores
+            if per_class is not None:  # for the report's bootstrap over test classes (``protocol.class_bootstrap``)
+                attributes["class_scores"] = per_class
             return objective(scores)
 
         what = work.execute(self.study, claimed, self.context.worker, body, lambda: work.Cost.since(
@@ -133,26 +136,46 @@ def training_space(run_dir: Path) -> dict[str, float]:
 
 
 def score_modes(embeddings: Mapping[str, Any], labels: Any, metrics: list[str], seed: int,
-                query_mask: Any) -> dict[str, dict[str, float]]:
-    """The fold models' test embeddings scored concatenated and separated (seed 001 §3.3)."""
+                query_mask: Any, domains: Any = None, rerank: Any = None) -> dict[str, dict[str, float]]:
+    """The fold models' test embeddings scored concatenated and separated (seed 001 §3.3); with
+    ``domains`` (``evaluation.cross_domain``) also each mode with every query's gallery restricted
+    to the other domains (``<mode>_cross_domain``); with ``rerank`` (``evaluation.rerank``'s method)
+    also each mode with every query's list re-ranked (``<mode>_reranked``)."""
     scores = {}
     for mode in MODES:
         values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask)
         scores[mode] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
+    if domains is not None:
+        for mode in MODES:
+            values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask,
+                                   domains=domains)
+            scores[cross_domain_mode(mode)] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
+    if rerank is not None:
+        for mode in MODES:
+            values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask,
+                                   rerank=rerank)
+            scores[reranked_mode(mode)] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
     return scores
 
 
 def _test_scores(
     output_dir: Path, directory: Path, run_dirs: list[Path], seed: int, metrics: list[str]
-) -> dict[str, dict[str, float]]:
-    """Concatenated and separated test metrics of the fold models, computed once and stored; every
-    opening of the test data is appended to ``test_access.jsonl`` first."""
+) -> tuple[dict[str, dict[str, float]], dict[str, Any] | None]:
+    """Concatenated and separated test metrics of the fold models and their per-class sums
+    (``class_bootstrap.class_sums``; ``None`` for scores stored before those were), computed once and
+    stored; every opening of the test data is appended to ``test_access.jsonl`` first."""
     stored_path = directory / records.TEST_METRICS_FILE
     key = {"seed": seed, "run_dirs": [run_dir.name for run_dir in run_dirs], "metrics": list(metrics)}
+    domains = run_test_domains(run_dirs[0])
+    if domains is not None:  # only then, so that stored scores of other benchmarks keep their key
+        key["cross_domain"] = True
+    rerank = load_run_config(run_dirs[0]).evaluation.rerank  # the best parameters' (searched or fixed)
+    if rerank.kind != "none":  # likewise
+        key["rerank"] = rerank.model_dump(mode="json")
     if stored_path.exists():
         stored = files.read_json(stored_path)
         if stored.get("key") == key:
-            return stored["scores"]
+            return stored["scores"], stored.get("class_scores")
     record_test_access(output_dir, {
         "stage": layout.REPRODUCTION_STAGE, "method": directory.parent.name, "reproduction": directory.name,
         "model": "best_checkpoint",
@@ -167,6 +190,9 @@ def _test_scores(
         embeddings[run_dir.name], labels = fold_embeddings, fold_labels
     assert labels is not None
     # queries against the gallery for a dataset with roles
-    scores = score_modes(embeddings, labels, metrics, seed, test_query_mask(run_dirs[0]))
-    files.write_json(stored_path, {"evaluated": provenance.now(), "key": key, "scores": scores})
-    return scores
+    query_mask = test_query_mask(run_dirs[0])
+    scores = score_modes(embeddings, labels, metrics, seed, query_mask, domains, rerank.method())
+    per_class = class_sums(embeddings, labels, metrics, query_mask)
+    files.write_json(stored_path, {"evaluated": provenance.now(), "key": key, "scores": scores,
+                                   **({"class_scores": per_class} if per_class is not None else {})})
+    return scores, per_class

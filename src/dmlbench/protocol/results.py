@@ -20,9 +20,21 @@ from optuna.trial import TrialState
 from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout, work
-from dmlbench.protocol.statistics import DEFAULT_EQUIVALENCE_MARGIN, PairedComparison, compare_methods, mean_interval
+from dmlbench.protocol.statistics import (
+    DEFAULT_EQUIVALENCE_MARGIN,
+    PairedComparison,
+    compare_methods,
+    compare_pairs,
+    mean_interval,
+)
 
 MODES = ("concatenated", "separated")
+# With evaluation.cross_domain each mode is scored again with every query's gallery restricted to the
+# other domains; those modes are stored only then.
+CROSS_DOMAIN_SUFFIX = "_cross_domain"
+# With evaluation.rerank each mode is scored again with every query's list re-ranked (not cross-domain).
+RERANKED_SUFFIX = "_reranked"
+ALL_MODES = (*MODES, *(f"{mode}{CROSS_DOMAIN_SUFFIX}" for mode in MODES), *(f"{mode}{RERANKED_SUFFIX}" for mode in MODES))
 RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
 RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
 
@@ -46,6 +58,22 @@ class MethodReproductions:
     params: dict[str, Any]
     fold_layout_hash: str
     outcomes: list[ReproductionOutcome] = field(default_factory=list)
+
+
+def cross_domain_mode(mode: str) -> str:
+    """The name of ``mode`` scored cross-domain (``concatenated`` -> ``concatenated_cross_domain``)."""
+    return f"{mode}{CROSS_DOMAIN_SUFFIX}"
+
+
+def reranked_mode(mode: str) -> str:
+    """The name of ``mode`` scored with re-ranking (``concatenated`` -> ``concatenated_reranked``)."""
+    return f"{mode}{RERANKED_SUFFIX}"
+
+
+def scored_modes(results: Mapping[str, MethodReproductions]) -> list[str]:
+    """``MODES``, then the cross-domain and re-ranked modes that some reproduction was scored in (``ALL_MODES`` order)."""
+    found = {mode for reproductions in results.values() for outcome in reproductions.outcomes for mode in (outcome.scores or {})}
+    return [mode for mode in ALL_MODES if mode in MODES or mode in found]
 
 
 def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, Any], layout_hash: str,
@@ -100,19 +128,42 @@ def compare_reproductions(
 def seed_scores(results: Mapping[str, MethodReproductions], mode: str, metric: str) -> dict[str, dict[int, float]]:
     """``method -> seed -> score`` on one mode and metric, for the seeds that every method scored
     (a failed reproduction removes its seed from all methods, so every comparison stays paired)."""
-    if mode not in MODES:
-        raise UserInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in ALL_MODES:
+        raise UserInputError(f"mode must be one of {', '.join(ALL_MODES)}, got {mode!r}")
     scores: dict[str, dict[int, float]] = {}
     for method, reproductions in results.items():
         scores[method] = {}
         for outcome in reproductions.outcomes:
             if outcome.scores is None:
                 continue
+            if mode not in outcome.scores:
+                needs = "evaluation.rerank" if mode.endswith(RERANKED_SUFFIX) else "evaluation.cross_domain: true"
+                raise UserInputError(f"mode {mode!r} was not scored (it needs {needs})")
             if metric not in outcome.scores[mode]:
                 raise UserInputError(f"metric {metric!r} was not computed; computed: {', '.join(outcome.scores[mode])}")
             scores[method][outcome.seed] = outcome.scores[mode][metric]
     common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
     return {method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()}
+
+
+def compare_reranking(
+    results: Mapping[str, MethodReproductions], mode: str = "concatenated", metric: str = "map_at_r",
+    margin: float = DEFAULT_EQUIVALENCE_MARGIN,
+) -> list[PairedComparison]:
+    """Each method re-ranked against itself raw on one mode and metric, paired by reproduction (the same
+    fold models scored both ways), ``a = "METHOD re-ranked"``, ``b = "METHOD"``; the statistics of
+    ``statistics.compare_pairs`` with Holm across the methods. Methods without the re-ranked mode are left out."""
+    scores: dict[str, dict[int, float]] = {}
+    pairs = []
+    for method, reproductions in results.items():
+        scored = [outcome.scores for outcome in reproductions.outcomes if outcome.scores]
+        if not scored or reranked_mode(mode) not in scored[0]:
+            continue
+        seeds = [outcome.seed for outcome in reproductions.outcomes if outcome.scores]
+        for name, which in ((f"{method} re-ranked", reranked_mode(mode)), (method, mode)):
+            scores[name] = {seed: values[which][metric] for seed, values in zip(seeds, scored) if metric in values[which]}
+        pairs.append((f"{method} re-ranked", method))
+    return compare_pairs(scores, pairs, margin)
 
 
 def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) -> tuple[Path, Path]:

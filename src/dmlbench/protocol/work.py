@@ -33,8 +33,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import provenance
-from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.errors import PluginFailed, RunInterrupted, UserInputError
 from dmlbench.files import storage_error
+from dmlbench.ownership import DirectoryInUse
 from dmlbench.protocol import storage as storage_module
 
 WAIT, DONE = "wait", "done"
@@ -308,9 +309,10 @@ def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[
     """Run one claimed unit and tell its outcome: ``None`` when it completed with the value ``body``
     returns, else what happened (``"pruned (...)"``, ``"failed (...)"``).
 
-    ``body`` fills the attributes it has as it goes (kept with a failure). A stop (Ctrl-C, SIGTERM)
-    or a failing disk is not the method's failure: the unit is marked interrupted, so that it is run
-    again, and the exception goes on. Any other exception fails the unit with its reason."""
+    ``body`` fills the attributes it has as it goes (kept with a failure). A stop (Ctrl-C, SIGTERM),
+    a failing disk or a run directory another process still trains (a worker taken for dead that is
+    not) is not the method's failure: the unit is marked interrupted, so that it is run again, and
+    the exception goes on. Any other exception fails the unit with its reason."""
     attributes: dict[str, Any] = {}
     with Beating(study, claimed.trial, worker):
         try:
@@ -323,10 +325,11 @@ def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[
                    attributes={"pruned": str(pruned), "cost": asdict(cost())})
             return f"pruned ({pruned})"
         except Exception as error:
-            if storage_error(error) is not None:
+            if storage_error(error) is not None or isinstance(error, DirectoryInUse):
                 interrupt(study, claimed.trial)
                 raise
-            reason = f"{type(error).__name__}: {error}".strip()
+            # A plugin's failure is already one line naming the plugin, its frame and the run's error.log.
+            reason = str(error) if isinstance(error, PluginFailed) else f"{type(error).__name__}: {error}".strip()
             finish(study, claimed.trial, state=TrialState.FAIL,
                    attributes={**attributes, "fail_reason": reason, "cost": asdict(cost())})
             return f"failed ({reason})"

@@ -1,16 +1,22 @@
 """What a benchmark's reproductions say about the seeds' claims; computed here, rendered by ``report.build``.
 
+* **One family per endpoint**: every declared comparison (``benchmark.declared_comparisons``: each
+  method against each reference, then the pairs; none declared: every pair) is tested once per mode
+  and metric, paired by reproduction seed, and Holm-corrected across that whole family, so a pair has
+  one verdict per endpoint whichever table shows it. ``analysis.primary`` names the confirmatory
+  endpoint; the others are secondary and not corrected across endpoints.
 * **References** (seed 001 §4: under a fair protocol the newer losses barely beat the classic
-  ones): every scored method against each method of ``analysis.references``, paired by reproduction
-  seed, Holm-corrected across the methods compared with that reference, per mode and metric. Each
+  ones): every scored method against each method of ``analysis.references``, read from the family. Each
   comparison has one of four outcomes (``PairedComparison.outcome``): *better* or *worse* (Holm-adjusted
   paired t-test p < 0.05), *equivalent* (Holm-adjusted TOST p < 0.05: the difference lies within
   ``±analysis.equivalence_margin``), or *inconclusive* (neither: not a difference, not an
   equivalence). The t-test decides because with n <= 5 pairs the two-sided Wilcoxon signed-rank
-  test cannot reach p < 0.0625; its p-values are reported beside. Statements pooled over
-  references, modes or metrics are not corrected again.
+  test cannot reach p < 0.0625; its p-values are reported beside.
 * **Pairs** (``analysis.pairs``, e.g. a rho-regularised loss against the same loss, seed 003 §5.1):
-  ``treated - control`` paired by seed, Holm-corrected across the pairs per mode and metric.
+  ``treated - control``, read from the family.
+* **Sensitivity and power** (primary endpoint): the verdicts at half and twice the margin beside the
+  chosen one, and each comparison's achieved power and minimal detectable difference at its observed
+  SD of paired differences (``protocol.power``).
 * **Embedding space against test** (seed 003 §5, Fig. 5): per reproduction, the mean over its fold
   models of rho and pi_ratio on their own training classes (``protocol.reproductions.training_space``)
   against the reproduction's test P@1; *separated* P@1 is the mean of the same fold models' P@1, so
@@ -25,6 +31,9 @@
   methods (each method's value is the mean over its search and reproduction runs).
 * **Concatenated against separated** (seed 001 §3.3): Kendall's tau between the two rankings of the
   methods' means, per metric, and which methods change rank.
+* **Re-ranking** (``evaluation.rerank``): each method re-ranked against itself raw, per mode and metric,
+  paired by reproduction (the same fold models scored both ways), Holm across the methods of each mode
+  and metric, with the same tests and equivalence margin as the method pairs.
 
 The untrained baseline takes part in none of these.
 """
@@ -39,8 +48,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dmlbench.errors import UserInputError
+from dmlbench.protocol.benchmark import declared_comparisons
 from dmlbench.protocol.layout import UNTRAINED
-from dmlbench.protocol.results import MODES, MethodReproductions, result_rows, seed_scores
+from dmlbench.protocol.power import ComparisonPower, comparison_power, paired_sd
+from dmlbench.protocol.results import MODES, MethodReproductions, compare_reranking, result_rows, seed_scores
 from dmlbench.protocol.statistics import (
     DEFAULT_ALPHA,
     DEFAULT_EQUIVALENCE_MARGIN,
@@ -55,6 +66,7 @@ from dmlbench.protocol.statistics import (
 )
 
 CLAIM_METRICS = ("precision_at_1", "map_at_r")
+FAMILY_METRICS = ("precision_at_1", "r_precision", "map_at_r")
 ALPHA = DEFAULT_ALPHA
 SPACE_LEVELS = ("method means", "within methods", "reproductions")
 SPACE_QUANTITIES = ("rho", "pi_ratio")
@@ -109,6 +121,11 @@ class Claims:
     rankings: list[tuple[str, RankAgreement]] = field(default_factory=list)  # (metric, concatenated vs separated)
     notes: list[str] = field(default_factory=list)  # why a part could not be computed
     margin: float = DEFAULT_EQUIVALENCE_MARGIN  # the equivalence margin the comparisons used
+    primary: tuple[str, str] = ("concatenated", "map_at_r")  # (mode, metric) of the confirmatory comparisons
+    families: dict[tuple[str, str], list[PairedComparison] | str] = field(default_factory=dict)  # or why not compared
+    sensitivity: list[tuple[str, str, str, str, str]] = field(default_factory=list)  # a, b, verdicts at margin/2, margin, 2x
+    power: list[ComparisonPower] = field(default_factory=list)  # the primary family's, at the observed SDs
+    reranking: list[tuple[str, str, list[PairedComparison]]] = field(default_factory=list)  # (mode, metric, re-ranked vs raw)
 
 
 def analyse(
@@ -123,20 +140,29 @@ def analyse(
     benchmark's ``analysis`` section; ``computed``: the metrics the reproductions computed;
     ``seed``: the bootstrap's)."""
     scored = scored_methods(results)
-    claims = Claims(margin=float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN)))
-    metrics = [metric for metric in CLAIM_METRICS if metric in computed]
-    for mode in MODES:
-        for metric in metrics:
-            scores = seed_scores(scored, mode, metric) if scored else {}
-            for reference in analysis.get("references", []):
-                if reference not in scores:
-                    claims.notes.append(f"reference {reference} has no scored reproduction")
-                    continue
-                pairs = [(name, reference) for name in scores if name != reference]
-                claims.references.append(ReferenceSummary(reference, mode, metric, _compared(scores, pairs, claims)))
-            pairs = [(a, b) for a, b in analysis.get("pairs", []) if a in scores and b in scores]
-            if pairs:
-                claims.pairs.append((mode, metric, _compared(scores, pairs, claims)))
+    primary = analysis.get("primary") or {}
+    claims = Claims(margin=float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN)),
+                    primary=(primary.get("mode", "concatenated"), primary.get("metric", "map_at_r")))
+    declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scored))
+    if len(scored) >= 2:
+        for mode in MODES:
+            for metric in [m for m in FAMILY_METRICS if m in computed]:
+                family = _compared(seed_scores(scored, mode, metric), declared, claims)
+                claims.families[(mode, metric)] = family if family or not declared else claims.notes[-1]
+    for (mode, metric), family in claims.families.items():
+        if metric not in CLAIM_METRICS or isinstance(family, str):
+            continue
+        for reference in analysis.get("references", []):
+            if reference not in scored:
+                claims.notes.append(f"reference {reference} has no scored reproduction")
+                continue
+            oriented = [_oriented(c, reference) for c in family if reference in (c.a, c.b)]
+            claims.references.append(ReferenceSummary(reference, mode, metric, oriented))
+        wanted = [(a, b) for a, b in analysis.get("pairs", []) if a in scored and b in scored]
+        if wanted:
+            claims.pairs.append((mode, metric, [_oriented(c, b) for a, b in wanted for c in family if {c.a, c.b} == {a, b}]))
+    _sensitivity_and_power(claims, scored, declared)
+    claims.reranking = _reranking(scored, computed, claims)
     claims.notes = list(dict.fromkeys(claims.notes))  # each reason once, in order
     claims.points = _space_points(scored)
     claims.correlations = _space_correlations(claims, seed)
@@ -155,6 +181,49 @@ def scored_methods(results: Mapping[str, MethodReproductions]) -> dict[str, Meth
     """The methods with at least one scored reproduction, in order; never the untrained baseline."""
     return {name: result for name, result in results.items()
             if name != UNTRAINED and any(outcome.scores for outcome in result.outcomes)}
+
+
+def _oriented(comparison: PairedComparison, control: str) -> PairedComparison:
+    """The comparison as ``other - control`` (the same test and p-values, the signs turned where needed)."""
+    if comparison.b == control:
+        return comparison
+    return replace(comparison, a=comparison.b, b=comparison.a, mean_difference=-comparison.mean_difference,
+                   t_statistic=-comparison.t_statistic, cohen_dz=-comparison.cohen_dz,
+                   difference_low=-comparison.difference_high, difference_high=-comparison.difference_low)
+
+
+def _sensitivity_and_power(claims: Claims, scored: Mapping[str, MethodReproductions], declared: list[tuple[str, str]]) -> None:
+    """The primary family's verdicts at half and twice the margin, and its achieved power at the observed SDs."""
+    family = claims.families.get(claims.primary)
+    if not family or isinstance(family, str):
+        return
+    scores = seed_scores(scored, *claims.primary)
+    half, twice = (_compared(scores, declared, replace(claims, margin=factor * claims.margin)) for factor in (0.5, 2.0))
+    claims.sensitivity = [(c.a, c.b, low.outcome(ALPHA), c.outcome(ALPHA), high.outcome(ALPHA))
+                          for c, low, high in zip(family, half, twice)]
+    for c in family:
+        differences = [scores[c.a][seed] - scores[c.b][seed] for seed in scores[c.a]]
+        sd = paired_sd(differences)
+        if c.n >= 2 and math.isfinite(sd) and sd > 0.0:
+            claims.power.append(comparison_power(c.a, c.b, c.n, sd, claims.margin, len(family), ALPHA))
+
+
+def _reranking(scored: Mapping[str, MethodReproductions], computed: Sequence[str], claims: Claims
+               ) -> list[tuple[str, str, list[PairedComparison]]]:
+    """Re-ranked against raw per mode and metric (nothing when the benchmark re-ranks nothing)."""
+    found = []
+    for mode in MODES:
+        for metric in [m for m in FAMILY_METRICS if m in computed]:
+            try:
+                with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    comparisons = compare_reranking(scored, mode, metric, claims.margin)
+            except UserInputError as error:  # too few paired reproductions so far
+                claims.notes.append(f"re-ranking ({mode}, {metric}): {error}")
+                continue
+            if comparisons:
+                found.append((mode, metric, comparisons))
+    return found
 
 
 def _compared(scores: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, str]], claims: Claims) -> list[PairedComparison]:

@@ -17,7 +17,7 @@ from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.layout import BENCHMARK_FILE, TEST_ACCESS_FILE
 from dmlbench.protocol.results import result_rows, write_results
-from dmlbench.report import plots, render, tables
+from dmlbench.report import plots, render, tables, uncertainty
 from dmlbench.report.data import METRIC_TITLES, ReportData, computed_metrics, load_report_data
 from dmlbench.report.sections import sections
 
@@ -45,7 +45,7 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
         files.atomic_write_text(paths["comparisons.csv"], tables.comparisons_csv(data))
         paths["results.tex"] = output_dir / "results.tex"
         files.atomic_write_text(paths["results.tex"], tables.latex(data))
-    for name, text in tables.claim_csvs(data).items():
+    for name, text in {**tables.claim_csvs(data), **uncertainty.uncertainty_csvs(data)}.items():
         paths[name] = output_dir / name
         files.atomic_write_text(paths[name], text)
     figures = _figures(data)

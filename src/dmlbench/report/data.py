@@ -9,7 +9,7 @@ Nothing else is read, so the report is the same whichever worker writes it and o
 from __future__ import annotations
 
 import math
-import warnings
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,11 @@ from dmlbench import files, provenance
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
-from dmlbench.protocol.layout import BENCHMARK_FILE, UNTRAINED, reproduction_study
-from dmlbench.protocol.results import MODES, MethodReproductions, compare_reproductions, read_reproductions
+from dmlbench.protocol.layout import BENCHMARK_FILE, SEARCH_REPEAT_MARK, UNTRAINED, reproduction_study
+from dmlbench.protocol.benchmark import analysis_in_force
+from dmlbench.protocol.results import MODES, MethodReproductions, read_reproductions
 from dmlbench.protocol.statistics import PairedComparison, mean_lag_one_autocorrelation
-from dmlbench.report.analysis import Claims, analyse, scored_methods
+from dmlbench.report.analysis import Claims, analyse
 
 LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
 METRIC_TITLES = {"precision_at_1": "P@1", "r_precision": "R-Precision", "map_at_r": "MAP@R"}
@@ -45,6 +46,12 @@ class ReportData:
     reproduction_curves: dict[str, list[tuple[int, list[dict[str, list[float]]]]]] = field(default_factory=dict)  # (slot, folds)
     claims: Claims = field(default_factory=Claims)
     report_commit: str | None = None  # read once, before any file is written
+    # method -> reproduction seed -> per-class test sums (``protocol.class_bootstrap.class_sums``)
+    class_scores: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    # method -> the names of its repeated searches (``METHOD@searchK``); their trials are in ``trials`` and
+    # their costs in ``reproduction_costs`` under those names, their reproductions in ``repeat_results``
+    repeats: dict[str, list[str]] = field(default_factory=dict)
+    repeat_results: dict[str, MethodReproductions] = field(default_factory=dict)
 
 
 def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData:
@@ -74,10 +81,11 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
     for method in [*methods, UNTRAINED]:
         if reproduction_study(method) in names:
             _read_reproductions(data, opened, method)
+    _read_repeats(data, opened, names)
     for method in methods:
         _note_failure(data, method)
         _curve_statistics(data, method)
-    data.claims = analyse(data.results, benchmark.get("analysis", {}), data.autocorrelation, computed_metrics(data))
+    data.claims = analyse(data.results, analysis_in_force(benchmark), data.autocorrelation, computed_metrics(data))
     data.comparisons = _comparisons(data)
     data.report_commit = provenance.git_commit()
     return data
@@ -112,6 +120,24 @@ def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:
         data.results[method] = result
         data.reproduction_costs[method] = [t.user_attrs.get("cost") for t in counted]
         data.reproduction_curves[method] = [(work.slot_of(t), t.user_attrs.get("curves", [])) for t in counted]
+        data.class_scores[method] = {int(t.user_attrs["seed"]): t.user_attrs["class_scores"] for t in counted
+                                     if "class_scores" in t.user_attrs and t.state.name == "COMPLETE"}
+
+
+def _read_repeats(data: ReportData, storage: Any, names: set[str]) -> None:
+    """The repeated searches of ``protocol.search_repeats`` (``METHOD@searchK`` studies) and their reproductions."""
+    for method in data.methods:
+        pattern = re.compile(re.escape(method + SEARCH_REPEAT_MARK) + "[0-9]+")
+        repeats = sorted((name for name in names if pattern.fullmatch(name)), key=lambda name: int(name[len(method + SEARCH_REPEAT_MARK):]))
+        for name in repeats:
+            data.trials[name] = _search_trials(storage, name)
+            if reproduction_study(name) in names:
+                study = optuna.load_study(study_name=reproduction_study(name), storage=storage)
+                data.repeat_results[name] = read_reproductions(study, name, study.user_attrs.get("params", {}),
+                                                               study.user_attrs.get("fold_layout_hash", ""), data.output_dir)
+                data.reproduction_costs[name] = [t.user_attrs.get("cost") for t in work.counted(study)]
+        if repeats:
+            data.repeats[method] = repeats
 
 
 def _note_failure(data: ReportData, method: str) -> None:
@@ -151,21 +177,7 @@ def _curve_statistics(data: ReportData, method: str) -> None:
 
 
 def _comparisons(data: ReportData) -> list[tuple[str, str, list[PairedComparison] | str]]:
-    """Every pair of scored methods per mode and leaderboard metric, or why they cannot be compared."""
-    scored = list(scored_methods(data.results))
-    if len(scored) < 2:
-        return []
-    comparisons: list[tuple[str, str, list[PairedComparison] | str]] = []
-    for mode in MODES:
-        for metric in LEADERBOARD_METRICS:
-            if metric not in computed_metrics(data):
-                continue
-            try:
-                with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    pairs: list[PairedComparison] | str = compare_reproductions(
-                        {name: data.results[name] for name in scored}, mode=mode, metric=metric, margin=data.claims.margin)
-            except UserInputError as error:
-                pairs = str(error)
-            comparisons.append((mode, metric, pairs))
-    return comparisons
+    """The one Holm family of declared comparisons per mode and leaderboard metric (``report.analysis``),
+    or why they cannot be compared."""
+    return [(mode, metric, data.claims.families[(mode, metric)]) for mode in MODES for metric in LEADERBOARD_METRICS
+            if (mode, metric) in data.claims.families]

@@ -25,6 +25,8 @@ def markdown(sections: list[Section]) -> str:
             lines += [f"- {bullet}" for bullet in section.bullets] + [""]
         for table in section.tables:
             lines += _markdown_table(table) + [""]
+        for paragraph in section.after:
+            lines += [paragraph, ""]
         lines += [f"![{title}]({name})\n" for title, name, _ in section.figures]
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -40,6 +42,7 @@ def html_page(sections: list[Section]) -> str:
         if section.bullets:
             parts.append("<ul>" + "".join(f"<li>{inline_html(bullet)}</li>" for bullet in section.bullets) + "</ul>")
         parts += [_html_table(table) for table in section.tables]
+        parts += [f"<p>{inline_html(paragraph)}</p>" for paragraph in section.after]
         for title, _, png in section.figures:
             image = base64.b64encode(png).decode()
             parts.append(f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{image}'>")

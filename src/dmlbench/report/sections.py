@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.protocol.results import result_rows
 from dmlbench.protocol.statistics import OUTCOMES, Correlation, PairedComparison
-from dmlbench.report import plots, tables
+from dmlbench.report import plots, tables, uncertainty
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
 from dmlbench.report.data import METRIC_TITLES, ReportData
 from dmlbench.report.tables import pvalue_text
@@ -30,27 +31,37 @@ class Section:
     bullets: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     figures: list[plots.Figure] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)  # paragraphs under the tables (definitions a reader needs second)
 
 
 def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     """The report's sections in the order every rendering shows them."""
     summary = summary_section(data)
     top = Section(None, [provenance(data)])
-    board = Section("Results" if summary else None, [(
+    board = Section("Results" if summary else None, after=[(
         "Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); "
         "con. = concatenated fold models, sep. = separated (seed 001 §3.3). "
+        f"Sorted by the primary endpoint, {_endpoint(data.claims.primary)}; *best* marks its highest mean. "
         "`untrained` is the baseline: the same models before any training step.")])
     if data.results:
-        board.tables.append(tables.leaderboard(data))
+        board.tables.append(tables.leaderboard(data, data.claims.primary))
     else:
         board.paragraphs.append("No reproduction has been scored yet (search stage only).")
     parts = [top, summary, board] if summary else [top, board]
     if data.failed:
         parts.append(Section("Failed methods", bullets=[f"{name}: {reason}" for name, reason in data.failed.items()]))
+    if data.claims.reranking:
+        parts.append(Section("Re-ranking", [tables.RERANK_NOTE], tables=[(tables.RERANK_HEADER, tables.rerank_rows(data))]))
     # The figures right under the numbers they show, before the long tables of the claims.
     parts.append(Section("Plots", figures=figures))
     parts.append(setup_section(data))
     parts += _claim_sections(data.claims)
+    # Uncertainty beyond the seeds: the test classes resampled, the search repeated.
+    parts += [Section(title, paragraphs, tables=tables) for title, paragraphs, tables in
+              (part for part in (uncertainty.class_bootstrap_part(data), uncertainty.search_repeat_part(data)) if part)]
+    change = analysis_change_section(data)
+    if change:
+        parts.append(change)
     if data.comparisons:
         comparisons = Section("Paired comparisons", [tables.COMPARISON_NOTE])
         if tables.all_pairs_shown(data):
@@ -58,7 +69,8 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
         else:
             comparisons.paragraphs.append(tables.pairs_in_csv(data))
         parts.append(comparisons)
-    parts.append(Section("Budget and search", tables=[(tables.BUDGET_HEADER, tables.budget_rows(data))]))
+    parts.append(Section("Budget and search", tables=[(tables.BUDGET_HEADER, tables.budget_rows(data))],
+                         after=[uncertainty.range_edge_text(data)]))
     costs = tables.cost_rows(data)
     if costs:
         parts.append(Section("Cost", [tables.COST_NOTE], tables=[(tables.COST_HEADER, costs)]))
@@ -103,6 +115,10 @@ def provenance(data: ReportData) -> str:
 
 def _claim_sections(claims: Claims) -> list[Section]:
     parts = []
+    if claims.sensitivity:
+        parts.append(_sensitivity_section(claims))
+    if claims.power:
+        parts.append(_power_section(claims))
     if claims.references:
         parts.append(_saturation_section(claims))
     if claims.pairs:
@@ -136,8 +152,8 @@ def _saturation_section(claims: Claims) -> Section:
     paragraphs = [
         f"Every method against {' and '.join(f'`{r}`' for r in references)}, paired by reproduction seed; "
         "differences in percentage points with their 95% interval. " + _outcome_rule(claims) + " Holm's correction "
-        "runs over the methods compared with one reference, per mode and metric (t-test and TOST separately); "
-        "statements pooled over references, modes or metrics are not corrected again. With 5 or fewer pairs "
+        "runs over one family per mode and metric holding every declared comparison (t-test and TOST separately), "
+        "so a pair has one verdict per endpoint; no statement here pools endpoints. With 5 or fewer pairs "
         "the Wilcoxon test cannot go below p = 0.0625, so it is reported in `claim_comparisons.csv` but does not decide."]
     header = ["mode", "metric", "reference", "methods", *OUTCOMES, "the other references", "largest difference", "most negative difference"]
     rows = []
@@ -169,27 +185,61 @@ def _gap(summary: ReferenceSummary, pick: Any) -> str:
 
 
 def summary_section(data: ReportData) -> Section | None:
-    """The page's first words: who is ahead of, level with and behind each reference, in plain language."""
+    """The page's first words: the firmest conclusion (every method against the untrained baseline), then
+    the primary endpoint's family: who is ahead of, level with and behind each reference."""
     claims = data.claims
-    concatenated = [r for r in claims.references if r.mode == "concatenated" and r.comparisons]
-    if not concatenated:
+    scored = scored_methods(data.results)
+    if not scored:
         return None
-    n = concatenated[0].comparisons[0].n
-    references = list(dict.fromkeys(r.reference for r in concatenated))
+    paragraphs = [sentence for sentence in (_baseline_sentence(data), _primary_sentence(data)) if sentence]
     bullets = []
-    for r in concatenated:
+    for r in [r for r in claims.references if (r.mode, r.metric) == claims.primary and r.comparisons]:
+        references = list(dict.fromkeys(x.reference for x in claims.references))
         others = [c.a for c in r.comparisons if c.a not in references]
         verdicts = "; ".join(f"{label}: {', '.join(names) if names else 'none'}" for label, names in (
             ("better", r.methods("better", others)), ("equivalent", r.methods("equivalent", others)),
             ("worse", r.methods("worse", others)), ("inconclusive", r.methods("inconclusive", others))))
-        bullets.append(f"Against `{r.reference}` on {METRIC_TITLES[r.metric]}: {verdicts}.")
+        bullets.append(f"Against `{r.reference}`: {verdicts}.")
     leaders = [f"{METRIC_TITLES[metric]}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
-    paragraphs = [
-        f"{len(scored_methods(data.results))} methods, {n} reproductions each paired by seed, scored on the test "
-        f"classes (concatenated fold models). Highest mean — {'; '.join(leaders)}. " + _outcome_rule(claims),
-        "Each line below is one family of Holm's correction; the lines together are not corrected again. "
-        "The separated mode, the treated-control pairs and every p-value follow below and in `claim_comparisons.csv`."]
+    paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims)
+                      + " The other modes and metrics, the treated-control pairs and every p-value follow below and in "
+                      "`claim_comparisons.csv`; they are secondary endpoints, each its own Holm family, not corrected "
+                      "across endpoints.")
     return Section("Summary", paragraphs, bullets=bullets)
+
+
+def _endpoint(primary: tuple[str, str]) -> str:
+    return f"{METRIC_TITLES.get(primary[1], primary[1])} ({primary[0]})"
+
+
+def _baseline_sentence(data: ReportData) -> str | None:
+    """Every method against the untrained baseline on the primary endpoint: usually the firmest result."""
+    means = {(row["method"], row["mode"], row["metric"]): row for row in result_rows(data.results)}
+    baseline = means.get((UNTRAINED, *data.claims.primary))
+    scored = [name for name in scored_methods(data.results) if (name, *data.claims.primary) in means]
+    if baseline is None or not scored:
+        return None
+    gaps = [100 * (means[(name, *data.claims.primary)]["mean"] - baseline["mean"]) for name in scored]
+    above = [name for name in scored if means[(name, *data.claims.primary)]["ci_low"] > baseline["ci_high"]]
+    if len(above) == len(scored):
+        return (f"Every one of the {len(scored)} methods scores above the untrained baseline on {_endpoint(data.claims.primary)}, "
+                f"by {min(gaps):.1f} to {max(gaps):.1f} points, each 95% interval clear of the baseline's.")
+    return (f"{len(above)} of the {len(scored)} methods have a 95% interval above the untrained baseline's on "
+            f"{_endpoint(data.claims.primary)} (differences {min(gaps):+.1f} to {max(gaps):+.1f} points).")
+
+
+def _primary_sentence(data: ReportData) -> str | None:
+    claims = data.claims
+    family = claims.families.get(claims.primary)
+    if not family or isinstance(family, str):
+        return None
+    counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
+    likely = sum(p.tost_holm >= TARGET_POWER or p.ttest_holm >= TARGET_POWER for p in claims.power)
+    return (f"Primary endpoint {_endpoint(claims.primary)}: {len(family)} declared comparison(s) in one Holm family, "
+            f"{family[0].n} reproductions paired by seed — "
+            + ", ".join(f"{count} {outcome}" for outcome, count in counts.items())
+            + f". At the observed spread {likely} of {len(claims.power)} comparisons had 80% power at the strictest Holm "
+            "threshold (section Power)" + (", so an inconclusive verdict is mostly what this design could give." if likely < len(claims.power) else "."))
 
 
 def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
@@ -206,7 +256,7 @@ def _pairs_section(claims: Claims) -> Section:
             for mode, metric, comparisons in claims.pairs for c in comparisons]
     return Section("Treated against control",
                    ["Paired by reproduction seed; differences in percentage points with their 95% interval; "
-                    "Holm across the pairs of each mode and metric. " + _outcome_rule(claims)],
+                    "Holm across the declared comparisons of each mode and metric (one family). " + _outcome_rule(claims)],
                    tables=[(["pair", "mode", "metric", "n", "difference (%)", "paired t p", "paired t p (Holm)",
                              "TOST p (Holm)", "outcome", "Cohen's d_z"], rows)])
 
@@ -260,3 +310,46 @@ def _ranking_section(claims: Claims) -> Section:
     return Section("Concatenated against separated (seed 001 §3.3)",
                    ["Ranks of the methods' means (1 = best), Kendall's tau between the two rankings."],
                    tables=[(["metric", "Kendall tau", "rank changes (con.→sep.)", "top 3 con.", "top 3 sep."], rows)])
+
+
+def _sensitivity_section(claims: Claims) -> Section:
+    points = 100 * claims.margin
+    rows = [[f"{a} vs {b}", low, chosen, high] for a, b, low, chosen, high in claims.sensitivity]
+    return Section(f"Sensitivity to the margin ({_endpoint(claims.primary)})",
+                   [f"The primary family's verdicts with the equivalence margin halved, as chosen (±{points:g} points, "
+                    "`analysis.equivalence_margin`) and doubled; better / worse do not depend on the margin."],
+                   tables=[(["comparison", f"±{points / 2:g} points", f"±{points:g} points", f"±{2 * points:g} points"], rows)])
+
+
+def _power_section(claims: Claims) -> Section:
+    rows = [[f"{p.a} vs {p.b}", str(p.n), f"{100 * p.sd:.2f}", f"{p.ttest:.2f} / {p.ttest_holm:.2f}",
+             f"{p.tost:.2f} / {p.tost_holm:.2f}", f"{100 * p.detectable:.2f}",
+             f"more than {MAX_REPRODUCTIONS}" if p.needed is None else str(p.needed)] for p in claims.power]
+    m = len(claims.power)
+    return Section(f"Power ({_endpoint(claims.primary)})",
+                   [f"What each comparison of the primary family could show, at its observed SD of paired differences "
+                    f"taken as the true one: the paired t-test's power to find a true difference of one margin "
+                    f"(±{100 * claims.margin:g} points) and TOST's power to show equivalence when the true difference is 0, "
+                    f"unadjusted / at the strictest Holm threshold ({ALPHA}/{m}); the minimal detectable difference "
+                    "(80% t-test power at that threshold) and the reproductions both tests need for 80% there "
+                    "(`dmlbench plan`). An inconclusive verdict with low power says little either way."],
+                   tables=[(["comparison", "n", "SD of differences (%)", "t-test power", "TOST power",
+                             "detectable difference (%)", "reproductions for 80%"], rows)])
+
+
+def analysis_change_section(data: ReportData) -> Section | None:
+    """The analysis as declared before the runs and every change accepted after them (``--accept-analysis-change``)."""
+    b = data.benchmark
+    declared = b.get("analysis", {})
+    bullets = [f"`analysis.margin_reason`: {declared['margin_reason']}"] if declared.get("margin_reason") else []
+    changes = b.get("analysis_changes_accepted", [])
+    bullets += [f"{change['time']}: changed after the runs with --accept-analysis-change: "
+                f"{', '.join(f'`analysis.{key}`' for key in change['changed'])}" for change in changes]
+    if not b.get("analysis_in_hash"):
+        bullets.append("This benchmark was started before the analysis entered the config hash: its analysis was not fixed "
+                       "before the data.")
+    if not bullets:
+        return None
+    text = ("The analysis this report applies is the declared one." if not changes else
+            "The analysis this report applies is the last accepted change, not the one declared before the runs.")
+    return Section("Analysis plan", [text], bullets=bullets)

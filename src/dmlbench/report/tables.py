@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from dmlbench.protocol.layout import UNTRAINED
-from dmlbench.protocol.results import MODES, result_rows
+from dmlbench.protocol.results import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode, result_rows, scored_modes
 from dmlbench.report.analysis import ALPHA, scored_methods
 from dmlbench.report.data import LEADERBOARD_METRICS, METRIC_TITLES, ReportData, computed_metrics, validation_curves
 
@@ -17,22 +17,38 @@ COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_sta
                       "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
 
 
-def leaderboard(data: ReportData) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: mean ± 95% CI half-width (in %) per method, mode and metric; the baseline last."""
+def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "map_at_r")) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: mean ± 95% CI half-width (in %) per method, mode and metric, sorted by the ``primary``
+    (mode, metric) mean, highest first and marked *best* (ties by the methods' order); the baseline last."""
     rows_by_key = {(row["method"], row["mode"], row["metric"]): row for row in result_rows(data.results)}
     metrics = [metric for metric in LEADERBOARD_METRICS if metric in computed_metrics(data)]
-    header = ["method"] + [f"{METRIC_TITLES[metric]} ({mode[:3]}.)" for mode in MODES for metric in metrics] + ["n"]
+    modes = scored_modes(data.results)  # the cross-domain modes too when evaluation.cross_domain scored them
+    header = ["method"] + [f"{METRIC_TITLES[metric]} ({_mode_title(mode)})" for mode in modes for metric in metrics] + ["n"]
+    def primary_mean(method: str) -> float:
+        entry = rows_by_key.get((method, *primary))
+        return -math.inf if entry is None or method == UNTRAINED else float(entry["mean"])
+
+    order = sorted(data.results, key=lambda method: (method == UNTRAINED, -primary_mean(method), list(data.results).index(method)))
     rows = []
-    for method in data.results:
-        row = [method]
+    for method in order:
+        row = [f"{method} *best*" if method == order[0] and math.isfinite(primary_mean(method)) else method]
         n = 0
-        for mode in MODES:
+        for mode in modes:
             for metric in metrics:
                 entry = rows_by_key.get((method, mode, metric))
                 row.append(_mean_ci(entry))
                 n = max(n, entry["n"] if entry else 0)
         rows.append(row + [str(n)])
     return header, rows
+
+
+def _mode_title(mode: str) -> str:
+    """``con.``, ``sep.``, ``con. cross-domain``, ``sep. cross-domain``, ``con. re-ranked``, ``sep. re-ranked``."""
+    if mode.endswith(CROSS_DOMAIN_SUFFIX):
+        return f"{mode[:3]}. cross-domain"
+    if mode.endswith(RERANKED_SUFFIX):
+        return f"{mode[:3]}. re-ranked"
+    return f"{mode[:3]}."
 
 
 def _mean_ci(entry: dict[str, Any] | None) -> str:
@@ -50,6 +66,30 @@ def comparison_rows(data: ReportData) -> list[list[str]]:
             continue
         for c in comparisons:
             rows.append([mode, METRIC_TITLES[metric], f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
+                         pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
+                         c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
+    return rows
+
+
+RERANK_HEADER = ["mode", "metric", "method", "n", "raw (%)", "re-ranked (%)", "difference (%) [95% CI]",
+                 "paired t p (Holm)", "Wilcoxon p (Holm)", "TOST p (Holm)", "outcome", "Cohen's d_z"]
+
+
+RERANK_NOTE = ("Each method's test scores re-ranked (`evaluation.rerank`, with its fixed parameters or those its search "
+               "chose on the validation folds) against the same fold models' raw scores, paired by reproduction; "
+               "difference = re-ranked - raw. Holm across the methods of each mode and metric, per test; TOST against "
+               "the equivalence margin; the outcome reads *better* when re-ranking helps.")
+
+
+def rerank_rows(data: ReportData) -> list[list[str]]:
+    """One row per mode, metric and method of ``claims.reranking``: the raw and re-ranked means and their paired test."""
+    means = {(row["method"], row["mode"], row["metric"]): row["mean"] for row in result_rows(data.results)}
+    rows = []
+    for mode, metric, comparisons in data.claims.reranking:
+        for c in comparisons:
+            rows.append([mode, METRIC_TITLES[metric], c.b, str(c.n), f"{100 * means[(c.b, mode, metric)]:.2f}",
+                         f"{100 * means[(c.b, reranked_mode(mode), metric)]:.2f}",
+                         f"{100 * c.mean_difference:+.2f} [{100 * c.difference_low:+.2f}, {100 * c.difference_high:+.2f}]",
                          pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
                          c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
     return rows
@@ -137,7 +177,8 @@ def cost_rows(data: ReportData) -> list[list[str]]:
     """Per method and in total: training runs, samples seen, wall and CPU hours, the largest peak memory."""
     rows = []
     totals = {"units": 0, "samples": 0, "wall": 0.0, "cpu": 0.0, "memory": 0}
-    for method in [*data.methods, UNTRAINED]:
+    repeats = [name for names in data.repeats.values() for name in names]  # protocol.search_repeats
+    for method in [*data.methods, *repeats, UNTRAINED]:
         costs = [t.get("cost") for t in data.trials.get(method, [])] + list(data.reproduction_costs.get(method, []))
         costs = [cost for cost in costs if cost]
         if not costs:
@@ -359,6 +400,7 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
     claims = data.claims
     comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
     comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
+    comparisons += [("rerank", mode, metric, c) for mode, metric, pair in claims.reranking for c in pair]
     space = [[name, outcome.reproduction, outcome.seed, fold, *(repr(values[key]) for key in SPACE_COLUMNS[4:])]
              for name, result in data.results.items() for outcome in result.outcomes
              for fold, values in enumerate(outcome.embedding_space)]

@@ -8,7 +8,6 @@ schedule, validation and selection as ``training.loop``, without images or augme
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.schedule import set_learning_rates
 from dmlbench.training.setup import build_loss_and_miner, build_model, build_optimizer, build_sampler, class_index
-from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, finish_record
+from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, fail_run, finish_record
 from dmlbench.training.threads import resolve_threads
 
 HEAD_CHECKPOINT = "head_best.pt"
@@ -78,16 +77,21 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
     sampler's batches; validate after each evaluation epoch on the validation features and keep the
     best epoch by ``evaluation.selection_metric``. Writes ``config.yaml``, ``run.json`` and
     ``metrics.jsonl`` (epoch 0: the untrained head) like ``training.train``. A completed run is
-    returned as recorded; an unfinished one is trained again from the start (it is cheap)."""
+    returned as recorded; an unfinished one is trained again from the start (it is cheap). One
+    process owns ``run_dir`` meanwhile (``records.owned_run_dir``)."""
     run_dir = Path(run_dir)
+    with records.owned_run_dir(run_dir):
+        return _train_head(config, run_dir, features, record)
+
+
+def _train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Mapping[str, Any]) -> TrainResult:
     run_file = run_dir / records.RUN_FILE
     if run_file.is_file():
         stored = files.read_json(run_file)
         if stored.get("status") == "completed":
             return TrainResult(run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
                               already_complete=True)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    records.clear_run_dir(run_dir)
     clock = records.Clock()
     device = resolve_device(config.training.device)
     torch.set_num_threads(resolve_threads(config.training.num_threads))
@@ -122,7 +126,8 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
             raise TrainingDiverged(f"the head's validation embeddings are not finite after epoch {epoch}")
         if settings.binarize:
             embeddings = binarize(embeddings)
-        results = evaluation.evaluate(embeddings, features.validation_labels, metrics=config.evaluation.metrics, seed=config.seed)
+        results = evaluation.evaluate(embeddings, features.validation_labels, metrics=config.evaluation.metrics, seed=config.seed,
+                                      rerank=config.evaluation.rerank.method())
         return {key: float(value) for key, value in results.items()}
 
     key = config.evaluation.selection_metric
@@ -145,9 +150,13 @@ def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Ma
             patience = config.training.early_stopping_patience
             if patience is not None and state.epochs_without_improvement >= patience:
                 break
+    except TrainingDiverged as error:
+        finish_record(run_dir, run_record, "failed", clock, reason=f"training diverged: {error}")
+        raise
     except BaseException as error:
-        reason = f"training diverged: {error}" if isinstance(error, TrainingDiverged) else f"{type(error).__name__}: {error}".strip()
-        finish_record(run_dir, run_record, "failed", clock, reason=reason)
+        in_plugin = fail_run(run_dir, run_record, clock, error)
+        if in_plugin is not None:
+            raise in_plugin from error
         raise
     finish_record(run_dir, run_record, "completed", clock, best_epoch=state.best_epoch,
                   best_validation=state.best_metrics, epochs_run=epoch)

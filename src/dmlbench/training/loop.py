@@ -5,9 +5,8 @@ processes of ``torchrun`` (``training.distributed``), where rank 0 alone writes 
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,9 @@ from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.schedule import set_learning_rates, set_warmup
 from dmlbench.training.setup import Components, TrainingSetup, set_up_training
-from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, finish_record
+from dmlbench.training.step import (
+    SelectionState, TrainingDiverged, TrainResult, batch_loss, fail_run, finish_record,
+)
 from dmlbench.training.threads import resolve_threads
 
 # What a tracked run is tagged with: the protocol's unit and the benchmark it belongs to.
@@ -44,13 +45,22 @@ def train(
 
     The loop holds only ``training_view`` of the dataset (train and validation items, no test
     item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
+    One process owns ``run_dir`` while it trains (``records.owned_run_dir``, rank 0 under
+    ``torchrun``): another one that trains or resumes it meanwhile gets ``DirectoryInUse``.
     """
     run_dir = Path(run_dir)
+    group = distributed.current()
+    distributed.check_batch(config.training.batch_size, group)
+    with _owned_and_checked(run_dir, resume, group):
+        return _train(config, run_dir, resume=resume, progress=progress, record=record)
+
+
+def _train(
+    config: Config, run_dir: Path, *, resume: bool, progress: bool, record: Mapping[str, Any] | None
+) -> TrainResult:
     clock = records.Clock()
     group = distributed.current()
     main = group.is_main
-    distributed.check_batch(config.training.batch_size, group)
-    _agree_on_run_dir(run_dir, resume, group)
     if resume:
         stored = files.read_json(run_dir / records.RUN_FILE)
         if stored.get("status") == "completed":
@@ -88,7 +98,9 @@ def train(
     except BaseException as error:
         full = storage_error(error)
         if full is None:
-            finish_record(run_dir, run_record, "failed", clock, write=main, reason=f"{type(error).__name__}: {error}".strip())
+            in_plugin = fail_run(run_dir, run_record, clock, error, write=main)
+            if in_plugin is not None:
+                raise in_plugin from error
             raise
         with contextlib.suppress(OSError):  # the record itself may not fit on the disk
             finish_record(run_dir, run_record, "interrupted", clock, write=main)
@@ -116,18 +128,25 @@ def _start_tracking(run_dir: Path, config: Config, run_record: dict[str, Any], r
     return track
 
 
-def _agree_on_run_dir(run_dir: Path, resume: bool, group: ProcessGroup) -> None:
-    """Rank 0 alone decides about the run directory (the others would see the one it creates) and
-    tells the others, so that a refusal stops every rank with the same line."""
-    refusal = None
-    if group.is_main:
-        try:
-            _check_run_dir(run_dir, resume)
-        except UserInputError as error:
-            refusal = str(error)
-    refusal = distributed.broadcast(refusal, group)
-    if refusal is not None:
-        raise UserInputError(refusal)
+@contextlib.contextmanager
+def _owned_and_checked(run_dir: Path, resume: bool, group: ProcessGroup) -> Iterator[None]:
+    """Rank 0 alone owns and checks the run directory (it alone writes it; the others would see the
+    one it creates) and tells the others, so that a refusal stops every rank with the same line."""
+    with contextlib.ExitStack() as held:
+        refusal: UserInputError | None = None
+        if group.is_main:
+            try:
+                _check_run_dir(run_dir, resume)
+                held.enter_context(records.owned_run_dir(run_dir))
+                _check_new_run_dir_empty(run_dir, resume)
+            except UserInputError as error:
+                refusal = error
+        message = distributed.broadcast(None if refusal is None else str(refusal), group)
+        if refusal is not None:
+            raise refusal
+        if message is not None:
+            raise UserInputError(message)
+        yield
 
 
 def _run_epochs(
@@ -173,11 +192,12 @@ def train_or_resume(
     """The protocol's way to train a run: continue it after an interruption, return it as it is
     once completed, and start it afresh when a killed attempt left no ``run.json`` (nothing worth keeping)."""
     run_dir = Path(run_dir)
-    if (run_dir / records.RUN_FILE).is_file():
-        return train(config, run_dir, resume=True, progress=progress, record=record)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    return train(config, run_dir, progress=progress, record=record)
+    # Owned before anything is decided or removed: another worker may still be training it.
+    with records.owned_run_dir(run_dir) if distributed.current().is_main else contextlib.nullcontext():
+        if (run_dir / records.RUN_FILE).is_file():
+            return train(config, run_dir, resume=True, progress=progress, record=record)
+        records.clear_run_dir(run_dir)
+        return train(config, run_dir, progress=progress, record=record)
 
 
 def check_precision(precision: str, device: torch.device) -> None:
@@ -299,7 +319,9 @@ def _validate(
     )
     scores = None
     if group.is_main:
-        results = evaluation.evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed)
+        # Re-ranked when evaluation.rerank is set, so the selection and the search see the re-ranked metric.
+        results = evaluation.evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed,
+                                      rerank=config.evaluation.rerank.method())
         scores = {key: float(value) for key, value in results.items()}
     return distributed.broadcast(scores, group)
 
@@ -347,7 +369,11 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
         return
     if run_dir.exists() and not run_dir.is_dir():
         raise UserInputError(f"run directory {run_dir} is a file, not a directory")
-    if run_dir.exists() and any(run_dir.iterdir()):
+
+
+def _check_new_run_dir_empty(run_dir: Path, resume: bool) -> None:
+    """A new run starts in an empty directory (but for the lock file this process holds)."""
+    if not resume and any(entry.name != records.LOCK_FILE for entry in run_dir.iterdir()):
         raise UserInputError(f"run directory {run_dir} already exists and is not empty (use --resume to continue it)")
 
 
@@ -379,6 +405,9 @@ def _start_record(
     record.setdefault("resumed", [])
     if resume:
         record["resumed"].append(provenance.now())
+        record.pop("reason", None)  # an earlier attempt's failure is not this attempt's
+        if group.is_main:
+            (run_dir / records.ERROR_LOG).unlink(missing_ok=True)
     record["train_classes"] = sorted(int(c) for c in labels[setup.splits.train].unique())
     record["val_classes"] = sorted(int(c) for c in labels[setup.splits.validation].unique())
     # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import time
+import traceback
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from dmlbench.errors import UserInputError
-from dmlbench.files import atomic_write_text, read_json, signals_deferred
+from dmlbench.files import atomic_write_text, file_sha256, read_json, signals_deferred
+from dmlbench.ownership import owned
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "run.json"
@@ -18,6 +22,11 @@ METRICS_FILE = "metrics.jsonl"
 LAST_CHECKPOINT = "checkpoint_last.pt"
 BEST_CHECKPOINT = "checkpoint_best.pt"
 TEST_METRICS_FILE = "test_metrics.json"
+ERROR_LOG = "error.log"  # the full traceback of a run that failed with an exception
+# Held (flock) by the one process that trains the run; removed when it ends (``dmlbench.ownership``).
+LOCK_FILE = "run.lock"
+# A directory holding one of these is a training run's, finished or not (or one being started).
+RUN_MARKERS = (RUN_FILE, CONFIG_FILE, LOCK_FILE)
 
 def create_run_dir(run_dir: Path) -> None:
     """Create a new run directory, or fail with one line naming it (read-only parent, a file in the way)."""
@@ -25,6 +34,28 @@ def create_run_dir(run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserInputError(f"cannot create run directory {run_dir}: {error.strerror or error}") from None
+
+
+def owned_run_dir(run_dir: Path) -> AbstractContextManager[None]:
+    """This process's hold on ``run_dir`` (created if missing) while it writes the run: another
+    process that trains or resumes it meanwhile is refused with one line naming this one."""
+    return owned(run_dir, LOCK_FILE, what="run directory")
+
+
+def is_run_dir(directory: Path) -> bool:
+    """Whether ``directory`` belongs to a training run (finished, unfinished or being started)."""
+    return any((Path(directory) / name).exists() for name in RUN_MARKERS)
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove what an attempt left in ``run_dir``, all but the lock file of its present owner."""
+    for entry in run_dir.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
@@ -51,6 +82,19 @@ def truncate_metrics(run_dir: Path, last_epoch: int) -> None:
     """Drop records of epochs after ``last_epoch`` (they were logged after the last checkpoint)."""
     kept = [record for record in read_metrics(run_dir) if record["epoch"] <= last_epoch]
     atomic_write_text(run_dir / METRICS_FILE, "".join(json.dumps(record) + "\n" for record in kept))
+
+
+def write_error_log(run_dir: Path, error: BaseException) -> Path:
+    """The full traceback of the exception a run failed with, in ``error.log`` (the one-line reason
+    goes to ``run.json`` and the terminal)."""
+    path = run_dir / ERROR_LOG
+    atomic_write_text(path, "".join(traceback.format_exception(error)))
+    return path
+
+
+def run_hashes(run_dir: Path) -> dict[str, str]:
+    """What identifies a trained model: sha256 of its validation-selected checkpoint and of its config file."""
+    return {"model_sha256": file_sha256(run_dir / BEST_CHECKPOINT), "config_sha256": file_sha256(run_dir / CONFIG_FILE)}
 
 
 def require_run_dir(run_dir: Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ from dmlbench import config as config_module
 from dmlbench import evaluation, files, provenance
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
+from dmlbench.evaluation.rerank import build as build_rerank
 from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.setup import build_model, load_dataset, make_splits
@@ -21,19 +23,25 @@ def load_run_config(run_dir: Path) -> config_module.Config:
     return config_module.load(run_dir / records.CONFIG_FILE)
 
 
-def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
+def evaluate_run(run_dir: str | Path, *, rerank: Mapping[str, Any] | None = None, **evaluate_kwargs: Any) -> dict[str, Any]:
     """Test metrics of the run's best (validation-selected) checkpoint and of the untrained model.
 
     A dataset with query/gallery roles (In-Shop, a CSV with ``role``) is evaluated queries against
-    the gallery (``test_query_mask``), every other one all-vs-all.
+    the gallery (``test_query_mask``), every other one all-vs-all. With re-ranking (``rerank``:
+    ``{"kind": ..., "params": {...}}``, default the run config's ``evaluation.rerank``) the metrics
+    are also computed re-ranked, under ``reranked`` and ``untrained_reranked`` beside the raw ones.
 
     The test split is embedded once: the result is stored in the run directory and returned as
     stored on later calls with the same options.
     """
     run_dir = Path(run_dir)
     stored_path = run_dir / records.TEST_METRICS_FILE
-    options = {key: _jsonable(value) for key, value in sorted(evaluate_kwargs.items())}
     record = _completed_record(run_dir)
+    settings = load_run_config(run_dir).evaluation.rerank if rerank is None else _rerank_settings(rerank)
+    method = settings.method()
+    # Only when re-ranking, so that the stored results of runs without it keep their options.
+    options = {key: _jsonable(value) for key, value in sorted(
+        {**evaluate_kwargs, **({} if method is None else {"rerank": settings.model_dump(mode="json")})}.items())}
     if stored_path.exists():
         stored = files.read_json(stored_path)
         if stored.get("options") == options:
@@ -47,8 +55,27 @@ def evaluate_run(run_dir: str | Path, **evaluate_kwargs: Any) -> dict[str, Any]:
     untrained_embeddings, _ = embed(run.untrained_model(), run.split("test"), run.batch_size, run.device)
     results = dict(evaluation.evaluate(trained_embeddings, labels, **evaluate_kwargs))
     results["untrained"] = dict(evaluation.evaluate(untrained_embeddings, labels, **evaluate_kwargs))
+    if method is not None:
+        results["reranked"] = dict(evaluation.evaluate(trained_embeddings, labels, rerank=method, **evaluate_kwargs))
+        results["untrained_reranked"] = dict(evaluation.evaluate(untrained_embeddings, labels, rerank=method,
+                                                                 **evaluate_kwargs))
+    domains = test_domains(run.dataset, run.splits.test, run.config)
+    if domains is not None:  # beside the all-vs-all numbers: each query answered from the other domains
+        results["cross_domain"] = dict(evaluation.evaluate(trained_embeddings, labels, domains=domains, **evaluate_kwargs))
+        results["untrained_cross_domain"] = dict(evaluation.evaluate(untrained_embeddings, labels, domains=domains,
+                                                                     **evaluate_kwargs))
     files.write_json(stored_path, {"evaluated": provenance.now(), "options": options, "results": results})
     return results
+
+
+def _rerank_settings(rerank: Mapping[str, Any]) -> config_module.RerankConfig:
+    """``{"kind": ..., "params": {...}}`` as the config section, validated (one line on an error)."""
+    unknown = sorted(set(rerank) - {"kind", "params"})
+    if unknown:
+        raise UserInputError(f"rerank takes kind and params, not {unknown[0]!r}")
+    kind, params = str(rerank.get("kind", "none")), dict(rerank.get("params") or {})
+    build_rerank(kind, **params)  # the one-line error, before pydantic wraps it
+    return config_module.RerankConfig(kind=kind, params=params)
 
 
 def embed_test_split(run_dir: str | Path, *, untrained: bool = False) -> tuple[Tensor, Tensor]:
@@ -67,6 +94,23 @@ def test_query_mask(run_dir: str | Path) -> Tensor | None:
     ``evaluation.evaluate`` / ``evaluate_many``."""
     run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
     return run.test_query_mask()
+
+
+def test_domains(dataset: ImageDataset, indices: Any, config: config_module.Config) -> Any:
+    """The domains of ``dataset``'s items at ``indices`` when ``evaluation.cross_domain`` is on, else ``None``;
+    a dataset whose images carry no domain cannot be evaluated cross-domain."""
+    if not config.evaluation.cross_domain:
+        return None
+    domains = getattr(dataset, "domains", None)
+    if domains is None:
+        raise UserInputError(f"evaluation.cross_domain needs a dataset whose images carry a domain; {config.data.name!r} has none")
+    return domains[indices]
+
+
+def run_test_domains(run_dir: str | Path) -> Any:
+    """``test_domains`` of a finished run's test split (the rows of ``embed_test_split``)."""
+    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
+    return test_domains(run.dataset, run.splits.test, run.config)
 
 
 def query_mask(dataset: ImageDataset, indices: Any) -> Tensor | None:

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from torch.utils.data import Sampler
 
-from dmlbench import data, losses, mining, models, sampling
+from dmlbench import data, losses, mining, models, plugins, sampling
 from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
 from dmlbench.data.splits import Splits, standard_splits, train_test_split
-from dmlbench.errors import UserInputError
+from dmlbench.errors import PluginFailed, UserInputError
 from dmlbench.losses.base import MetricLoss, loss_parameters
 from dmlbench.mining.base import Miner
 from dmlbench.registry import accepted_parameters
@@ -128,13 +128,18 @@ def class_index(labels: np.ndarray) -> torch.Tensor:
 def load_dataset(config: Config) -> ImageDataset:
     """The configured dataset. Nothing is decoded here: ``make_splits`` scans the files of the items
     a run uses for unreadable images (``unreadable_items``) and drops them."""
+    from dmlbench.data.emoji import ROOTED_DATASETS
     from dmlbench.data.formats import FILE_FORMATS
 
     settings = config.data
     if settings.name not in FILE_FORMATS:
+        options = dict(settings.options)
         if settings.root is not None:
-            raise UserInputError(f"data.root is for the file formats ({', '.join(FILE_FORMATS)}), not {settings.name!r}")
-        dataset = data.build(settings.name, **settings.options)
+            if settings.name not in ROOTED_DATASETS:
+                raise UserInputError(f"data.root is for the file formats ({', '.join(FILE_FORMATS)}) and "
+                                     f"{', '.join(ROOTED_DATASETS)}, not {settings.name!r}")
+            options["root"] = settings.root
+        dataset = data.build(settings.name, **options)
         return dataset.with_augmentation(settings.augmentation, config.seed) if settings.augmentation != "none" else dataset
     return data.build(
         settings.name, root=settings.root, image_size=settings.image_size, augmentation=settings.augmentation,
@@ -190,12 +195,22 @@ class TrainingSetup:
 def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
     """The one set-up of a training run (``training.train`` and ``protocol.cost``)."""
     full_dataset = load_dataset(config)
+    if config.evaluation.cross_domain and getattr(full_dataset, "domains", None) is None:
+        # Said before training, not after it, when the test split would be scored.
+        raise UserInputError(f"evaluation.cross_domain needs a dataset whose images carry a domain; {config.data.name!r} has none")
     full_splits = make_splits(config, full_dataset, test=False)
     dataset, splits = training_view(full_dataset, full_splits)
     labels = torch.as_tensor(dataset.labels)
     to_class_index = class_index(labels[splits.train].numpy())
-    sampler = build_sampler(config, to_class_index[labels[splits.train]].numpy())
-    components = build_components(config, int((to_class_index >= 0).sum()), device)
+    try:
+        sampler = build_sampler(config, to_class_index[labels[splits.train]].numpy())
+        components = build_components(config, int((to_class_index >= 0).sum()), device)
+    except Exception as error:
+        # A plugin's constructor that raises: one line naming it and its frame (no run directory exists yet).
+        in_plugin = plugins.failure(error)
+        if in_plugin is None or isinstance(error, UserInputError):
+            raise
+        raise PluginFailed(in_plugin) from error
     return TrainingSetup(dataset, splits, full_splits, full_dataset.content_hash, to_class_index,
                          dataset.subset(splits.train), dataset.subset(splits.validation), sampler, components)
 

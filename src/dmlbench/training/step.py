@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from dmlbench import files, provenance
+from dmlbench import files, plugins, provenance
+from dmlbench.errors import PluginFailed
 from dmlbench.losses.base import MetricLoss
 from dmlbench.mining.base import Miner
 from dmlbench.training import records
@@ -83,3 +84,19 @@ def finish_record(run_dir: Path, record: dict[str, Any], status: str, clock: rec
     record["samples_seen"] = record["cost"]["samples_seen"]
     if write:
         files.write_json(run_dir / records.RUN_FILE, record)
+
+
+def fail_run(run_dir: Path, record: dict[str, Any], clock: records.Clock, error: BaseException, *,
+             write: bool = True) -> PluginFailed | None:
+    """End the run record as ``failed`` by ``error`` and keep its full traceback in ``error.log``.
+    An error raised in a plugin's code is returned as a ``PluginFailed`` to raise instead (one line
+    naming the plugin, the exception, its frame in the plugin, the run and its ``error.log``); the
+    reason in ``run.json`` is that line without the run."""
+    in_plugin = plugins.failure(error)
+    reason = in_plugin or f"{type(error).__name__}: {error}".strip()
+    if write:
+        records.write_error_log(run_dir, error)
+    finish_record(run_dir, record, "failed", clock, write=write, reason=reason)
+    if in_plugin is None:
+        return None
+    return PluginFailed(f"{in_plugin}; run {run_dir} marked failed, traceback in {run_dir / records.ERROR_LOG}")

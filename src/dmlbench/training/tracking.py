@@ -18,12 +18,18 @@ from typing import Any
 
 from dmlbench.config import TrackingConfig
 
-DEFAULT_MLFLOW_DIR = "mlruns"  # in the working directory: mlruns/mlflow.db and the artifacts beside it
 TENSORBOARD_DIR = "tensorboard"  # in the run directory
 
 
 def default_mlflow_uri() -> str:
-    return f"sqlite:///{(Path.cwd() / DEFAULT_MLFLOW_DIR / 'mlflow.db').resolve()}"
+    """Where MLflow itself tracks when ``tracking.uri`` is unset: ``MLFLOW_TRACKING_URI``, else
+    MLflow's default (``sqlite:///mlflow.db`` in the working directory, or an existing ``./mlruns``),
+    so that ``mlflow ui`` started in the same folder shows the runs."""
+    try:
+        from mlflow.tracking import get_tracking_uri
+    except ImportError:  # the tracker's first call warns that MLflow is missing and switches tracking off
+        return os.environ.get("MLFLOW_TRACKING_URI") or "MLflow's default"
+    return str(get_tracking_uri())
 
 
 class Tracker:
@@ -87,7 +93,7 @@ class _Guarded(Tracker):
 
 class MLflowTracker(_Guarded):
     """One MLflow run per training run, in experiment ``tracking.experiment`` at ``tracking.uri``
-    (default: ``sqlite:///mlruns/mlflow.db`` in the working directory; a server URL for a team)."""
+    (a server URL for a team, or a database; unset: MLflow's own choice, ``default_mlflow_uri``)."""
 
     backend = "mlflow"
 
@@ -117,7 +123,8 @@ class MLflowTracker(_Guarded):
         if found is not None:
             return str(found.experiment_id)
         location = None
-        if self.uri.startswith("sqlite:///"):
+        if self.settings.uri and self.uri.startswith("sqlite:///"):
+            # A database named in the config keeps its artifacts beside it; without one MLflow places them.
             location = (Path(self.uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
         try:
             return str(client.create_experiment(self.settings.experiment, artifact_location=location))

@@ -1,0 +1,142 @@
+"""Uncertainty over the test classes: a paired bootstrap that resamples classes, beside the seeds' intervals.
+
+The reproductions' intervals cover seed noise only; the test classes are one draw of classes too. A
+reproduction stores, per test class, how many of its queries have a correct reference (R > 0) and the
+sum of their per-query values of P@1, R-Precision and AP@R (``class_sums``: per mode; separated takes
+each query's mean over the fold models). Replicate ``b`` draws as many classes as there are, with
+replacement; each query then counts as often as its class was drawn, against the **fixed gallery** of
+all test images (docs/decisions.md: the interval is conditional on the gallery), so a replicate's score
+is ``sum_c w_bc S_c / sum_c w_bc N_c``. The same draws serve every method and reproduction (paired), so
+differences between methods get an interval over classes: *classes* keeps every reproduction (the mean
+over seeds per replicate); *classes and seeds* also redraws the seeds in each replicate (the same seeds
+for every method). Percentile intervals; the generator is seeded explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dmlbench.errors import UserInputError
+from dmlbench.evaluation.per_query import PER_QUERY_METRICS, query_scores
+
+DEFAULT_SEED = 0
+# Independent streams of one seed: the classes of each replicate, then its seeds.
+_CLASS_STREAM, _SEED_STREAM = 1, 2
+
+
+def class_sums(embeddings: Mapping[str, Tensor], labels: Tensor, metrics: Sequence[str],
+               query_mask: Tensor | None = None) -> dict[str, Any] | None:
+    """Per test class: the queries with R > 0 (``queries``) and, per mode and per-query metric, the sum
+    of their values (``sums``), for the fold models' test embeddings scored as ``evaluate_many`` scores
+    them (seed 001 §3.3); ``None`` when ``metrics`` holds no per-query metric."""
+    names = [name for name in metrics if name in PER_QUERY_METRICS]
+    if not names:
+        return None
+    matrices = [matrix.detach().cpu().to(torch.float64) for matrix in embeddings.values()]
+    concatenated = torch.cat([torch.nn.functional.normalize(matrix, dim=1) for matrix in matrices], dim=1)
+    query_labels, values = query_scores(concatenated, labels, names, query_mask=query_mask)
+    per_mode = {"concatenated": values}
+    separate = [query_scores(matrix, labels, names, query_mask=query_mask)[1] for matrix in matrices]
+    per_mode["separated"] = {name: torch.stack([fold[name] for fold in separate]).mean(dim=0) for name in names}
+    classes, positions = torch.unique(query_labels, return_inverse=True)
+    valid = ~torch.isnan(values[names[0]])  # R > 0: the same queries for every metric and fold model
+
+    def per_class(value: Tensor) -> list[float]:
+        sums = torch.zeros(len(classes), dtype=torch.float64)
+        return sums.index_add_(0, positions[valid], value[valid]).tolist()
+
+    queries = torch.zeros(len(classes), dtype=torch.int64).index_add_(0, positions[valid], torch.ones_like(positions[valid]))
+    return {"classes": classes.tolist(), "queries": queries.tolist(),
+            "sums": {mode: {name: per_class(value[name]) for name in names} for mode, value in per_mode.items()}}
+
+
+def draw_classes(num_classes: int, replicates: int, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """``[replicates, num_classes]`` positions of classes, each replicate drawn with replacement."""
+    return np.random.default_rng([seed, _CLASS_STREAM]).integers(0, num_classes, size=(replicates, num_classes))
+
+
+def draw_seeds(num_seeds: int, replicates: int, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """``[replicates, num_seeds]`` positions of reproductions, each replicate drawn with replacement."""
+    return np.random.default_rng([seed, _SEED_STREAM]).integers(0, num_seeds, size=(replicates, num_seeds))
+
+
+def draw_counts(draws: np.ndarray, num_classes: int) -> np.ndarray:
+    """How often each class was drawn in each replicate (``[replicates, num_classes]``)."""
+    counts = np.zeros((len(draws), num_classes))
+    np.add.at(counts, (np.arange(len(draws))[:, None], draws), 1.0)
+    return counts
+
+
+def replicate_scores(counts: np.ndarray, sums: Sequence[float], queries: Sequence[int]) -> np.ndarray:
+    """One reproduction's score in every replicate: each query weighted by its class's draw count, the
+    gallery fixed, the mean over the weighted queries with R > 0 (``sum_c w_c S_c / sum_c w_c N_c``)."""
+    with np.errstate(invalid="ignore", divide="ignore"):  # a replicate that drew no class with a query: NaN
+        return counts @ np.asarray(sums, dtype=np.float64) / (counts @ np.asarray(queries, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class BootstrapInterval:
+    """An estimate (the mean over every reproduction on every class) and its percentile intervals with
+    the classes resampled (``class_*``) and with the classes and the seeds resampled (``both_*``)."""
+
+    estimate: float
+    class_low: float
+    class_high: float
+    both_low: float
+    both_high: float
+
+
+@dataclass(frozen=True)
+class ClassBootstrap:
+    """The class bootstrap of one mode and metric: per method, and per compared pair (``a - b``)."""
+
+    mode: str
+    metric: str
+    replicates: int
+    classes: int
+    seeds: list[int]
+    methods: dict[str, BootstrapInterval]
+    differences: dict[tuple[str, str], BootstrapInterval]
+
+
+def class_bootstrap(per_class: Mapping[str, Mapping[int, Mapping[str, Any]]], mode: str, metric: str,
+                    pairs: Sequence[tuple[str, str]], *, replicates: int, seed: int = DEFAULT_SEED,
+                    confidence: float = 0.95) -> ClassBootstrap:
+    """The paired class bootstrap of ``method -> reproduction seed -> class_sums record`` on one mode and
+    metric, over the seeds every method has; ``pairs`` ``(a, b)`` get intervals of ``a - b``."""
+    seeds = sorted(set.intersection(*(set(records) for records in per_class.values()))) if per_class else []
+    if not seeds or replicates < 1:
+        raise UserInputError("the class bootstrap needs per-class test scores of a common reproduction seed "
+                             "and at least one replicate")
+    first = per_class[next(iter(per_class))][seeds[0]]
+    for method, records in per_class.items():
+        if any(records[s]["classes"] != first["classes"] for s in seeds):
+            raise UserInputError(f"method {method!r} was scored on other test classes than the rest")
+        if any(metric not in records[s]["sums"].get(mode, {}) for s in seeds):
+            raise UserInputError(f"no per-class {mode} {metric} of method {method!r}")
+    count = len(first["classes"])
+    counts = draw_counts(draw_classes(count, replicates, seed), count)
+    seed_rows = draw_seeds(len(seeds), replicates, seed)
+    ones = np.ones((1, count))
+    # [seeds, replicates + 1]: every reproduction's score in every replicate; the last column is the
+    # unresampled test set.
+    values = {method: np.stack([replicate_scores(np.vstack([counts, ones]), records[s]["sums"][mode][metric],
+                                                 records[s]["queries"]) for s in seeds])
+              for method, records in per_class.items()}
+
+    def interval(table: np.ndarray) -> BootstrapInterval:
+        tail = 100.0 * (1.0 - confidence) / 2.0
+        by_class = table[:, :-1].mean(axis=0)
+        by_both = table[seed_rows, np.arange(replicates)[:, None]].mean(axis=1)
+        (class_low, class_high), (both_low, both_high) = (np.nanpercentile(d, [tail, 100.0 - tail]) for d in (by_class, by_both))
+        return BootstrapInterval(float(table[:, -1].mean()), float(class_low), float(class_high), float(both_low),
+                                 float(both_high))
+
+    return ClassBootstrap(mode, metric, replicates, count, seeds, {method: interval(table) for method, table in values.items()},
+                          {(a, b): interval(values[a] - values[b]) for a, b in pairs if a in values and b in values})

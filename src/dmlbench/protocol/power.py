@@ -1,0 +1,222 @@
+"""Power of the paired comparisons, before the runs (planning) and after them (what a verdict could show).
+
+Reproductions paired by seed give ``n`` differences with standard deviation ``sd``; the two tests
+that decide a verdict (``statistics.PairedComparison.outcome``) are the two-sided paired t-test and
+TOST within ``±margin`` (Schuirmann 1987). Their power:
+
+* **t-test** at a true mean difference ``delta``: ``T = mean / (s / sqrt(n))`` follows the noncentral
+  t distribution with ``n - 1`` degrees of freedom and noncentrality ``delta · sqrt(n) / sd``, so the
+  power is ``P(|T| > t_{1 - alpha/2, n-1})`` from ``scipy.stats.nct`` (exact).
+* **TOST** at a true difference ``delta``: both one-sided tests reject exactly when
+  ``|mean| < margin - t_{1-alpha, n-1} · s / sqrt(n)``. Conditional on ``s`` that is a normal
+  probability of the mean; integrating over ``s`` (``(n - 1) s² / sd² ~ chi²_{n-1}``) gives the exact
+  power (Owen 1965). The usual shortcut with two noncentral t distributions, ``P(T₁ > t) + P(T₂ < -t) - 1``,
+  assumes the two tests never fail together, which at 5 reproductions they often do; it is not used.
+
+Holm's correction at level ``alpha`` over ``m`` comparisons tests the smallest p-value at ``alpha / m``;
+no comparison is ever tested at a stricter threshold, so the power at ``alpha / m`` is the guaranteed
+one after Holm (the *strictest Holm threshold*: the planning numbers use it and say so).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import integrate, optimize, stats
+
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import layout
+from dmlbench.protocol.benchmark import BenchmarkSpec, declared_comparisons
+
+TARGET_POWER = 0.8
+MAX_REPRODUCTIONS = 1000  # planning looks no further: beyond this the design, not n, must change
+
+
+def _check(n: int, sd: float, alpha: float) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise UserInputError(f"power needs at least 2 paired reproductions, got {n!r}")
+    if not math.isfinite(sd) or sd <= 0.0:
+        raise UserInputError(f"the standard deviation of the paired differences must be positive, got {sd!r}")
+    if not 0.0 < alpha < 1.0:
+        raise UserInputError(f"alpha must lie strictly between 0 and 1, got {alpha!r}")
+
+
+def ttest_power(n: int, difference: float, sd: float, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t-test with ``n`` pairs at true mean difference ``difference`` (noncentral t)."""
+    _check(n, sd, alpha)
+    freedom = n - 1
+    critical = float(stats.t.ppf(1.0 - alpha / 2.0, freedom))
+    noncentrality = difference * math.sqrt(n) / sd
+    power = float(stats.nct.sf(critical, freedom, noncentrality) + stats.nct.cdf(-critical, freedom, noncentrality))
+    if not math.isfinite(power):  # scipy's nct gives NaN far in the tail, where the power is 1 to double precision
+        power = 1.0
+    return min(power, 1.0)
+
+
+def tost_power(n: int, difference: float, margin: float, sd: float, alpha: float = 0.05) -> float:
+    """Exact power of TOST (Schuirmann 1987) within ``±margin`` with ``n`` pairs at true difference ``difference``:
+    ``∫ P(|mean| < margin - t·s/√n | s) f(s) ds`` over the chi distribution of ``s`` (Owen 1965)."""
+    _check(n, sd, alpha)
+    if not math.isfinite(margin) or margin <= 0.0:
+        raise UserInputError(f"the equivalence margin must be a positive number, got {margin!r}")
+    freedom = n - 1
+    critical = float(stats.t.ppf(1.0 - alpha, freedom))
+    standard_error = sd / math.sqrt(n)
+    # s = sd * sqrt(u / freedom) with u ~ chi²(freedom); rejection needs margin - t·s/√n > 0, i.e. u < upper.
+    upper = freedom * (margin * math.sqrt(n) / (critical * sd)) ** 2
+
+    def conditional(u: float) -> float:
+        half_width = margin - critical * sd * math.sqrt(u / freedom) / math.sqrt(n)
+        inside = stats.norm.cdf((half_width - difference) / standard_error) - stats.norm.cdf((-half_width - difference) / standard_error)
+        return float(inside * stats.chi2.pdf(u, freedom))
+
+    # Only where the chi² density has mass: with many reproductions it is a narrow peak quad would step over.
+    low, high = float(stats.chi2.ppf(1e-15, freedom)), min(upper, float(stats.chi2.isf(1e-15, freedom)))
+    if high <= low:
+        return 0.0
+    value, _ = integrate.quad(conditional, low, high, limit=200, epsabs=1e-12, epsrel=1e-9)
+    return float(min(max(value, 0.0), 1.0))
+
+
+def holm_strictest_alpha(alpha: float, comparisons: int) -> float:
+    """The smallest threshold Holm's step-down procedure uses over ``comparisons`` tests: ``alpha / m``."""
+    if comparisons < 1:
+        raise UserInputError(f"a family needs at least one comparison, got {comparisons}")
+    return alpha / comparisons
+
+
+def reproductions_needed(power: Callable[[int], float], target: float = TARGET_POWER) -> int | None:
+    """The smallest ``n >= 2`` whose ``power(n)`` reaches ``target`` (power rises with ``n``); ``None``
+    beyond ``MAX_REPRODUCTIONS``."""
+    if power(MAX_REPRODUCTIONS) < target:
+        return None
+    low, high = 2, MAX_REPRODUCTIONS
+    while low < high:  # bisection on a monotone function: about 10 evaluations
+        middle = (low + high) // 2
+        if power(middle) >= target:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def minimal_detectable_difference(n: int, sd: float, alpha: float = 0.05, target: float = TARGET_POWER) -> float:
+    """The smallest true difference the two-sided paired t-test detects with power ``target`` at ``n`` pairs."""
+    _check(n, sd, alpha)
+    if ttest_power(n, 0.0, sd, alpha) >= target:
+        return 0.0
+    high = sd
+    while ttest_power(n, high, sd, alpha) < target:
+        high *= 2.0
+    return float(optimize.brentq(lambda d: ttest_power(n, d, sd, alpha) - target, 0.0, high, xtol=1e-12 * high))
+
+
+@dataclass(frozen=True)
+class ComparisonPower:
+    """What a comparison of ``n`` paired reproductions can show, unadjusted and at the strictest Holm threshold.
+
+    ``ttest_*``: power to find a true difference of one ``margin``; ``tost_*``: power to show
+    equivalence when the true difference is zero; ``needed``: the reproductions that give both tests
+    80% power at the strictest Holm threshold (``None``: more than ``MAX_REPRODUCTIONS``);
+    ``detectable``: the smallest difference the t-test finds with 80% power at that threshold."""
+
+    a: str
+    b: str
+    n: int
+    sd: float
+    margin: float
+    comparisons: int
+    ttest: float
+    ttest_holm: float
+    tost: float
+    tost_holm: float
+    needed: int | None
+    detectable: float
+
+
+def comparison_power(a: str, b: str, n: int, sd: float, margin: float, comparisons: int,
+                     alpha: float = 0.05) -> ComparisonPower:
+    """``ComparisonPower`` of one comparison in a Holm family of ``comparisons`` tests."""
+    strict = holm_strictest_alpha(alpha, comparisons)
+    needed_t = reproductions_needed(lambda k: ttest_power(k, margin, sd, strict))
+    needed_tost = reproductions_needed(lambda k: tost_power(k, 0.0, margin, sd, strict))
+    needed = None if needed_t is None or needed_tost is None else max(needed_t, needed_tost)
+    return ComparisonPower(a, b, n, sd, margin, comparisons, ttest_power(n, margin, sd, alpha), ttest_power(n, margin, sd, strict),
+                           tost_power(n, 0.0, margin, sd, alpha), tost_power(n, 0.0, margin, sd, strict), needed,
+                           minimal_detectable_difference(n, sd, strict))
+
+
+def paired_sd(differences: np.ndarray | list[float]) -> float:
+    """The sample standard deviation (ddof 1) of paired differences; NaN with fewer than two."""
+    array = np.asarray(differences, dtype=np.float64)
+    return float(array.std(ddof=1)) if array.size >= 2 else math.nan
+
+
+# ---------------------------------------------------------------- planning a benchmark's comparisons
+
+def pilot_sds(pilot_dir: Path, spec: BenchmarkSpec) -> dict[tuple[str, str], float]:
+    """The SD of each declared comparison's paired differences on the primary endpoint in a stored benchmark's
+    ``runs.csv`` (reproductions paired by number, i.e. by seed); comparisons the pilot lacks are left out."""
+    path = Path(pilot_dir) / layout.RUNS_CSV
+    if not path.is_file():
+        raise UserInputError(f"pilot {pilot_dir} holds no {layout.RUNS_CSV} (a finished benchmark directory)")
+    primary = spec.analysis.primary
+    values: dict[str, dict[int, float]] = {}
+    with path.open(newline="") as stream:
+        for row in csv.DictReader(stream):
+            if row["mode"] == primary.mode and row["metric"] == primary.metric:
+                values.setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
+    sds = {}
+    for a, b in comparisons_of(spec):
+        if a in values and b in values:
+            common = sorted(set(values[a]) & set(values[b]))
+            sd = paired_sd([values[a][r] - values[b][r] for r in common])
+            if math.isfinite(sd) and sd > 0.0:
+                sds[(a, b)] = sd
+    return sds
+
+
+def comparisons_of(spec: BenchmarkSpec) -> list[tuple[str, str]]:
+    """The declared comparisons of the benchmark's one Holm family per endpoint."""
+    methods = [method.name for method in spec.methods]
+    return declared_comparisons(spec.analysis.references, spec.analysis.pairs, methods)
+
+
+def plan_text(spec: BenchmarkSpec, sds: Mapping[tuple[str, str], float], source: str, alpha: float = 0.05) -> str:
+    """The planning table: per declared comparison its SD, the power of both tests at the configured
+    reproductions (unadjusted / strictest Holm threshold) and the reproductions needed for 80%."""
+    comparisons = comparisons_of(spec)
+    n, margin = spec.protocol.reproductions, spec.analysis.equivalence_margin
+    primary = spec.analysis.primary
+    lines = [f"power ({primary.mode} {primary.metric}, the primary endpoint): {len(comparisons)} comparisons in one Holm "
+             f"family, {n} reproductions, margin ±{100 * margin:g} points, SD of paired differences {source}; "
+             f"t-test power at a true difference of one margin, TOST power at a true difference of 0, each "
+             f"unadjusted / at the strictest Holm threshold alpha/{len(comparisons)} = {alpha / len(comparisons):.4g}; "
+             f"reproductions needed: both tests at 80% at that threshold"]
+    if n < 2:
+        return "\n".join([*lines, "  fewer than 2 reproductions: no paired test is possible"])
+    for a, b in comparisons:
+        sd = sds.get((a, b))
+        if sd is None:
+            lines.append(f"  {a} vs {b}: no SD (the pilot lacks this comparison)")
+            continue
+        result = comparison_power(a, b, n, sd, margin, len(comparisons), alpha)
+        needed = f"more than {MAX_REPRODUCTIONS}" if result.needed is None else str(result.needed)
+        lines.append(f"  {a} vs {b}: SD {100 * sd:.2f} points; t-test {result.ttest:.2f} / {result.ttest_holm:.2f}; "
+                     f"TOST {result.tost:.2f} / {result.tost_holm:.2f}; needed {needed}; "
+                     f"detectable difference {100 * result.detectable:.2f} points")
+    return "\n".join(lines)
+
+
+def dry_run_plan(spec: BenchmarkSpec) -> str:
+    """What ``benchmark --dry-run`` prints about power: the plan at ``analysis.planning_sd``, or how to get one."""
+    sd = spec.analysis.planning_sd
+    if sd is None:
+        return ("power: no analysis.planning_sd in the config; `dmlbench plan CONFIG --pilot DIR` measures it on a "
+                "stored benchmark, `--sd X` states it")
+    return plan_text(spec, {pair: sd for pair in comparisons_of(spec)}, f"{100 * sd:.2f} points (analysis.planning_sd)")

@@ -1,0 +1,205 @@
+"""Uncertainty beyond the seeds, for the report: the bootstrap over test classes of the primary endpoint
+(``protocol.class_bootstrap``), the spread over repeated searches (``protocol.search_repeats``) and the
+best values that lie at the edge of their search range. Each part is a title, paragraphs and tables
+(``report.sections`` makes them sections) and a CSV of every number shown."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from typing import Any
+
+import numpy as np
+
+from dmlbench.errors import UserInputError
+from dmlbench.evaluation.per_query import PER_QUERY_METRICS
+from dmlbench.protocol.benchmark import DEFAULT_CLASS_BOOTSTRAP
+from dmlbench.protocol.class_bootstrap import ClassBootstrap, class_bootstrap
+from dmlbench.protocol.results import result_rows
+from dmlbench.report.analysis import scored_methods
+from dmlbench.report.data import METRIC_TITLES, ReportData
+
+Table = tuple[list[str], list[list[str]]]
+Part = tuple[str, list[str], list[Table]]  # title, paragraphs, tables
+EDGE_FRACTION = 0.05  # a best value this close to a bound (as a fraction of the range) is flagged
+
+
+def _endpoint(data: ReportData) -> str:
+    mode, metric = data.claims.primary
+    return f"{METRIC_TITLES.get(metric, metric)} ({mode})"
+
+
+def bootstrap_of(data: ReportData) -> ClassBootstrap | str | None:
+    """The class bootstrap of the primary endpoint, why there is none (a sentence), or ``None`` when
+    ``protocol.class_bootstrap`` is 0 or nothing was scored."""
+    replicates = int(data.benchmark["protocol"].get("class_bootstrap", DEFAULT_CLASS_BOOTSTRAP))
+    scored = list(scored_methods(data.results))
+    if replicates == 0 or not scored:
+        return None
+    mode, metric = data.claims.primary
+    if metric not in PER_QUERY_METRICS:
+        return f"{METRIC_TITLES.get(metric, metric)} is not a mean over queries, so its classes cannot be resampled."
+    missing = [name for name in scored if not data.class_scores.get(name)]
+    if missing:
+        return (f"`{missing[0]}` has no per-class test scores (its reproductions were scored before they were "
+                "stored), so the test classes cannot be resampled.")
+    family = data.claims.families.get(data.claims.primary)
+    pairs = [(c.a, c.b) for c in family] if isinstance(family, list) else []
+    try:
+        return class_bootstrap({name: data.class_scores[name] for name in scored}, mode, metric, pairs, replicates=replicates)
+    except UserInputError as error:
+        return str(error)
+
+
+def _interval(low: float, high: float) -> str:
+    return "-" if math.isnan(low) else f"[{100 * low:+.2f}, {100 * high:+.2f}]"
+
+
+def class_bootstrap_part(data: ReportData) -> Part | None:
+    result = bootstrap_of(data)
+    title = f"Uncertainty over the test classes ({_endpoint(data)})"
+    if result is None:
+        return None
+    if isinstance(result, str):
+        return title, [result], []
+    seeds = {row["method"]: row for row in result_rows(data.results) if (row["mode"], row["metric"]) == data.claims.primary}
+    header = ["method or difference", "estimate (%)", "seeds: 95% t-interval", "classes: 95% bootstrap",
+              "classes and seeds: 95% bootstrap"]
+    rows = [[name, f"{100 * b.estimate:.2f}", _interval(seeds[name]["ci_low"] - seeds[name]["mean"], seeds[name]["ci_high"] - seeds[name]["mean"]),
+             _interval(b.class_low - b.estimate, b.class_high - b.estimate),
+             _interval(b.both_low - b.estimate, b.both_high - b.estimate)] for name, b in result.methods.items()]
+    family = data.claims.families.get(data.claims.primary)
+    compared = {(c.a, c.b): c for c in family} if isinstance(family, list) else {}
+    for (a, b), d in result.differences.items():
+        c = compared[(a, b)]
+        rows.append([f"{a} − {b}", f"{100 * d.estimate:+.2f}", _interval(c.difference_low, c.difference_high),
+                     _interval(d.class_low, d.class_high), _interval(d.both_low, d.both_high)])
+    text = (f"The seeds' intervals treat the {result.classes} test classes as fixed; here they are a sample too. "
+            f"{result.replicates} replicates (seed 0) each draw {result.classes} classes with replacement, the same draws "
+            "for every method and reproduction, so differences are paired over classes as well as seeds; each query counts "
+            "as often as its class was drawn, against the fixed gallery of all test images (an interval conditional on "
+            "that gallery, docs/decisions.md). *classes*: the mean over all "
+            f"{len(result.seeds)} common reproductions in each replicate; *classes and seeds*: the reproductions "
+            "redrawn too (with few reproductions that redraw is narrower than the seeds' t-interval, which also "
+            "allows for the unknown spread). Methods: the interval around the estimate (points); differences: the "
+            "interval itself (points). A difference whose classes interval holds 0 may change sign with other test classes.")
+    return title, [text], [(header, rows)]
+
+
+def _best(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best completed trial, ties to the earliest (as the search picks it)."""
+    complete = [t for t in trials if t["state"] == "COMPLETE"]
+    return max(complete, key=lambda t: (t["value"], -t["number"])) if complete else None
+
+
+def _test_mean(result: Any, primary: tuple[str, str]) -> float:
+    values = [o.scores[primary[0]][primary[1]] for o in (result.outcomes if result else []) if o.scores]
+    return float(np.mean(values)) if values else math.nan
+
+
+def search_repeat_rows(data: ReportData) -> list[list[Any]]:
+    """One row per search of each repeated method: method, repeat, search seed, best validation MAP@R,
+    best parameters, reproductions scored, their mean on the primary endpoint."""
+    seed = int(data.benchmark["protocol"].get("search_seed", 0))
+    rows = []
+    for method, repeats in data.repeats.items():
+        for index, name in enumerate([method, *repeats]):
+            result = data.results.get(method) if index == 0 else data.repeat_results.get(name)
+            best = _best(data.trials.get(name, []))
+            scored = sum(1 for o in result.outcomes if o.scores) if result else 0
+            rows.append([method, index, seed + index, math.nan if best is None else best["value"],
+                         {} if best is None else best["params"], scored, _test_mean(result, data.claims.primary)])
+    return rows
+
+
+def search_repeat_part(data: ReportData) -> Part | None:
+    rows = search_repeat_rows(data)
+    if not rows:
+        return None
+    spreads, test_spread = [], {}
+    for method in data.repeats:
+        mine = [row for row in rows if row[0] == method]
+        spread = lambda values: np.nanmax(values) - np.nanmin(values) if np.isfinite(values).any() else math.nan  # noqa: E731
+        test_spread[method] = spread(np.array([row[6] for row in mine]))
+        spreads.append([method, str(len(mine)), ", ".join(f"{100 * row[3]:.2f}" for row in mine),
+                        f"{100 * spread(np.array([row[3] for row in mine])):.2f}",
+                        ", ".join(f"{100 * row[6]:.2f}" for row in mine),
+                        f"{100 * spread(np.array([row[6] for row in mine])):.2f}"])
+    detail = [[row[0], str(row[1]), str(row[2]), f"{100 * row[3]:.2f}",
+               ", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}" for key, value in row[4].items()),
+               str(row[5]), f"{100 * row[6]:.2f}"] for row in rows]
+    text = ("The whole search run again with other search seeds (`protocol.search_repeats`; search 0 is the one the "
+            "leaderboard and the comparisons use), each followed by its own reproductions on the same seeds. The spread "
+            f"(largest − smallest, points) of the best validation MAP@R and of the reproductions' mean {_endpoint(data)} "
+            "across searches is how much the search's luck alone moves a method: a difference between methods smaller "
+            "than it says little about the methods.")
+    family = data.claims.families.get(data.claims.primary)
+    within = [f"{c.a} − {c.b} {100 * c.mean_difference:+.2f}" for c in (family if isinstance(family, list) else [])
+              if abs(c.mean_difference) <= max((test_spread.get(name, -1.0) for name in (c.a, c.b)), default=-1.0)]
+    if isinstance(family, list):
+        text += (" Declared comparisons whose difference is no larger than the test spread of a repeated method in them: "
+                 + (", ".join(within) or "none") + ".")
+    return ("Search repeats", [text], [
+        (["method", "searches", "best val. MAP@R (%) per search", "spread", f"test {_endpoint(data)} (%) per search",
+          "spread"], spreads),
+        (["method", "search", "search seed", "best val. MAP@R (%)", "best parameters", "reproductions scored",
+          f"test {_endpoint(data)} (%)"], detail)])
+
+
+def edge_position(bounds: dict[str, Any], value: Any) -> float | None:
+    """Where ``value`` lies in its search range, 0 at ``low`` and 1 at ``high``, on the log scale when the
+    range is searched on it; ``None`` for a categorical or non-numeric entry."""
+    if not isinstance(bounds, dict) or "low" not in bounds or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, high = float(bounds["low"]), float(bounds["high"])
+    if bounds.get("log"):
+        return (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
+    return (value - low) / (high - low)
+
+
+def range_edge_text(data: ReportData) -> str:
+    """One sentence naming every best value within the outer ``EDGE_FRACTION`` of its search range."""
+    spaces = {m["name"]: m.get("search", {}) for m in data.benchmark.get("spec", {}).get("methods", [])}
+    flagged = []
+    for method in data.methods:
+        for name in [method, *data.repeats.get(method, [])]:
+            best = _best(data.trials.get(name, []))
+            for key, value in (best or {}).get("params", {}).items():
+                position = edge_position(spaces.get(method, {}).get(key), value)
+                if position is not None and min(position, 1.0 - position) <= EDGE_FRACTION:
+                    side = "low" if position < 0.5 else "high"
+                    flagged.append(f"`{name}` {key}={value:.4g} ({side} end, {100 * position:.0f}% of the range)")
+    share = f"{100 * EDGE_FRACTION:g}%"
+    if not flagged:
+        return f"No best value lies within the outer {share} of its search range."
+    return (f"Best values within the outer {share} of their search range (on the log scale where searched on it), where "
+            f"the optimum may lie outside the range: {'; '.join(flagged)}.")
+
+
+def uncertainty_csvs(data: ReportData) -> dict[str, str]:
+    """``class_bootstrap.csv`` (the primary endpoint's intervals) and ``search_repeats.csv``, when there are any."""
+    tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
+    result = bootstrap_of(data)
+    if isinstance(result, ClassBootstrap):
+        rows: list[list[Any]] = [[name, "", b] for name, b in result.methods.items()]
+        rows += [[a, b, d] for (a, b), d in result.differences.items()]
+        tables["class_bootstrap.csv"] = (
+            ["mode", "metric", "a", "b", "replicates", "classes", "reproductions", "estimate", "class_low", "class_high",
+             "both_low", "both_high"],
+            [[result.mode, result.metric, a, b, result.replicates, result.classes, len(result.seeds),
+              *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))] for a, b, i in rows])
+    repeats = search_repeat_rows(data)
+    if repeats:
+        tables["search_repeats.csv"] = (
+            ["method", "search", "search_seed", "best_validation", "best_params", "reproductions_scored",
+             f"test_{data.claims.primary[0]}_{data.claims.primary[1]}"],
+            [[m, k, s, repr(v), ";".join(f"{key}={value!r}" for key, value in p.items()), n, repr(t)]
+             for m, k, s, v, p, n, t in repeats])
+    texts = {}
+    for name, (header, rows) in tables.items():
+        stream = io.StringIO()
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerows([header, *rows])
+        texts[name] = stream.getvalue()
+    return texts

@@ -1,0 +1,152 @@
+"""``dmlbench benchmark`` as a new user meets it (issue 32): too few reproductions refused, the output
+folder named at the start and the report's summary (not the whole report) at the end, a stop in the
+first seconds printing the command that continues, and the dry run's estimate built from the
+scheduler's real amount of work."""
+
+import signal
+import subprocess
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli_runner import run_cli
+from test_cli_process import console_script, run
+
+from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
+from dmlbench.protocol import cost, work
+from dmlbench.protocol.benchmark import DEFAULT_BENCHMARK, load_spec
+from dmlbench.protocol.pipeline import prepare
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "configs" / "smoke.yaml"
+TOO_FEW = "'protocol.reproductions': 1 is too few: intervals and paired tests need at least 2 reproductions"
+
+
+def test_one_reproduction_is_refused_on_the_command_line_and_in_the_yaml(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["benchmark", str(SMOKE), "protocol.reproductions=1", "-o", str(tmp_path / "a")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and TOO_FEW in err, err
+    spec = yaml.safe_load(SMOKE.read_text())
+    spec["protocol"]["reproductions"] = 1
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(spec))
+    code, _, err = run_cli(["benchmark", str(tmp_path / "one.yaml"), "-o", str(tmp_path / "b")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and TOO_FEW in err and "one.yaml" in err, err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    code, _, err = run_cli(["benchmark", str(SMOKE), "protocol.reproductions=2", "-o", str(tmp_path / "c"), "--dry-run"],
+                           capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("path", [DEFAULT_BENCHMARK, *sorted((REPO / "configs").glob("*.yaml")),
+                                  *sorted((REPO / "examples").glob("*.yaml"))], ids=lambda path: path.name)
+def test_every_committed_benchmark_has_at_least_two_reproductions(path: Path) -> None:
+    if "methods" not in (yaml.safe_load(path.read_text()) or {}):
+        pytest.skip(f"{path.name} is a run config, not a benchmark")
+    assert load_spec(path).protocol.reproductions >= 2
+
+
+def _torch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see the process load torch")
+def test_sigterm_in_the_first_seconds_prints_the_command_that_continues(tmp_path: Path) -> None:
+    """Stopped while it still imports torch (before any check or file): the same line as later, with
+    the exact command."""
+    output = tmp_path / "bench"
+    process = subprocess.Popen([console_script(), "benchmark", str(SMOKE), "-o", str(output), "-q"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _torch_loaded(process.pid):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "torch was never loaded"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    expected = continue_command("benchmark", SMOKE, [], output, None, quiet=True)
+    assert stderr.strip() == f"dmlbench: interrupted (SIGTERM): benchmark {output} stopped; continue it with: {expected}"
+    assert not (output / "benchmark.json").exists()
+
+
+def test_report_summary_is_the_summary_section_or_else_the_leaderboard() -> None:
+    table = ["| method | MAP@R (con.) | n |", "| --- | --- | --- |", "| a | 10.00 ± 1.00 | 3 |", "| b | 9.00 ± 1.00 | 3 |"]
+    with_summary = ["# report", "", "provenance", "", "## Summary", "", "5 methods, 3 reproductions.", "",
+                    *[f"- Against `r{index}`: better: a." for index in range(20)], "", "## Results", "", *table]
+    summary = report_summary("\n".join(with_summary)).splitlines()
+    assert summary == ["5 methods, 3 reproductions.", *[f"- Against `r{index}`: better: a." for index in range(11)]]
+    assert len(summary) == SUMMARY_LINES
+    assert report_summary("\n".join(["# report", "", "provenance", "", *table, "", "## Plots", "| not | this |"])) \
+        == "\n".join(table)
+
+
+def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_counts_its_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One real (small) benchmark: the output folder is the first line on stderr, stdout ends with the
+    report's summary and its paths, not the whole report.md; and the dry run's counts of units, looks at
+    finished studies and studies are exactly the scheduler's claims and studies in that run."""
+    claims: dict[str, int] = {"worked": 0, "looks": 0}
+    real_claim = work.claim
+
+    def counted_claim(*args: object, **kwargs: object) -> object:
+        claimed = real_claim(*args, **kwargs)
+        claims["worked" if isinstance(claimed, work.Claim) else "looks"] += 1
+        return claimed
+
+    monkeypatch.setattr(work, "claim", counted_claim)
+    output = tmp_path / "out"
+    overrides = ["protocol.trials=1", "protocol.reproductions=2"]
+    code, out, err = run_cli(["benchmark", str(SMOKE), *overrides, "-o", str(output)], capsys)
+    assert code == 0, err
+    assert err.splitlines()[0] == f"output: {output} (report.md and report.html at the end)"
+    summary = report_summary((output / "report.md").read_text())
+    assert 0 < len(summary.splitlines()) <= SUMMARY_LINES and "## " not in out
+    assert out.endswith(f"{summary}\nreport: {output / 'report.md'} {output / 'report.html'}; "
+                        f"results: {output / 'results.csv'}\n")
+
+    prepared = prepare(load_spec(SMOKE), tmp_path / "estimate", overrides)
+    zero = {field.name: 0 for field in fields(cost.Measured)}
+    methods, folds = len(prepared.plans), prepared.spec.protocol.folds
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "unit": 1.0})) == claims["worked"] == methods * 3 + 2
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "look": 1.0})) == claims["looks"]
+    # Every training run costs its overhead once; the baseline builds each fold's untrained model per reproduction.
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "run_overhead": 1.0})) == methods * 3 * folds
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "setup": 1.0})) == 2 * folds
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "startup": 7.0})) == 7.0
+
+
+def test_the_step_timing_takes_batches_across_epochs() -> None:
+    """An epoch shorter than warm-up plus timed steps: the timing goes on into the next epochs."""
+
+    class TwoBatches:
+        def __init__(self) -> None:
+            self.epochs: list[int] = []
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epochs.append(epoch)
+
+        def __iter__(self):
+            return iter([[2 * self.epochs[-1]], [2 * self.epochs[-1] + 1]])
+
+    sampler = TwoBatches()
+    assert list(cost._batches(sampler, 5)) == [[2], [3], [4], [5], [6]] and sampler.epochs == [1, 2, 3]
+
+
+def test_the_dry_run_prints_its_pieces_and_an_estimate(tmp_path: Path) -> None:
+    result = run("benchmark", str(SMOKE), "-o", str(tmp_path / "out"), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    measured = next(line for line in result.stdout.splitlines() if line.startswith("measured here"))
+    assert f"median of {cost.TIMED_STEPS} after {cost.WARMUP_STEPS} warm-up steps" in measured and "s to start" in measured
+    assert "estimate: 0 h " in result.stdout and not (tmp_path / "out").exists()
+
+
+def test_a_stopped_dry_run_is_repeated_as_one() -> None:
+    assert continue_command("benchmark", SMOKE, ["a=1"], Path("o"), None, dry_run=True).endswith("a=1 -o o --dry-run")

@@ -1,0 +1,130 @@
+"""The paired bootstrap over test classes (``protocol.class_bootstrap``) against explicit resampled copies."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dmlbench.evaluation import evaluate_many
+from dmlbench.protocol.class_bootstrap import class_bootstrap, class_sums, draw_classes, draw_seeds
+
+METRICS = ["precision_at_1", "r_precision", "map_at_r"]
+
+
+def brute_query_values(embeddings: np.ndarray, labels: np.ndarray, query: int, gallery: list[int],
+                       self_retrieval: bool) -> dict[str, float]:
+    """P@1, R-Precision and AP@R of one query by a float64 loop: L2-normalised rows, every reference
+    ranked by (squared distance, index), the query itself left out when queries are the references."""
+    rows = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    references = [r for r in gallery if not (self_retrieval and r == query)]
+    order = sorted(references, key=lambda r: (float(np.sum((rows[query] - rows[r]) ** 2)), r))
+    hits = [labels[r] == labels[query] for r in order]
+    relevant = sum(hits)
+    if relevant == 0:
+        return {name: math.nan for name in METRICS}
+    found, precision_sum = 0, 0.0
+    for position, hit in enumerate(hits[:relevant], start=1):
+        if hit:
+            found += 1
+            precision_sum += found / position
+    return {"precision_at_1": float(hits[0]), "r_precision": found / relevant, "map_at_r": precision_sum / relevant}
+
+
+def brute_replicate(embeddings: np.ndarray, labels: np.ndarray, drawn_classes: list[int], query_mask: np.ndarray | None,
+                    metric: str) -> float:
+    """One replicate as explicit copies: the queries of every drawn class, once per draw, against the
+    fixed gallery; the mean over the copies that have a correct reference."""
+    queries = np.arange(len(labels)) if query_mask is None else np.flatnonzero(query_mask)
+    gallery = list(range(len(labels))) if query_mask is None else list(np.flatnonzero(~query_mask))
+    values = []
+    for label in drawn_classes:
+        for query in queries[labels[queries] == label]:
+            value = brute_query_values(embeddings, labels, int(query), gallery, query_mask is None)[metric]
+            if not math.isnan(value):
+                values.append(value)
+    return float(np.mean(values))
+
+
+def brute_mode(folds: list[np.ndarray], labels: np.ndarray, drawn: list[int], mask: np.ndarray | None, mode: str,
+               metric: str) -> float:
+    """``evaluate_many``'s two modes, each fold model's replicate computed on its own for ``separated``."""
+    if mode == "concatenated":
+        joined = np.concatenate([f / np.linalg.norm(f, axis=1, keepdims=True) for f in folds], axis=1)
+        return brute_replicate(joined, labels, drawn, mask, metric)
+    return float(np.mean([brute_replicate(f, labels, drawn, mask, metric) for f in folds]))
+
+
+def small_case(seed: int, with_mask: bool) -> tuple[list[np.ndarray], np.ndarray, np.ndarray | None]:
+    rng = np.random.default_rng(seed)
+    labels = np.array([0] * 4 + [1] * 4 + [2] * 3 + [3] * 5 + [4] * 1)  # class 4: a query without a match
+    folds = [rng.normal(size=(len(labels), 3)) + 0.8 * labels[:, None] * rng.normal(size=3) for _ in range(2)]
+    mask = (np.arange(len(labels)) % 2 == 0) if with_mask else None
+    return folds, labels, mask
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_class_sums_add_up_to_evaluate_many(with_mask: bool) -> None:
+    folds, labels, mask = small_case(0, with_mask)
+    record = class_sums({f"fold_{i}": torch.from_numpy(f) for i, f in enumerate(folds)}, torch.from_numpy(labels), METRICS,
+                        None if mask is None else torch.from_numpy(mask))
+    assert record is not None
+    for mode in ("concatenated", "separated"):
+        expected = evaluate_many({f"fold_{i}": f for i, f in enumerate(folds)}, labels, mode=mode, metrics=METRICS,
+                                 query_mask=mask)
+        for metric in METRICS:
+            assert sum(record["sums"][mode][metric]) / sum(record["queries"]) == pytest.approx(expected[metric], abs=1e-12)
+    assert class_sums({"fold_0": torch.from_numpy(folds[0])}, torch.from_numpy(labels), ["nmi"]) is None
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_replicates_equal_explicit_resampled_copies(with_mask: bool) -> None:
+    # Two methods x three reproduction seeds; every replicate recomputed from copies of the drawn classes.
+    replicates, methods, seeds = 12, ("a", "b"), (7, 8, 9)
+    cases = {(method, seed): small_case(10 * index + seed, with_mask) for index, method in enumerate(methods) for seed in seeds}
+    per_class = {method: {seed: class_sums({f"fold_{i}": torch.from_numpy(f) for i, f in enumerate(cases[method, seed][0])},
+                                           torch.from_numpy(cases[method, seed][1]), METRICS,
+                                           None if cases[method, seed][2] is None else torch.from_numpy(cases[method, seed][2]))
+                         for seed in seeds} for method in methods}
+    classes = per_class["a"][7]["classes"]
+    draws, seed_draws = draw_classes(len(classes), replicates, 0), draw_seeds(len(seeds), replicates, 0)
+    for mode, metric in (("concatenated", "map_at_r"), ("separated", "precision_at_1"), ("concatenated", "r_precision")):
+        result = class_bootstrap(per_class, mode, metric, [("a", "b")], replicates=replicates, seed=0)
+        brute = {(method, seed): np.array([brute_mode(*cases[method, seed][:2], [classes[p] for p in draws[b]],
+                                                      cases[method, seed][2], mode, metric) for b in range(replicates)])
+                 for method in methods for seed in seeds}
+        full = {key: brute_mode(*case[:2], classes, case[2], mode, metric) for key, case in cases.items()}
+        by_class = {m: np.mean([brute[m, s] for s in seeds], axis=0) for m in methods}
+        by_both = {m: np.array([np.mean([brute[m, seeds[j]][b] for j in seed_draws[b]]) for b in range(replicates)])
+                   for m in methods}
+        checks = [(result.methods["a"], by_class["a"], by_both["a"], np.mean([full["a", s] for s in seeds])),
+                  (result.differences[("a", "b")], by_class["a"] - by_class["b"], by_both["a"] - by_both["b"],
+                   np.mean([full["a", s] - full["b", s] for s in seeds]))]
+        for interval, classes_only, both, estimate in checks:
+            assert interval.estimate == pytest.approx(estimate, abs=1e-12)
+            assert [interval.class_low, interval.class_high] == pytest.approx(np.percentile(classes_only, [2.5, 97.5]), abs=1e-12)
+            assert [interval.both_low, interval.both_high] == pytest.approx(np.percentile(both, [2.5, 97.5]), abs=1e-12)
+        assert result.seeds == list(seeds) and result.classes == len(classes)
+
+
+def test_pairing_cancels_a_shared_class_effect() -> None:
+    # Method b is method a plus a constant on every query: the class draws are shared, so the
+    # difference's interval is that constant alone while each method's own interval is wide.
+    queries = [3, 3, 3, 3, 3, 3]
+    a = {seed: {"classes": list(range(6)), "queries": queries,
+                "sums": {"concatenated": {"map_at_r": [3 * v for v in (0.1, 0.9, 0.3, 0.7, 0.5, 0.2)]}}} for seed in (1, 2)}
+    b = {seed: {**record, "sums": {"concatenated": {"map_at_r": [s + 3 * 0.05 for s in record["sums"]["concatenated"]["map_at_r"]]}}}
+         for seed, record in a.items()}
+    result = class_bootstrap({"a": a, "b": b}, "concatenated", "map_at_r", [("b", "a")], replicates=500)
+    difference, alone = result.differences[("b", "a")], result.methods["a"]
+    assert difference.class_low == pytest.approx(0.05) and difference.class_high == pytest.approx(0.05)
+    assert alone.class_high - alone.class_low > 0.2
+
+
+def test_other_test_classes_are_refused() -> None:
+    from dmlbench.errors import UserInputError
+
+    record = {"classes": [0, 1], "queries": [1, 1], "sums": {"concatenated": {"map_at_r": [0.5, 0.5]}}}
+    other = {**record, "classes": [0, 2]}
+    with pytest.raises(UserInputError, match="other test classes"):
+        class_bootstrap({"a": {1: record}, "b": {1: other}}, "concatenated", "map_at_r", [], replicates=10)
