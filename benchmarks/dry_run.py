@@ -45,7 +45,7 @@ def one_run(config: Path | None) -> None:
     """The estimate of one training run against the run itself, in this process."""
     from dmlbench.protocol import cost
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare
+    from dmlbench.protocol.prepare import prepare
     from dmlbench.training import train
 
     with tempfile.TemporaryDirectory() as scratch:

@@ -6,9 +6,10 @@ from typing import Any
 import optuna
 
 from dmlbench.protocol.benchmark import BenchmarkSpec
-from dmlbench.protocol.pipeline import Prepared, context_of, drive, prepare, run_search_stage
+from dmlbench.protocol.prepare import Prepared, prepare
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
+from dmlbench.protocol.schedule import context_of, drive, run_search_stage
 from dmlbench.protocol.search import MethodSearch, SearchResult
 from dmlbench.protocol.storage import default_url
 

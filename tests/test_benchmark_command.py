@@ -18,7 +18,7 @@ from test_cli_process import console_script, run
 from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
 from dmlbench.protocol import cost, work
 from dmlbench.protocol.benchmark import DEFAULT_BENCHMARK, load_spec
-from dmlbench.protocol.pipeline import prepare
+from dmlbench.protocol.prepare import prepare
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "configs" / "smoke.yaml"

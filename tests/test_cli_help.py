@@ -64,7 +64,7 @@ def help_texts() -> dict[str, str]:
 
 # The commands of issue 32 ("" is the top-level help).
 COMMANDS = ("", "train", "evaluate", "benchmark", "search", "report", "audit", "status", "embed", "export", "index",
-            "query", "data check", "toy", "list")
+            "query", "data check", "data fetch", "toy", "list", "calibrate", "plan")
 
 
 def test_every_command_is_walked(help_texts: dict[str, str]) -> None:
@@ -144,6 +144,15 @@ def test_help_answers_without_importing_a_named_plugin(tmp_path: Path) -> None:
         (["query", "index", "--embeddings", "missing.npy"], "query embeddings file missing.npy does not exist"),
         (["data", "check", "missing.yaml"], "config file missing.yaml does not exist"),
         (["data", "check", "folder", "--root", "missing_root"], "--root missing_root does not exist"),
+        (["data", "fetch", "emoji", "--root", "labels.npy/emoji"], "--root labels.npy/emoji: labels.npy is a file"),
+        (["data", "fetch", "emoji", "--root", "emoji", "--tarballs", "labels.npy"], "--tarballs labels.npy is a file"),
+        (["calibrate", "missing_run", "--fmr", "1e-3", "-o", "calibration.json"], "run directory missing_run does not exist"),
+        (["calibrate", "--embeddings", "missing.npy", "--labels", "labels.npy", "--test-embeddings", "labels.npy",
+          "--test-labels", "labels.npy", "--fmr", "1e-3", "-o", "calibration.json"],
+         "embeddings file missing.npy does not exist"),
+        (["calibrate", "run", "--fmr", "1e-3", "-o", "labels.npy/calibration.json"], "-o labels.npy is a file"),
+        (["plan", "missing.yaml", "--sd", "0.01"], "benchmark config missing.yaml does not exist"),
+        (["plan", "missing.yaml", "--pilot", "missing_dir"], "--pilot missing_dir does not exist"),
         (["toy", "-o", "labels.npy/out"], "labels.npy is a file, not a directory"),
         (["list", "nosuchkind"], "unknown kind 'nosuchkind'"),
     ],

@@ -91,3 +91,15 @@ def test_metrics_are_floats_and_the_two_counts_ints(backend):
         metrics = {key: type(value) for key, value in result.items() if not key.startswith("num_queries")}
         assert counts == {"num_queries": int, "num_queries_without_match": int}
         assert set(metrics.values()) == {float}, metrics
+
+
+def test_reversed_views_with_negative_strides_are_accepted():
+    """``x[:, ::-1]`` and ``labels[::-1]`` (negative strides, which torch refuses) give what their copies give;
+    reversing the columns changes no distance, so the metrics equal the original's too."""
+    embeddings, labels = _data(n=60, seed=3)
+    original = evaluate(embeddings, labels)
+    columns_reversed = evaluate(embeddings[:, ::-1], labels)
+    assert columns_reversed == evaluate(embeddings[:, ::-1].copy(), labels)
+    assert columns_reversed == pytest.approx(original, rel=1e-12, abs=1e-12)
+    rows_reversed = evaluate(embeddings[::-1, ::-1], labels[::-1])
+    assert rows_reversed == evaluate(embeddings[::-1, ::-1].copy(), labels[::-1].copy())

@@ -18,7 +18,7 @@ from training_fixtures import TINY
 from dmlbench import files
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark import load_spec
-from dmlbench.protocol.pipeline import prepare
+from dmlbench.protocol.prepare import prepare
 from dmlbench.training import records
 
 REPO = Path(__file__).resolve().parent.parent

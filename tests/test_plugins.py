@@ -101,7 +101,7 @@ def test_a_benchmark_without_plugins_keeps_the_config_hash_it_had_before_plugins
     smoke benchmark's hash at 8bc0caf, before plugins existed, which a benchmark started before the
     analysis entered the hash keeps), nor the hash of a benchmark whose analysis is fixed."""
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare
+    from dmlbench.protocol.prepare import prepare
 
     monkeypatch.setattr(plugins, "_LOADED", {})  # the plugins earlier tests imported into this process
     prepared = prepare(load_spec(REPO / "configs" / "smoke.yaml"), tmp_path / "out")

@@ -205,7 +205,7 @@ def test_a_benchmark_started_before_the_analysis_was_fixed_resumes_and_reports(
     import shutil
 
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare
+    from dmlbench.protocol.prepare import prepare
 
     copy = tmp_path / "old"
     shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
@@ -415,7 +415,7 @@ def test_keys_added_later_leave_an_older_benchmark_description_unchanged(tmp_pat
     # A benchmark started before `analysis` and `protocol.startup_trials` existed must still resume:
     # its description (and so its config hash) may not gain either key while they are unset.
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare
+    from dmlbench.protocol.prepare import prepare
 
     plain = prepare(load_spec(write_spec(tmp_path / "plain.yaml")), tmp_path / "a").description()
     assert "startup_trials" not in plain["protocol"] and "startup_trials" not in plain["spec"]["protocol"]

@@ -17,7 +17,7 @@ from dmlbench.protocol import feature_cache
 from dmlbench.protocol import search as search_module
 from dmlbench.protocol.benchmark import BenchmarkSpec, apply_spec_overrides, load_spec
 from dmlbench.protocol.folds import fold_layout
-from dmlbench.protocol.pipeline import prepare
+from dmlbench.protocol.prepare import prepare
 from dmlbench.training import TrainingDiverged
 from dmlbench.training.features import FoldFeatures, train_head
 from dmlbench.training.setup import load_dataset

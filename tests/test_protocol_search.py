@@ -16,8 +16,9 @@ from dmlbench.data.splits import train_test_split
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol import work
 from dmlbench.protocol.benchmark import ProtocolSpec, apply_spec_overrides
-from dmlbench.protocol.pipeline import prepare, resolve_storage, run_benchmark
 from dmlbench.protocol.plan import SearchSettings, method_raw_config
+from dmlbench.protocol.prepare import prepare, resolve_storage
+from dmlbench.protocol.schedule import run_benchmark
 from dmlbench.protocol.search import make_sampler
 from dmlbench.training import loop as loop_module
 from dmlbench.training.setup import load_dataset

@@ -424,7 +424,7 @@ def test_jobs_auto_gives_the_single_worker_results_and_one_worker_on_sqlite(refe
 def test_auto_jobs_fills_the_cores_at_the_runs_thread_count(cores: int, omp: str | None, threads_override: list[str],
                                                             expected: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
-    from dmlbench.protocol.pipeline import auto_jobs
+    from dmlbench.protocol.prepare import auto_jobs
     from dmlbench.protocol.plan import MethodPlan
     from dmlbench.training import threads
 

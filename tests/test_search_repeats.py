@@ -78,7 +78,7 @@ def test_best_values_in_the_outer_five_percent_are_flagged_on_the_scale_searched
 def test_the_new_protocol_keys_enter_the_description_only_when_set(tmp_path: Path) -> None:
     # Benchmarks started before search_repeats and class_bootstrap existed keep their config hash.
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare
+    from dmlbench.protocol.prepare import prepare
 
     spec = load_spec(REPO / "configs" / "smoke.yaml")
     plain = prepare(spec, tmp_path / "a")

@@ -26,7 +26,8 @@ def benchmark(
     ``dmlbench benchmark --jobs auto``); returns the ``BenchmarkOutcome`` (``results``, ``failed``),
     or ``None`` when another worker on the same storage wrote the report."""
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare, run_benchmark
+    from dmlbench.protocol.prepare import prepare
+    from dmlbench.protocol.schedule import run_benchmark
     from dmlbench.report import write_report
 
     config_path = None if config is None else Path(config)

@@ -21,10 +21,7 @@ def components(kind: str) -> list[dict[str, Any]]:
     (the docstring's first line), ``parameters`` (name -> default, ``None`` when required) and
     ``source`` (``dmlbench`` or the plugin's module)."""
     if kind == "metrics":
-        from dmlbench.evaluation.api import available_metrics
-
-        return [{"name": name, "aliases": [], "summary": "", "parameters": {}, "source": "dmlbench"}
-                for name in available_metrics()]
+        return _metrics()
     registry = _registry(kind)
     by_constructor: dict[int, dict[str, Any]] = {}
     for name, constructor in registry.items():
@@ -37,6 +34,19 @@ def components(kind: str) -> list[dict[str, Any]]:
             "source": _source(constructor),
         }
     return sorted(by_constructor.values(), key=lambda entry: entry["name"])
+
+
+def _metrics() -> list[dict[str, Any]]:
+    """The metric registry in its order (built-in first); a family such as ``recall_at_<k>`` as one entry."""
+    from dmlbench.evaluation.metrics import METRICS
+
+    entries = []
+    for name in METRICS.listing():
+        metric = METRICS.entry(name)
+        summary = METRICS.family_summary(name) if metric is None else metric.summary
+        source = "dmlbench" if metric is None else _source(metric.compute)
+        entries.append({"name": name, "aliases": [], "summary": summary, "parameters": {}, "source": source})
+    return entries
 
 
 def prefix_note(kind: str) -> str | None:

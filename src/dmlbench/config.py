@@ -273,7 +273,19 @@ def from_dict(raw: dict[str, Any], overrides: list[str] | None = None, *,
         raise UserInputError(_validation_message(error)) from None
     plugins.load(config.plugins)
     check_component_names(config, previous)
+    _check_selection_direction(config)
     return config
+
+
+def _check_selection_direction(config: Config) -> None:
+    """The best epoch and the search take the largest value of the selection metric, so a metric
+    registered as lower-is-better cannot select (an unknown name is left to ``evaluate``'s message)."""
+    from dmlbench.evaluation.metrics import METRICS
+
+    name = config.evaluation.selection_metric
+    if name in METRICS and not METRICS.get(name).higher_is_better:
+        raise UserInputError(f"evaluation.selection_metric {name!r} is lower-is-better, but the best epoch and the "
+                             "search take the largest value; select by a metric where higher is better")
 
 
 def read_yaml(path: Path, what: str) -> Any:

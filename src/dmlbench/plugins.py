@@ -1,5 +1,5 @@
 """Your own components beside the built-in ones: plugins that register losses, miners, samplers,
-trunks and datasets.
+trunks, datasets and metrics.
 
 A plugin is a Python module (``my_package.dml``) or a ``.py`` file, named in a config's
 ``plugins:`` list, with ``--plugin`` on any command, or installed under the entry-point group
@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -65,6 +66,13 @@ def command_line() -> list[str]:
     return list(_COMMAND_LINE)
 
 
+def forget_command_line() -> None:
+    """The command ended: its ``--plugin`` arguments stay imported but are no longer this process's
+    (a caller that runs commands in one process, a test or a notebook, must not record them in the
+    next command's runs)."""
+    _COMMAND_LINE.clear()
+
+
 def load_installed() -> None:
     """Import the plugins of installed packages (entry-point group ``dmlbench.plugins``), once."""
     global _installed_loaded
@@ -104,6 +112,46 @@ def identity(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """What a benchmark's config hash covers: each plugin's name (a file's name, not its path, so
     that workers on other machines agree) and source hash."""
     return [{"plugin": _display_name(entry), "sha256": entry.get("sha256")} for entry in entries]
+
+
+def load_recorded(entries: Iterable[dict[str, Any]], owner: str) -> None:
+    """Import the plugins a finished run recorded (``run.json``), so that the commands that open it
+    (evaluate, embed, export, calibrate, query) need no ``--plugin`` again. ``owner`` names the run
+    in the messages. A plugin already imported under the same name (``--plugin`` with the file's new
+    place) stands in for the recorded one. A source that differs from the record is one warning line
+    naming it; a recorded file that is gone is a ``UserInputError`` naming it and ``--plugin``."""
+    load_installed()
+    for entry in entries:
+        name = _display_name(entry)
+        plugin = _imported_as(name) or _import_recorded(entry, owner)
+        recorded = entry.get("sha256")
+        if recorded and plugin.sha256 != recorded:
+            warnings.warn(f"plugin {plugin.path or plugin.plugin} changed since {owner} was trained (sha256 "
+                          f"{str(recorded)[:12]} -> {str(plugin.sha256)[:12]}); its results may not reproduce",
+                          stacklevel=2)
+
+
+def _imported_as(name: str) -> Plugin | None:
+    """The imported plugin that ``identity`` would name ``name`` (a file's name, a module, an entry point)."""
+    return next((plugin for plugin in _LOADED.values() if _display_name(plugin.record()) == name), None)
+
+
+def _import_recorded(entry: dict[str, Any], owner: str) -> Plugin:
+    spec = str(entry["plugin"])
+    if spec.startswith("entry-point:"):
+        raise UserInputError(f"{owner} was trained with the installed plugin {spec} (module {entry.get('module')}), "
+                             f"which is no longer installed: install it again, or give it with --plugin MODULE_OR_FILE")
+    if str(entry.get("module", "")).startswith("dmlbench_plugin_") and entry.get("path"):
+        path = Path(str(entry["path"]))
+        if not path.is_file():
+            raise UserInputError(f"{owner} was trained with the plugin file {path}, which no longer exists: "
+                                 f"give it with --plugin FILE")
+        return _load_one(str(path), None)
+    try:
+        return _load_one(spec, None)
+    except UserInputError as error:
+        raise UserInputError(f"{owner} was trained with the plugin {spec}: {error}; give it with --plugin "
+                             f"MODULE_OR_FILE") from None
 
 
 def _display_name(entry: dict[str, Any]) -> str:
@@ -242,3 +290,16 @@ register_miner = _registrar("miner")
 register_sampler = _registrar("sampler")
 register_trunk = _registrar("trunk")
 register_dataset = _registrar("dataset")
+
+
+def register_metric(
+    name: str, *, title: str | None = None, neighbours: int | Callable[..., int] | None = None,
+    higher_is_better: bool = True, clustering: bool = False,
+) -> Callable[[Callable[..., float]], Callable[..., float]]:
+    """Decorator: register a metric function under ``name``, computed by ``evaluate`` and by every run's
+    validation and test when a config's ``evaluation.metrics`` names it (arguments:
+    ``evaluation.metrics.MetricRegistry.register``)."""
+    from dmlbench.evaluation.metrics import METRICS
+
+    return METRICS.register(name, title=title, neighbours=neighbours, higher_is_better=higher_is_better,
+                            clustering=clustering)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.core
 
-from dmlbench import __version__
+from dmlbench import __version__, plugins
 from dmlbench.cli.common import PLUGIN_HELP, PLUGIN_SPECS
 from dmlbench.errors import PluginFailed, RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         restore_handlers()
         warnings.formatwarning = previous_format
+        plugins.forget_command_line()
 
 
 def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:

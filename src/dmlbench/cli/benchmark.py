@@ -77,7 +77,7 @@ def benchmark_command(
                              jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run)
     with stops_explained(f"benchmark {output_dir}", again):
         from dmlbench.protocol.benchmark import load_spec
-        from dmlbench.protocol.pipeline import prepare
+        from dmlbench.protocol.prepare import prepare
         from dmlbench.report import write_report  # here, so that a dry run's measured start includes it
 
         _quiet_optuna()
@@ -114,7 +114,7 @@ def benchmark_command(
 def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str], quiet: bool, write_report: Any) -> Any:
     """Run a prepared benchmark with its workers (``--jobs``) and ``write_report``; the
     ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
-    from dmlbench.protocol.pipeline import run_benchmark
+    from dmlbench.protocol.schedule import run_benchmark
 
     if prepared.jobs > 1:
         from dmlbench.protocol.jobs import run_jobs
@@ -161,7 +161,8 @@ def search_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     require_yaml(config_path, "config")  # before optuna and torch are imported
     from dmlbench.protocol.benchmark import load_search_spec
-    from dmlbench.protocol.pipeline import prepare, run_search_stage
+    from dmlbench.protocol.prepare import prepare
+    from dmlbench.protocol.schedule import run_search_stage
 
     _quiet_optuna()
     spec = load_search_spec(config_path)

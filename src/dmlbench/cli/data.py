@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from dmlbench.cli.common import QUIET_SILENT_HELP, Command
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_creatable_directory
 from dmlbench.errors import UserInputError
 
 data_app = typer.Typer(help="Inspect datasets.", no_args_is_help=True)
@@ -97,16 +97,26 @@ def check_command(
 @data_app.command("fetch", cls=Command)
 def fetch_command(
     source: Annotated[str, typer.Argument(metavar="DATASET", help="The dataset to download: emoji (the others come from their official archives).", show_default=False)],
-    root: Annotated[str, typer.Option(help="Folder to unpack into (data.root of the dataset).", show_default=False)],
-    vendors: Annotated[Optional[list[str]], typer.Option(help="Vendors, comma-separated or repeated: apple, google, twitter, facebook (default: all four).", show_default=False)] = None,
-    tarballs: Annotated[Optional[str], typer.Option(help="Folder of the npm tarballs: used when there, downloaded into otherwise (default: a temporary folder).", show_default=False)] = None,
+    root: Annotated[str, typer.Option(metavar="DIR", help="Folder to unpack into (data.root of the dataset).", show_default=False)],
+    vendors: Annotated[Optional[list[str]], typer.Option(metavar="VENDOR[,VENDOR...]", help="Vendors, comma-separated or repeated: apple, google, twitter, facebook (default: all four).", show_default=False)] = None,
+    tarballs: Annotated[Optional[str], typer.Option(metavar="DIR", help="Folder of the npm tarballs: used when there, downloaded into otherwise (default: a temporary folder).", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
-    """Download the emoji packages with npm (16.0.0), check their pinned sha256 and unpack emoji.json and the 64-pixel images."""
+    """Download the emoji packages with npm (16.0.0), check their pinned sha256 and unpack emoji.json and the 64-pixel images.
+
+    Exit codes: 0 unpacked, 1 npm is not on PATH (the commands to run by hand are printed), 2 bad
+    input, a failed download or a sha256 other than the pinned one, 130 interrupted by Ctrl-C, 143 by
+    SIGTERM.
+    """
+    if source != "emoji":
+        raise UserInputError(f"only emoji can be fetched, not {source!r}; the others come from their official archives (README)")
+    # Paths first: one that cannot become a folder is reported before torch is imported.
+    require_creatable_directory(Path(root).expanduser(), "--root")
+    if tarballs is not None:
+        require_creatable_directory(Path(tarballs).expanduser(), "--tarballs")
     from dmlbench.data.emoji import VENDORS, parse_vendors
     from dmlbench.data.emoji_fetch import NpmMissing, fetch
 
-    if source != "emoji":
-        raise UserInputError(f"only emoji can be fetched, not {source!r}; the others come from their official archives (README)")
     chosen = parse_vendors(",".join(vendors)) if vendors else VENDORS
     try:
         fetch(Path(root).expanduser(), chosen or VENDORS, tarballs=None if tarballs is None else Path(tarballs).expanduser(),

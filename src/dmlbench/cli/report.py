@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench.cli.common import QUIET_SILENT_HELP, Command
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_directory, require_yaml
 from dmlbench.errors import UserInputError
 
 
@@ -75,22 +75,25 @@ def plan_command(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Benchmark YAML.", show_default=False)],
     pilot: Annotated[Optional[Path], typer.Option("--pilot", metavar="DIR", help="A finished benchmark whose paired differences give each comparison's SD.")] = None,
     sd: Annotated[Optional[float], typer.Option("--sd", metavar="X", help="The SD of the paired differences, in score units (0.008 = 0.8 points).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Print, for every declared comparison, the power of the paired t-test and of TOST at the config's
     reproductions and margin, and the reproductions needed for 80% power after Holm; train nothing.
 
-    Exit codes: 0 printed, 2 bad input (neither or both of --pilot and --sd, no runs.csv in the pilot).
+    Exit codes: 0 printed, 2 bad input (neither or both of --pilot and --sd, no runs.csv in the pilot),
+    130 interrupted by Ctrl-C, 143 by SIGTERM.
     """
-    from dmlbench.errors import UserInputError
+    if (pilot is None) == (sd is None):
+        raise UserInputError("plan needs one of --pilot DIR (a finished benchmark) or --sd X (a stated SD)")
+    # Paths first: a missing one is reported before the config's plugins (and torch with them) are imported.
+    if pilot is not None:
+        require_directory(pilot, "--pilot")
+    if sd is not None and not 0.0 < sd < 1.0:
+        raise UserInputError(f"--sd must lie strictly between 0 and 1 (score units), got {sd}")
+    require_yaml(config_path, "benchmark config")
     from dmlbench.protocol import power
     from dmlbench.protocol.benchmark import load_spec
 
-    if (pilot is None) == (sd is None):
-        raise UserInputError("plan needs one of --pilot DIR (a finished benchmark) or --sd X (a stated SD)")
-    if pilot is not None and not pilot.is_dir():
-        raise UserInputError(f"pilot {pilot} is not a directory")
-    if sd is not None and not 0.0 < sd < 1.0:
-        raise UserInputError(f"--sd must lie strictly between 0 and 1 (score units), got {sd}")
     spec = load_spec(config_path)
     if pilot is not None:
         typer.echo(power.plan_text(spec, power.pilot_sds(pilot, spec), f"measured in {pilot} per comparison"))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,18 +10,21 @@ import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.evaluation import clustering, retrieval
+from dmlbench.evaluation import clustering
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
+from dmlbench.evaluation.metrics import METRICS, QueryLayout
 from dmlbench.evaluation.neighbors import nearest_neighbors
 from dmlbench.evaluation.rerank import KReciprocal, QueryExpansion, Reranking, build, reranked_neighbors, validate_combination
 from dmlbench.validation import check_positive_int
 
-RETRIEVAL_METRICS = ("precision_at_1", "r_precision", "map_at_r", "map_at_c", "map_at_1000", "mrr")
-CLUSTERING_METRICS = ("nmi", "ami", "f1")
+# The built-in metrics by name (``recall_at_<k>`` aside); ``evaluation.metrics.METRICS`` holds every one.
+RETRIEVAL_METRICS = tuple(name for name in METRICS.listing()
+                          if (metric := METRICS.entry(name)) is not None and not metric.is_clustering)
+CLUSTERING_METRICS = tuple(name for name in METRICS.listing()
+                           if (metric := METRICS.entry(name)) is not None and metric.is_clustering)
 COUNT_KEYS = ("num_queries", "num_queries_without_match")
 DEFAULT_KS = (1, 2, 4, 8)
 MODES = ("concatenated", "separated")
-_RECALL = re.compile(r"recall_at_([1-9][0-9]*)")
 
 
 def default_metrics(ks: Sequence[int] = DEFAULT_KS) -> list[str]:
@@ -33,7 +34,8 @@ def default_metrics(ks: Sequence[int] = DEFAULT_KS) -> list[str]:
 
 
 def available_metrics() -> list[str]:
-    return ["precision_at_1", "recall_at_<k>", *RETRIEVAL_METRICS[1:], *CLUSTERING_METRICS]
+    """Every registered metric, plugins' included; ``recall_at_<k>`` stands for its family."""
+    return METRICS.listing()
 
 
 def evaluate(
@@ -85,13 +87,13 @@ def evaluate(
     if len(torch.unique(label_tensor)) < 2:
         raise UserInputError("labels contain a single class; evaluation needs at least 2 classes")
     results: dict[str, float | int] = {}
-    retrieval_names = [name for name in names if name not in CLUSTERING_METRICS]
+    retrieval_names = [name for name in names if not METRICS.get(name).is_clustering]
     if retrieval_names:
         mask = _as_query_mask(query_mask, space.num_rows)
         domain_codes = as_domain_codes(domains, space.num_rows)
         results.update(_retrieval(space, label_tensor, mask, retrieval_names, k, backend, block_size, nprobe, seed,
                                   domain_codes, method))
-    clustering_names = [name for name in names if name in CLUSTERING_METRICS]
+    clustering_names = [name for name in names if METRICS.get(name).is_clustering]
     if clustering_names:
         results.update(_clustering(space, label_tensor, clustering_names, seed, kmeans_iterations))
     ordered = {name: results[name] for name in names}
@@ -142,8 +144,8 @@ def _retrieval(
 ) -> dict[str, float | int]:
     layout = query_layout(labels, query_mask, domains)
     query_ids, reference_ids, relevant = layout.query_ids, layout.reference_ids, layout.relevant
-    class_sizes, largest_class, available = layout.class_sizes, layout.largest_class, layout.available
-    needs = _neighbours_needed(names, relevant, class_sizes, largest_class, available)
+    largest_class, available = layout.largest_class, layout.available
+    needs = {name: METRICS.get(name).neighbours(layout) for name in names}
     if k is None:
         k = max(largest_class, *needs.values())
     else:
@@ -163,28 +165,10 @@ def _retrieval(
         )
     # An approximate backend may find fewer than k neighbours for a query; the missing ones (-1) are misses.
     hits = (neighbours.ids >= 0) & (labels[neighbours.ids.clamp_min(0)] == labels[query_ids].unsqueeze(1))
-    results = {name: _retrieval_metric(name, hits, relevant, class_sizes, largest_class) for name in names}
+    results = {name: METRICS.get(name).compute(hits, layout) for name in names}
     results["num_queries"] = len(query_ids)
     results["num_queries_without_match"] = int((relevant == 0).sum())
     return results
-
-
-@dataclass(frozen=True)
-class QueryLayout:
-    """Who queries whom in one retrieval evaluation, and how many correct answers each query has.
-
-    ``relevant`` is R per query (references with its label, itself excluded, and with ``domains`` only
-    those of other domains); ``class_sizes`` is k_c of seed 004 eq. 29 (the query counted when queries
-    are the references); ``available`` is the number of references every query can retrieve.
-    """
-
-    query_ids: Tensor
-    reference_ids: Tensor
-    relevant: Tensor
-    class_sizes: Tensor
-    self_retrieval: bool
-    largest_class: int
-    available: int
 
 
 def query_layout(labels: Tensor, query_mask: Tensor | None, domains: Tensor | None = None) -> QueryLayout:
@@ -243,44 +227,6 @@ def as_domain_codes(domains: Any, num_rows: int) -> Tensor | None:
     return torch.from_numpy(codes.reshape(-1).astype(np.int64))
 
 
-def _neighbours_needed(
-    names: list[str], relevant: Tensor, class_sizes: Tensor, largest_class: int, available: int
-) -> dict[str, int]:
-    needs = {}
-    for name in names:
-        recall = _RECALL.fullmatch(name)
-        if recall:
-            needs[name] = min(available, int(recall.group(1)))
-        elif name == "precision_at_1":
-            needs[name] = 1
-        elif name in ("r_precision", "map_at_r"):
-            needs[name] = int(relevant.max())
-        elif name == "map_at_c":
-            needs[name] = min(available, int(class_sizes.max()))
-        elif name == "mrr":
-            needs[name] = largest_class
-        elif name == "map_at_1000":
-            needs[name] = min(available, 1000)
-    return needs
-
-
-def _retrieval_metric(name: str, hits: Tensor, relevant: Tensor, class_sizes: Tensor, largest_class: int) -> float:
-    recall = _RECALL.fullmatch(name)
-    if recall:
-        return retrieval.recall_at_k(hits, relevant, int(recall.group(1)))
-    if name == "precision_at_1":
-        return retrieval.precision_at_1(hits, relevant)
-    if name == "r_precision":
-        return retrieval.r_precision(hits, relevant)
-    if name == "map_at_r":
-        return retrieval.map_at_r(hits, relevant)
-    if name == "map_at_c":
-        return retrieval.map_at_c(hits, class_sizes)
-    if name == "map_at_1000":
-        return retrieval.map_at_1000(hits)
-    return retrieval.mean_reciprocal_rank(hits[:, :largest_class], relevant)
-
-
 def _as_reranking(
     rerank: Reranking | Mapping[str, Any] | str | None, *, binarize: bool, normalize: bool, domains: Any, backend: str,
     block_size: int | None,
@@ -311,8 +257,7 @@ def _clustering(space: KnnIndex, labels: Tensor, names: list[str], seed: int, it
     clusters = clustering.kmeans_assignment(
         space.search_rows, len(np.unique(label_array)), seed=seed, iterations=iterations
     )
-    functions = {"nmi": clustering.nmi, "ami": clustering.ami, "f1": clustering.pairwise_f1}
-    return {name: functions[name](label_array, clusters) for name in names}
+    return {name: METRICS.get(name).compute(label_array, clusters) for name in names}
 
 
 def _parse_metrics(metrics: Iterable[str] | None, ks: Sequence[int]) -> list[str]:
@@ -323,9 +268,8 @@ def _parse_metrics(metrics: Iterable[str] | None, ks: Sequence[int]) -> list[str
     if isinstance(metrics, str):
         metrics = [part.strip() for part in metrics.split(",") if part.strip()]
     names = list(dict.fromkeys(metrics))
-    known = set(RETRIEVAL_METRICS) | set(CLUSTERING_METRICS)
     for name in names:
-        if not isinstance(name, str) or (name not in known and not _RECALL.fullmatch(name)):
+        if not isinstance(name, str) or name not in METRICS:
             raise UserInputError(f"unknown metric {name!r}; known: {', '.join(available_metrics())}")
     if not names:
         raise UserInputError("metrics selects nothing; known: " + ", ".join(available_metrics()))
@@ -337,7 +281,8 @@ def _as_embeddings(embeddings: Any, name: str = "embeddings") -> Tensor:
         data = embeddings.detach().cpu()
     else:
         try:
-            data = torch.as_tensor(np.asarray(embeddings))
+            # Contiguous: torch refuses the negative strides of a reversed view (``x[:, ::-1]``).
+            data = torch.as_tensor(np.require(embeddings, requirements="C"))
         except (TypeError, ValueError) as error:
             raise UserInputError(f"{name} must be a numeric array [N, D]: {error}") from None
     if data.ndim != 2 or data.shape[0] < 2 or data.shape[1] < 1:

@@ -10,12 +10,13 @@ from typing import Any
 from dmlbench import files, provenance
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
-from dmlbench.protocol.reproductions import claim_reproduction, objective, open_unit_study, record_test_access, score_modes
 from dmlbench.protocol.results import MethodReproductions, read_reproductions
+from dmlbench.protocol.scoring import objective, record_test_access, score_modes
+from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit_study
 from dmlbench.training import records
 
 
-class UntrainedBaseline:
+class UntrainedBaseline(Unit):
     """The baseline's reproductions as units of work, shared by any number of workers."""
 
     def __init__(self, reference: MethodPlan, params: Mapping[str, Any], settings: ReproductionSettings,
@@ -28,13 +29,11 @@ class UntrainedBaseline:
             "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash,
         })
 
-    def step(self) -> str:
-        claimed = claim_reproduction(self.study, self.context.worker, self.settings)
-        if isinstance(claimed, str):
-            self.done = claimed == work.DONE
-            return claimed
+    def claim(self) -> work.Claim | str:
+        return claim_reproduction(self.study, self.context.worker, self.settings)
+
+    def attempt(self, claimed: work.Claim) -> Attempt:
         seed = self.settings.first_seed + claimed.slot
-        started = work.Cost.start()
 
         def body(attributes: dict[str, Any]) -> float:
             attributes["seed"] = seed
@@ -42,8 +41,7 @@ class UntrainedBaseline:
             attributes.update(scores=scores, run_dirs=[])
             return objective(scores)
 
-        work.execute(self.study, claimed, self.context.worker, body, lambda: work.Cost.since(started, 0))
-        return "worked"
+        return Attempt(body, lambda: 0)  # nothing trains
 
     def _scores(self, reproduction: int, seed: int) -> dict[str, dict[str, float]]:
         from dmlbench.training.embed import embed, resolve_device

@@ -1,6 +1,6 @@
 """The benchmark YAML: a shared ``base`` config, the methods (each its overrides and search space) and
-the ``protocol`` budget (seed 001 §3: folds, trials, epochs, reproductions). ``protocol.pipeline``
-runs it."""
+the ``protocol`` budget (seed 001 §3: folds, trials, epochs, reproductions). ``protocol.prepare``
+checks it and ``protocol.schedule`` runs it."""
 
 from __future__ import annotations
 

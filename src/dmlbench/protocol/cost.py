@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dmlbench.protocol.pipeline import Prepared
+from dmlbench.protocol.prepare import Prepared
 from dmlbench.training.threads import resolve_threads
 
 WARMUP_STEPS = 3
@@ -264,7 +264,7 @@ def _storage_seconds(prepared: Prepared, directory: Path) -> tuple[float, float,
     also creates the tables), a look at a finished study (a claim that finds nothing left) and
     opening a study."""
     from dmlbench.protocol import storage, work
-    from dmlbench.protocol.reproductions import claim_reproduction, open_unit_study
+    from dmlbench.protocol.units import claim_reproduction, open_unit_study
 
     worker = work.Worker(storage.default_url(directory, prepared.jobs))
     settings = replace(prepared.reproduction, reproductions=2)

@@ -2,7 +2,7 @@
 
 The other N - 1 are started with ``multiprocessing``'s *spawn* method (a fresh interpreter: no
 torch state copied by ``fork``), each preparing the same benchmark and working on the same storage
-as any worker on any machine would (``pipeline.run_benchmark``); the storage URL reaches them through
+as any worker on any machine would (``schedule.run_benchmark``); the storage URL reaches them through
 the spawn pipe, never on a command line. Each sets its own torch thread count from
 ``training.num_threads`` when it trains (``auto``: its 1/N share of the cores). Ctrl-C stops every worker (the terminal signals the whole
 process group); a SIGTERM or SIGINT sent to this process alone is passed on to the workers; this
@@ -23,7 +23,9 @@ from dmlbench import files, plugins
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.layout import RESULTS_FILE
-from dmlbench.protocol.pipeline import BenchmarkOutcome, Prepared, _start, owned_output, run_benchmark
+from dmlbench.protocol.prepare import Prepared
+from dmlbench.protocol.record import BenchmarkOutcome, write_benchmark_file
+from dmlbench.protocol.schedule import owned_output, run_benchmark
 from dmlbench.training.threads import share_cores
 
 STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
@@ -40,7 +42,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
 
 def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
               report: Callable[[Path, str], Any] | None) -> BenchmarkOutcome | None:
-    _start(prepared)
+    write_benchmark_file(prepared)
     share_cores(prepared.jobs)
     context = multiprocessing.get_context("spawn")
     workers = [
@@ -84,7 +86,7 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
     import optuna
 
     from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.pipeline import prepare
+    from dmlbench.protocol.prepare import prepare
 
     optuna.logging.set_verbosity(logging.WARNING)
     share_cores(jobs)

@@ -1,4 +1,4 @@
-"""What every unit of the protocol works from, built once by ``pipeline.prepare``: the settings of
+"""What every unit of the protocol works from, built once by ``protocol.prepare``: the settings of
 the search and the reproductions (views of the validated ``protocol`` section), each method's plan
 (its configs and search space) and the context the units share (output directory, fold layout,
 worker). A unit never rebuilds any of it."""

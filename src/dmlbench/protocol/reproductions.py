@@ -16,26 +16,23 @@ tables; a reproduction whose training fails has no score and keeps its reason.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 from dmlbench import files, provenance
-from dmlbench.evaluation import COUNT_KEYS, embedding_space, evaluate_many
+from dmlbench.evaluation import embedding_space
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.class_bootstrap import class_sums
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
-from dmlbench.protocol.results import MODES, MethodReproductions, cross_domain_mode, read_reproductions, reranked_mode
-from dmlbench.protocol.search import run_samples, validation_curves
+from dmlbench.protocol.results import MethodReproductions, read_reproductions
+from dmlbench.protocol.scoring import objective, record_test_access, score_modes
+from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves
 from dmlbench.training import records, tracking, train_or_resume
 from dmlbench.training.runs import embed_run, embed_test_split, load_run_config, run_test_domains, test_query_mask
 
 
-class MethodReproduction:
+class MethodReproduction(Unit):
     """One method's reproductions as units of work (slot ``r``: reproduction ``r``, seed
     ``first_seed + r``, all folds, then its test scores), shared by any number of workers."""
 
@@ -53,17 +50,15 @@ class MethodReproduction:
     def method(self) -> str:
         return self.plan.name
 
-    def step(self) -> str:
-        claimed = claim_reproduction(self.study, self.context.worker, self.settings)
-        if isinstance(claimed, str):
-            self.done = claimed == work.DONE
-            return claimed
+    def claim(self) -> work.Claim | str:
+        return claim_reproduction(self.study, self.context.worker, self.settings)
+
+    def attempt(self, claimed: work.Claim) -> Attempt:
         reproduction, output_dir = claimed.slot, self.context.output_dir
         seed = self.settings.first_seed + reproduction
         directory = layout.reproduction_dir(output_dir, self.method, reproduction)
         folds = self.context.layout.folds
         run_dirs = [layout.fold_dir(directory, fold.index) for fold in folds]
-        started = work.Cost.start()
 
         def body(attributes: dict[str, Any]) -> float:
             attributes.update(seed=seed, params=self.params,
@@ -87,44 +82,14 @@ class MethodReproduction:
                 attributes["class_scores"] = per_class
             return objective(scores)
 
-        what = work.execute(self.study, claimed, self.context.worker, body, lambda: work.Cost.since(
-            started, sum(run_samples(run_dir) for run_dir in run_dirs)))
-        if what is not None and self.context.progress:
-            print(f"== {self.method} reproduction {reproduction}: {what}", flush=True)
-        return "worked"
+        return Attempt(body, lambda: sum(run_samples(run_dir) for run_dir in run_dirs))
+
+    def announce(self, claimed: work.Claim, outcome: str | None, value: float | None) -> None:
+        if outcome is not None and self.context.progress:
+            print(f"== {self.method} reproduction {claimed.slot}: {outcome}", flush=True)
 
     def result(self) -> MethodReproductions:
         return read_reproductions(self.study, self.method, self.params, self.context.layout.hash, self.context.output_dir)
-
-
-def open_unit_study(worker: work.Worker, name: str, recorded: Mapping[str, Any]) -> optuna.Study:
-    """Create or load a study of fixed units; refuse one that was made for other work."""
-    with worker.lock.held():
-        study = optuna.create_study(storage=worker.storage, study_name=name, direction="maximize",
-                                    sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
-        work.record_or_check(study, recorded)
-    return study
-
-
-def claim_reproduction(study: optuna.Study, worker: work.Worker, settings: ReproductionSettings) -> work.Claim | str:
-    """Reproduction slot ``r`` (seed ``first_seed + r``) for this worker, or ``work.WAIT`` / ``work.DONE``."""
-    return work.claim(study, worker, budget=settings.reproductions, ready=lambda slot, finished: True,
-                      propose=lambda slot, finished: ({}, {"seed": settings.first_seed + slot}))
-
-
-def objective(scores: Mapping[str, Mapping[str, float]]) -> float:
-    """The value Optuna shows for a reproduction: concatenated MAP@R (or the first metric)."""
-    concatenated = scores["concatenated"]
-    return float(concatenated.get("map_at_r", next(iter(concatenated.values()))))
-
-
-def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
-    """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.audit``)."""
-    line = json.dumps({"time": provenance.now(), **entry}) + "\n"
-    with open(Path(output_dir) / layout.TEST_ACCESS_FILE, "a") as stream:
-        stream.write(line)
-        stream.flush()
-        os.fsync(stream.fileno())
 
 
 def training_space(run_dir: Path) -> dict[str, float]:
@@ -133,29 +98,6 @@ def training_space(run_dir: Path) -> dict[str, float]:
     embeddings, labels = embed_run(run_dir, "train")
     space = embedding_space.analyze(embeddings, labels)
     return {key: float(space[key]) for key in ("rho", "pi_intra", "pi_inter", "pi_ratio")}
-
-
-def score_modes(embeddings: Mapping[str, Any], labels: Any, metrics: list[str], seed: int,
-                query_mask: Any, domains: Any = None, rerank: Any = None) -> dict[str, dict[str, float]]:
-    """The fold models' test embeddings scored concatenated and separated (seed 001 §3.3); with
-    ``domains`` (``evaluation.cross_domain``) also each mode with every query's gallery restricted
-    to the other domains (``<mode>_cross_domain``); with ``rerank`` (``evaluation.rerank``'s method)
-    also each mode with every query's list re-ranked (``<mode>_reranked``)."""
-    scores = {}
-    for mode in MODES:
-        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask)
-        scores[mode] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
-    if domains is not None:
-        for mode in MODES:
-            values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask,
-                                   domains=domains)
-            scores[cross_domain_mode(mode)] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
-    if rerank is not None:
-        for mode in MODES:
-            values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask,
-                                   rerank=rerank)
-            scores[reranked_mode(mode)] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
-    return scores
 
 
 def _test_scores(

@@ -36,19 +36,18 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dmlbench import files
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.feature_cache import FeatureCache
 from dmlbench.protocol.folds import FoldLayout
 from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.storage import redact
-from dmlbench.training import records, train_or_resume
+from dmlbench.protocol.units import Attempt, Unit, run_samples, validation_curves
+from dmlbench.training import train_or_resume
 from dmlbench.training.features import train_head
 
 
@@ -100,9 +99,9 @@ def trial_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest[:4], "big") % (2**31 - 1)
 
 
-class MethodSearch:
-    """One method's study as units of work: ``step()`` runs one trial this worker took, or says
-    ``work.WAIT`` (the rest is running elsewhere) or ``work.DONE``."""
+class MethodSearch(Unit):
+    """One method's study as units of work (slot ``k``: trial ``k``, one run per fold); ``step()``
+    runs one trial this worker took, or says ``work.WAIT`` (the rest is running elsewhere) or ``work.DONE``."""
 
     def __init__(self, plan: MethodPlan, settings: SearchSettings, context: Context,
                  features: FeatureCache | None = None) -> None:
@@ -123,28 +122,24 @@ class MethodSearch:
     def method(self) -> str:
         return self.plan.name
 
-    def step(self) -> str:
-        claimed = work.claim(self.study, self.context.worker, budget=self.settings.trials, ready=self._ready,
-                             propose=self._propose)
-        if isinstance(claimed, str):
-            self.done = claimed == work.DONE
-            return claimed
-        started = work.Cost.start()
-        samples: list[int] = []
-        value: list[float] = []
+    def claim(self) -> work.Claim | str:
+        return work.claim(self.study, self.context.worker, budget=self.settings.trials, ready=self._ready,
+                          propose=self._propose)
+
+    def attempt(self, claimed: work.Claim) -> Attempt:
+        samples: list[int] = []  # each fold run's, as it ends: a pruned or failed trial counts the folds it trained
 
         def body(attributes: dict[str, Any]) -> float:
             mean, found = _cross_validate(claimed.trial, self.plan, self.context, claimed.slot, samples, self.features)
             attributes.update(found)
-            value.append(mean)
             return mean
 
-        what = work.execute(self.study, claimed, self.context.worker, body,
-                            lambda: work.Cost.since(started, sum(samples)))
+        return Attempt(body, lambda: sum(samples))
+
+    def announce(self, claimed: work.Claim, outcome: str | None, value: float | None) -> None:
         if self.context.progress:
-            shown = what if what is not None else f"{value[0]:.4f} {claimed.trial.params}"
+            shown = outcome if outcome is not None else f"{value:.4f} {claimed.trial.params}"
             print(f"== {self.method} trial {claimed.slot}: {shown}", flush=True)
-        return "worked"
 
     def _ready(self, slot: int, finished: Mapping[int, FrozenTrial]) -> bool:
         """Slot ``k`` waits for every slot before its batch of ``parallel_trials`` (1: for every
@@ -213,22 +208,6 @@ def _cross_validate(
                 raise optuna.TrialPruned(f"fold-mean {sum(scores) / len(scores):.4f} after {len(scores)} fold(s)")
     value = sum(scores) / len(scores)
     return value, {"fold_values": scores, "run_dirs": run_dirs, "epochs_run": epochs_run, "curves": curves}
-
-
-def run_samples(run_dir: Path) -> int:
-    """Training samples a run has seen (0 for a run that recorded none)."""
-    path = run_dir / records.RUN_FILE
-    return int(files.read_json(path).get("samples_seen", 0)) if path.is_file() else 0
-
-
-def validation_curves(run_dir: Path) -> dict[str, list[float]]:
-    """The run's validation curve of each metric (epoch 0 = untrained), stored with its trial so the
-    report needs no run directory (workers on other machines have their own)."""
-    curves: dict[str, list[float]] = {}
-    for entry in records.read_metrics(run_dir):
-        for metric, value in (entry.get("validation") or {}).items():
-            curves.setdefault(metric, []).append(float(value))
-    return curves
 
 
 def _check_or_record_settings(

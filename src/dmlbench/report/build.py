@@ -15,10 +15,11 @@ from pathlib import Path
 
 from dmlbench import files
 from dmlbench.errors import UserInputError
+from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.layout import BENCHMARK_FILE, TEST_ACCESS_FILE
 from dmlbench.protocol.results import result_rows, write_results
 from dmlbench.report import plots, render, tables, uncertainty
-from dmlbench.report.data import METRIC_TITLES, ReportData, computed_metrics, load_report_data
+from dmlbench.report.data import ReportData, computed_metrics, load_report_data
 from dmlbench.report.sections import sections
 
 
@@ -67,7 +68,7 @@ def _figures(data: ReportData) -> list[plots.Figure]:
     rows = result_rows(data.results)
     if rows and metrics:
         references = list(data.benchmark.get("analysis", {}).get("references", []))
-        figures.append(plots.forest_figure(rows, metrics, METRIC_TITLES, references))
+        figures.append(plots.forest_figure(rows, metrics, {metric: metric_title(metric) for metric in metrics}, references))
     if data.claims.points:
         figures.append(plots.space_figure(data.claims.points, methods=data.methods))
     return figures

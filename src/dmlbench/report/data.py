@@ -27,7 +27,6 @@ from dmlbench.protocol.statistics import PairedComparison, mean_lag_one_autocorr
 from dmlbench.report.analysis import Claims, analyse
 
 LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
-METRIC_TITLES = {"precision_at_1": "P@1", "r_precision": "R-Precision", "map_at_r": "MAP@R"}
 CURVE_METRICS = ("precision_at_1", "map_at_r")
 
 

@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.layout import UNTRAINED
 from dmlbench.protocol.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.protocol.results import result_rows
 from dmlbench.protocol.statistics import OUTCOMES, Correlation, PairedComparison
 from dmlbench.report import plots, tables, uncertainty
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
-from dmlbench.report.data import METRIC_TITLES, ReportData
+from dmlbench.report.data import ReportData
 from dmlbench.report.tables import pvalue_text
 
 TITLE = "dmlbench benchmark report"
@@ -159,11 +160,11 @@ def _saturation_section(claims: Claims) -> Section:
     rows = []
     for r in claims.references:
         others = [c.a for c in r.comparisons if c.a not in references]
-        rows.append([r.mode, METRIC_TITLES[r.metric], r.reference, str(len(others)),
+        rows.append([r.mode, metric_title(r.metric), r.reference, str(len(others)),
                      *(str(len(r.methods(outcome, among=others))) for outcome in OUTCOMES),
                      ", ".join(f"{c.a}: {c.outcome(ALPHA)}" for c in r.comparisons if c.a in references) or "-",
                      _gap(r, max), _gap(r, min)])
-    detail_header = ["method"] + [f"{METRIC_TITLES[metric]} (con.) − {reference}" for reference in references
+    detail_header = ["method"] + [f"{metric_title(metric)} (con.) − {reference}" for reference in references
                                   for metric in ("precision_at_1", "map_at_r")]
     detail: dict[str, dict[tuple[str, str], str]] = {}
     for r in claims.references:
@@ -200,7 +201,7 @@ def summary_section(data: ReportData) -> Section | None:
             ("better", r.methods("better", others)), ("equivalent", r.methods("equivalent", others)),
             ("worse", r.methods("worse", others)), ("inconclusive", r.methods("inconclusive", others))))
         bullets.append(f"Against `{r.reference}`: {verdicts}.")
-    leaders = [f"{METRIC_TITLES[metric]}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
+    leaders = [f"{metric_title(metric)}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
     paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims)
                       + " The other modes and metrics, the treated-control pairs and every p-value follow below and in "
                       "`claim_comparisons.csv`; they are secondary endpoints, each its own Holm family, not corrected "
@@ -209,7 +210,7 @@ def summary_section(data: ReportData) -> Section | None:
 
 
 def _endpoint(primary: tuple[str, str]) -> str:
-    return f"{METRIC_TITLES.get(primary[1], primary[1])} ({primary[0]})"
+    return f"{metric_title(primary[1])} ({primary[0]})"
 
 
 def _baseline_sentence(data: ReportData) -> str | None:
@@ -251,7 +252,7 @@ def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
 
 
 def _pairs_section(claims: Claims) -> Section:
-    rows = [[f"{c.a} − {c.b}", mode, METRIC_TITLES[metric], str(c.n), _difference(c), pvalue_text(c.t_pvalue),
+    rows = [[f"{c.a} − {c.b}", mode, metric_title(metric), str(c.n), _difference(c), pvalue_text(c.t_pvalue),
              pvalue_text(c.t_pvalue_holm), pvalue_text(c.tost_pvalue_holm), c.outcome(ALPHA), f"{c.cohen_dz:.2f}"]
             for mode, metric, comparisons in claims.pairs for c in comparisons]
     return Section("Treated against control",
@@ -285,7 +286,7 @@ def _autocorrelation_section(claims: Claims) -> Section:
     rows = []
     for metric, values in claims.autocorrelation.items():
         if values:
-            rows.append([METRIC_TITLES[metric], str(len(values)), f"{np.mean(values):.2f}",
+            rows.append([metric_title(metric), str(len(values)), f"{np.mean(values):.2f}",
                          f"{min(values):.2f} .. {max(values):.2f}", {"precision_at_1": "0.73", "map_at_r": "0.81"}[metric]])
     return Section("Lag-one autocorrelation of the validation curves (seed 001 §3.2)",
                    ["Of each run's validation curve without evaluation 0 (the untrained model), around its "
@@ -305,7 +306,7 @@ def _ranking_section(claims: Claims) -> Section:
         order = lambda index: [n for n, _ in sorted(agreement.ranks.items(), key=lambda item: item[1][index])][:3]  # noqa: E731
         changed = ", ".join(f"{name} {first}→{second}" for name, (first, second) in agreement.ranks.items()
                             if first != second) or "none"
-        rows.append([METRIC_TITLES[metric], f"{agreement.tau:.2f} (p={pvalue_text(agreement.pvalue)})", changed,
+        rows.append([metric_title(metric), f"{agreement.tau:.2f} (p={pvalue_text(agreement.pvalue)})", changed,
                      ", ".join(order(0)), ", ".join(order(1))])
     return Section("Concatenated against separated (seed 001 §3.3)",
                    ["Ranks of the methods' means (1 = best), Kendall's tau between the two rankings."],

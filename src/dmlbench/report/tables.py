@@ -7,10 +7,11 @@ import io
 import math
 from typing import Any
 
+from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.layout import UNTRAINED
 from dmlbench.protocol.results import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode, result_rows, scored_modes
 from dmlbench.report.analysis import ALPHA, scored_methods
-from dmlbench.report.data import LEADERBOARD_METRICS, METRIC_TITLES, ReportData, computed_metrics, validation_curves
+from dmlbench.report.data import LEADERBOARD_METRICS, ReportData, computed_metrics, validation_curves
 
 COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
                       "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
@@ -23,7 +24,7 @@ def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "m
     rows_by_key = {(row["method"], row["mode"], row["metric"]): row for row in result_rows(data.results)}
     metrics = [metric for metric in LEADERBOARD_METRICS if metric in computed_metrics(data)]
     modes = scored_modes(data.results)  # the cross-domain modes too when evaluation.cross_domain scored them
-    header = ["method"] + [f"{METRIC_TITLES[metric]} ({_mode_title(mode)})" for mode in modes for metric in metrics] + ["n"]
+    header = ["method"] + [f"{metric_title(metric)} ({_mode_title(mode)})" for mode in modes for metric in metrics] + ["n"]
     def primary_mean(method: str) -> float:
         entry = rows_by_key.get((method, *primary))
         return -math.inf if entry is None or method == UNTRAINED else float(entry["mean"])
@@ -62,10 +63,10 @@ def comparison_rows(data: ReportData) -> list[list[str]]:
     rows = []
     for mode, metric, comparisons in data.comparisons:
         if isinstance(comparisons, str):
-            rows.append([mode, METRIC_TITLES[metric], comparisons] + [""] * (len(COMPARISON_HEADER) - 3))
+            rows.append([mode, metric_title(metric), comparisons] + [""] * (len(COMPARISON_HEADER) - 3))
             continue
         for c in comparisons:
-            rows.append([mode, METRIC_TITLES[metric], f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
+            rows.append([mode, metric_title(metric), f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
                          pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
                          c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
     return rows
@@ -87,7 +88,7 @@ def rerank_rows(data: ReportData) -> list[list[str]]:
     rows = []
     for mode, metric, comparisons in data.claims.reranking:
         for c in comparisons:
-            rows.append([mode, METRIC_TITLES[metric], c.b, str(c.n), f"{100 * means[(c.b, mode, metric)]:.2f}",
+            rows.append([mode, metric_title(metric), c.b, str(c.n), f"{100 * means[(c.b, mode, metric)]:.2f}",
                          f"{100 * means[(c.b, reranked_mode(mode), metric)]:.2f}",
                          f"{100 * c.mean_difference:+.2f} [{100 * c.difference_low:+.2f}, {100 * c.difference_high:+.2f}]",
                          pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),

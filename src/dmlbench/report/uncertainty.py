@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 
 from dmlbench.errors import UserInputError
+from dmlbench.evaluation.metrics import metric_title
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
 from dmlbench.protocol.benchmark import DEFAULT_CLASS_BOOTSTRAP
 from dmlbench.protocol.class_bootstrap import ClassBootstrap, class_bootstrap
 from dmlbench.protocol.results import result_rows
 from dmlbench.report.analysis import scored_methods
-from dmlbench.report.data import METRIC_TITLES, ReportData
+from dmlbench.report.data import ReportData
 
 Table = tuple[list[str], list[list[str]]]
 Part = tuple[str, list[str], list[Table]]  # title, paragraphs, tables
@@ -27,7 +28,7 @@ EDGE_FRACTION = 0.05  # a best value this close to a bound (as a fraction of the
 
 def _endpoint(data: ReportData) -> str:
     mode, metric = data.claims.primary
-    return f"{METRIC_TITLES.get(metric, metric)} ({mode})"
+    return f"{metric_title(metric)} ({mode})"
 
 
 def bootstrap_of(data: ReportData) -> ClassBootstrap | str | None:
@@ -39,7 +40,7 @@ def bootstrap_of(data: ReportData) -> ClassBootstrap | str | None:
         return None
     mode, metric = data.claims.primary
     if metric not in PER_QUERY_METRICS:
-        return f"{METRIC_TITLES.get(metric, metric)} is not a mean over queries, so its classes cannot be resampled."
+        return f"{metric_title(metric)} is not a mean over queries, so its classes cannot be resampled."
     missing = [name for name in scored if not data.class_scores.get(name)]
     if missing:
         return (f"`{missing[0]}` has no per-class test scores (its reproductions were scored before they were "

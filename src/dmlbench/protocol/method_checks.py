@@ -1,0 +1,77 @@
+"""What the methods of one benchmark must agree on, checked by ``protocol.prepare`` before anything
+is written: epochs, data, metrics, re-ranking and seeds (and with a frozen trunk, the trunk itself),
+and every method's batch sampler against a fold's training classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dmlbench.errors import UserInputError
+from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.protocol.folds import FoldLayout
+from dmlbench.protocol.plan import MethodPlan
+
+
+def check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
+    """What the protocol shares between methods: epochs, data, metrics, seeds (and with a frozen
+    trunk, the trunk itself)."""
+    epochs = {name: plan.config.training.epochs for name, plan in plans.items()}
+    if len(set(epochs.values())) > 1:
+        raise UserInputError(f"methods train for different numbers of epochs {epochs}: set protocol.epochs")
+    (first_name, first), *others = plans.items()
+    for name, plan in others:
+        if plan.config.data != first.config.data:
+            raise UserInputError(f"method {name!r} uses other data than {first_name!r}: every method must use the same data")
+        if plan.config.evaluation.metrics != first.config.evaluation.metrics:
+            raise UserInputError(f"method {name!r} computes other metrics than {first_name!r}")
+        if plan.config.evaluation.rerank.kind != first.config.evaluation.rerank.kind:
+            raise UserInputError(f"method {name!r} re-ranks with another evaluation.rerank.kind than {first_name!r}: "
+                                 "the re-ranked modes compare methods re-ranked alike (search only its params)")
+    for name, plan in plans.items():
+        if {"evaluation.rerank", "evaluation.rerank.kind"} & set(plan.space.keys()):
+            raise UserInputError(f"method {name!r}: evaluation.rerank.kind is fixed for the benchmark; search "
+                                 "evaluation.rerank.params.* instead")
+    protocol = spec.protocol
+    search_seeds = {plan.config.seed for plan in plans.values()}
+    reproduction_seeds = set(range(protocol.first_seed, protocol.first_seed + protocol.reproductions))
+    if search_seeds & reproduction_seeds:
+        raise UserInputError(
+            f"reproduction seeds {protocol.first_seed}..{protocol.first_seed + protocol.reproductions - 1} include "
+            f"the search's training seed {min(search_seeds & reproduction_seeds)}: set protocol.first_seed"
+        )
+    if protocol.frozen_trunk:
+        _check_one_trunk(plans)
+
+
+def _check_one_trunk(plans: Mapping[str, MethodPlan]) -> None:
+    """With a frozen trunk every method trains its head on the same trunk: their trunk settings must agree."""
+    def trunk_of(plan: MethodPlan) -> tuple[Any, ...]:
+        model = plan.config.model
+        return model.trunk, model.options, model.pretrained, model.pooling, model.freeze_bn
+    (first, first_plan), *others = plans.items()
+    for name, plan in plans.items():
+        if plan.config.model.ensemble != 1:
+            raise UserInputError(f"method {name!r}: protocol.frozen_trunk needs a single trunk (model.ensemble=1)")
+    for name, plan in others:
+        if trunk_of(plan) != trunk_of(first_plan):
+            raise UserInputError(f"protocol.frozen_trunk: method {name!r} uses another trunk than {first!r} "
+                                 "(model.trunk, options, pretrained, pooling and freeze_bn must agree)")
+
+
+def check_samplers(plans: Mapping[str, MethodPlan], labels: Any, layout: FoldLayout) -> None:
+    """Every method's batch sampler can fill its batches from a fold's training classes (the check
+    ``train`` makes), before anything trains: a batch size the sampler cannot fill is exit 2 now,
+    not a failed trial in storage an hour later."""
+    import numpy as np
+
+    from dmlbench.training.setup import build_sampler
+
+    fold = layout.folds[0]
+    train_labels = np.asarray(labels)[np.isin(np.asarray(labels), list(fold.train_classes))]
+    for name, plan in plans.items():
+        try:
+            build_sampler(plan.config, train_labels)
+        except UserInputError as error:
+            raise UserInputError(f"method {name!r}: {error}") from None
