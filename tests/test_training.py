@@ -1,5 +1,6 @@
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -408,4 +409,5 @@ def test_run_json_records_the_machine_the_numbers_come_from(tmp_path: Path) -> N
     assert environment["torch_build"]["version"] == torch.__version__
     assert environment["torch_build"]["git"] == torch.version.git_version
     assert environment["num_threads"] == torch.get_num_threads()
+    assert environment["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY")
     assert environment["blas"] and environment["blas"] in torch.__config__.show()

@@ -1,5 +1,6 @@
 """training.num_threads: a fixed number, or auto: OMP_NUM_THREADS, else this worker's share of the cores."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,19 @@ def test_a_cgroup_quota_caps_the_affinity(eight_cores: None, monkeypatch: pytest
     monkeypatch.setattr(threads, "CGROUP_ROOT", tmp_path)
     assert threads.available_cores() == 2
     assert threads.resolve_threads("auto") == 2
+
+
+@pytest.mark.parametrize(("chosen", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_commands_wait_passively_unless_the_user_chose_a_policy(
+    monkeypatch: pytest.MonkeyPatch, chosen: str | None, expected: str
+) -> None:
+    """Spinning OpenMP waits took 5x longer per step beside another job (benchmarks/oversubscription.py)."""
+    from dmlbench import cli
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if chosen is not None:
+        monkeypatch.setenv("OMP_WAIT_POLICY", chosen)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code in (0, None) and os.environ["OMP_WAIT_POLICY"] == expected
+

@@ -202,7 +202,7 @@ def _read_owners(descriptor: int) -> list[dict[str, Any]]:
             if isinstance(entry, dict) and isinstance(entry.get("pid"), int):
                 owners.append(entry)
     running = [entry for entry in owners if entry.get("host") != _host()
-               or (entry["pid"] != os.getpid() and _process_exists(entry["pid"]))]
+               or (entry["pid"] != os.getpid() and process_exists(entry["pid"]))]
     return running or owners[-1:]
 
 
@@ -245,7 +245,8 @@ def _host() -> str:
     return os.uname().nodename
 
 
-def _process_exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process with this pid lives on this machine (one owned by another user counts)."""
     if pid <= 0:
         return False
     try:

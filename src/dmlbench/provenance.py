@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
@@ -62,6 +63,7 @@ def environment(device: str | None = None) -> dict[str, Any]:
         "blas": _build_setting(build, "BLAS_INFO"),
         "onednn": next((line.strip(" -") for line in build.splitlines() if "MKL-DNN" in line or "oneDNN" in line), None),
         "num_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
 
 

@@ -11,6 +11,7 @@ functions, so ``--help`` and usage errors answer at once.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import warnings
@@ -80,6 +81,7 @@ def _register_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and of ``python -m dmlbench``."""
+    _prefer_passive_waits()
     _register_commands()
     # The format, not the display: whoever records warnings (pytest, a caller) still receives them.
     previous_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
@@ -112,6 +114,15 @@ def main(argv: list[str] | None = None) -> None:
         restore_handlers()
         warnings.formatwarning = previous_format
         plugins.forget_command_line()
+
+
+def _prefer_passive_waits() -> None:
+    """OpenMP threads that wait by spinning take the cores from any other job on the machine: beside
+    another two-thread torch process a training step took 5x as long as with sleeping waits
+    (``benchmarks/oversubscription.py``), which cost about a tenth on a quiet machine. So commands
+    wait passively unless the user sets ``OMP_WAIT_POLICY``; it must be set before torch loads its
+    OpenMP runtime, and the workers of ``--jobs`` inherit it. Results are the same either way."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -33,6 +33,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import provenance
+from dmlbench.ownership import process_exists
 from dmlbench.errors import PluginFailed, RunInterrupted, UserInputError
 from dmlbench.files import storage_error
 from dmlbench.ownership import DirectoryInUse
@@ -135,19 +136,10 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
         if owner.get("host") != worker.host:
             continue
         mine_but_idle = owner.get("pid") == worker.pid and storage_module.trial_id(trial) not in _ACTIVE
-        if mine_but_idle or (worker.kind.processes_of_one_machine and not _process_exists(int(owner.get("pid", -1)))):
+        if mine_but_idle or (worker.kind.processes_of_one_machine and not process_exists(int(owner.get("pid", -1)))):
             _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: the worker process stopped")
 
 
-def _process_exists(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
