@@ -89,7 +89,6 @@ def benchmark_command(
             typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
         if dry_run:
             from dmlbench.protocol.cost import dry_run as estimate
-
             from dmlbench.protocol.power import dry_run_plan
 
             typer.echo(estimate(prepared, started))
