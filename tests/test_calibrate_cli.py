@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli_runner import run_cli
+from cli_runner import cli_exit_code, run_cli
 from dmlbench import config as config_module
 from dmlbench.evaluation.verification import pair_distances, threshold_at_fmr
 from dmlbench.training import train
@@ -32,18 +32,8 @@ def calibrated(runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("calibrations")
     paths = {"own": root / "own.json", "other": root / "other.json"}
     for (name, path), run in zip(paths.items(), runs):
-        assert _cli(["calibrate", str(run), "--fmr", "1e-2,1e-3", "-o", str(path), "--replicates", "200"]) == 0
+        assert cli_exit_code(["calibrate", str(run), "--fmr", "1e-2,1e-3", "-o", str(path), "--replicates", "200"]) == 0
     return paths
-
-
-def _cli(argv: list[str]) -> int:
-    from dmlbench.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 1
-    return 0
 
 
 def test_calibrate_a_run_chooses_on_validation_and_measures_on_test(runs: tuple[Path, Path], calibrated: dict[str, Path]) -> None:
@@ -69,7 +59,7 @@ def test_calibrate_from_files_gives_the_same_thresholds(runs: tuple[Path, Path],
         np.save(arrays[name], embeddings.numpy())
         np.save(arrays[f"{name}_labels"], labels.numpy())
     out = tmp_path / "files.json"
-    assert _cli(["calibrate", "--embeddings", str(arrays["cal"]), "--labels", str(arrays["cal_labels"]),
+    assert cli_exit_code(["calibrate", "--embeddings", str(arrays["cal"]), "--labels", str(arrays["cal_labels"]),
                  "--test-embeddings", str(arrays["test"]), "--test-labels", str(arrays["test_labels"]),
                  "--fmr", "1e-2,1e-3", "--replicates", "200", "-o", str(out)]) == 0
     from_files, from_run = json.loads(out.read_text()), json.loads(calibrated["own"].read_text())
@@ -108,7 +98,7 @@ def test_evaluate_open_set_at_far_targets_and_calibrated_thresholds(
 @pytest.fixture(scope="module")
 def embedded(runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     prefix = tmp_path_factory.mktemp("calibrated_emb") / "emb"
-    assert _cli(["embed", str(runs[0]), "--data", "glyphs", "-o", str(prefix), "-q"]) == 0
+    assert cli_exit_code(["embed", str(runs[0]), "--data", "glyphs", "-o", str(prefix), "-q"]) == 0
     return prefix
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from cli_runner import run_cli
+from cli_runner import cli_exit_code, run_cli
 from dmlbench import config as config_module
 from dmlbench.deploy.embeddings import EmbeddingSet, dataset_collection, embed_collection
 from dmlbench.deploy.model import load_run_model
@@ -33,19 +33,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def embedded(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     prefix = tmp_path_factory.mktemp("emb") / "emb"
-    code = _cli(["embed", str(run_dir), "--data", "glyphs", "-o", str(prefix), "--batch-size", "100", "-q"])
+    code = cli_exit_code(["embed", str(run_dir), "--data", "glyphs", "-o", str(prefix), "--batch-size", "100", "-q"])
     assert code == 0
     return prefix
-
-
-def _cli(argv: list[str]) -> int:
-    from dmlbench.cli import main
-
-    try:
-        main(argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 1
-    return 0
 
 
 def _brute_force_neighbours(stored: np.ndarray, queries: np.ndarray, k: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -115,7 +105,7 @@ def test_embed_images_folder_uses_the_evaluation_transform(run_dir: Path, tmp_pa
     folder.mkdir(parents=True)
     for index in (3, 7):
         Image.fromarray(dataset.images[index, 0].numpy()).save(folder / f"item{index}.png")
-    assert _cli(["embed", str(run_dir), "--images", str(tmp_path / "images"), "-o", str(tmp_path / "files"), "-q"]) == 0
+    assert cli_exit_code(["embed", str(run_dir), "--images", str(tmp_path / "images"), "-o", str(tmp_path / "files"), "-q"]) == 0
     stored = EmbeddingSet.load(tmp_path / "files")
     assert stored.labels is None and [Path(p).name for p in stored.paths] == ["item3.png", "item7.png"]
     direct, _ = embed(model.model, dataset.subset([3, 7]), 8, model.device)

@@ -11,26 +11,10 @@ from pathlib import Path
 
 import pytest
 from test_cli_process import console_script
+from test_plugins import write_plugin
 from training_fixtures import TINY
 
 REPO = Path(__file__).resolve().parent.parent
-
-PLUGIN = '''
-import dmlbench
-from dmlbench.losses import MetricLoss
-
-
-@dmlbench.register_loss("recorded_plugin_scaled")
-class Scaled(MetricLoss):
-    """A test loss (Nobody et al. 2026 eq. 1): scale times the mean squared embedding."""
-
-    def __init__(self, scale: float = 2.0) -> None:
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, embeddings, labels, tuples=None):
-        return self.scale * embeddings.pow(2).mean()
-'''
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -39,11 +23,10 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_plugin_run_opens_without_plugin_and_names_a_changed_or_missing_plugin(tmp_path: Path) -> None:
-    plugin = tmp_path / "recorded_loss.py"
-    plugin.write_text(PLUGIN)
+    plugin = write_plugin(tmp_path, "recorded_plugin_scaled")
     overrides = [*TINY, "training.epochs=1", "evaluation.metrics=[map_at_r]", "loss.name=recorded_plugin_scaled",
                  "loss.params={}", "miner.name=null"]
-    trained = run(["--plugin", "recorded_loss.py", "train", str(REPO / "configs" / "glyphs.yaml"), *overrides,
+    trained = run(["--plugin", "recorded_plugin_scaled.py", "train", str(REPO / "configs" / "glyphs.yaml"), *overrides,
                    "-o", "run", "-q"], tmp_path)
     assert trained.returncode == 0, trained.stderr
     (record,) = json.loads((tmp_path / "run" / "run.json").read_text())["plugins"]
@@ -75,7 +58,7 @@ def test_a_plugin_run_opens_without_plugin_and_names_a_changed_or_missing_plugin
     assert not (tmp_path / "model.onnx").exists()
 
     # Given again from its new place (the same file name): accepted, with the changed source still named.
-    exported = run(["--plugin", "moved/recorded_loss.py", "export", "run", "--format", "onnx", "-o", "model.onnx"],
+    exported = run(["--plugin", "moved/recorded_plugin_scaled.py", "export", "run", "--format", "onnx", "-o", "model.onnx"],
                    tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert len(exported.stderr.splitlines()) == 1
