@@ -21,11 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from dmlbench.protocol.layout import RESULTS_CSV, RUNS_CSV
 
 REPO = Path(__file__).resolve().parent.parent
 ESTIMATE = re.compile(r"^estimate: (\d+) h (\d+) min (\d+) s", re.MULTILINE)
@@ -66,6 +69,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", type=Path, help="benchmark YAML (default: the built-in benchmark)")
     parser.add_argument("--one-run", action="store_true", help="compare the estimate of one training run with that run")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="copy the benchmark's results.csv and runs.csv here (e.g. for a byte-identity check)")
     arguments = parser.parse_args()
     config = arguments.config
     if arguments.one_run:
@@ -83,6 +88,10 @@ def main() -> None:
         estimate = 3600 * hours + 60 * minutes + seconds
         load_before_run = os.getloadavg()[0]
         measured, _ = dmlbench(["benchmark", *given, "-o", output, "-q"])
+        if arguments.keep is not None:
+            arguments.keep.mkdir(parents=True, exist_ok=True)
+            for name in (RESULTS_CSV, RUNS_CSV):
+                shutil.copyfile(Path(output) / name, arguments.keep / name)
     print(f"config: {config or 'the built-in benchmark'} ({os.cpu_count()} cores)")
     print(next(line for line in printed.splitlines() if line.startswith("measured here")))
     print(f"estimate {estimate:.0f} s (load average {load_before_estimate:.1f} before it), "

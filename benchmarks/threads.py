@@ -6,6 +6,9 @@ machine load; reported are the median seconds per training step and per validati
 
     python benchmarks/threads.py                    # 3 rounds of 20 steps
     python benchmarks/threads.py --rounds 5 --steps 40
+
+The same steps beside a competing process (OpenMP's spinning against passive waits, the reason the
+command line sets ``OMP_WAIT_POLICY=PASSIVE``) are ``benchmarks/oversubscription.py``'s.
 """
 
 from __future__ import annotations

@@ -1,14 +1,19 @@
 """Kendall's tau between two benchmark studies' rankings of the methods they share, by the methods'
-mean scores, with a percentile bootstrap interval over the methods (``statistics.correlation``).
+mean scores, with a percentile bootstrap interval over the methods (``correlations.correlation``), an
+interval over each study's reproductions and each study's split-half tau
+(``correlations.study_agreement``).
 
     python results/compare_rankings.py results/reality_check_glyphs results/converged_glyphs \
         -o results/converged_glyphs/ranking_against_short_study.csv
 
 Reads each folder's ``runs.csv`` (one row per method, reproduction, mode and metric), leaves out the
-untrained baseline, and writes one row per mode and metric: the methods compared, tau-b, its 95%
-interval (methods resampled in pairs: would the agreement hold for another set of methods) and its
-p-value (scipy.stats.kendalltau), and both rankings (best first). The interval does not hold the
-noise of each study's means: that is in each study's paired comparisons.
+baseline rows, and writes one row per mode and metric: the methods compared, tau-b, its 95%
+interval with the methods resampled in pairs (would the agreement hold for another set of methods)
+and its p-value (scipy.stats.kendalltau), its 95% interval with each method's reproductions resampled
+within each study (``repro_ci_low``, ``repro_ci_high``: would it hold for other seeds), each study's
+split-half tau (``first_split_half``, ``second_split_half``: how far a study's ranking agrees with
+itself across two halves of its seeds, a ceiling for the agreement of two studies), and both
+rankings (best first).
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from dmlbench.protocol.layout import UNTRAINED
-from dmlbench.protocol.statistics import correlation, rank_agreement
+from dmlbench.protocol.correlations import correlation, rank_agreement, study_agreement
+from dmlbench.protocol.layout import BASELINES
 
-COLUMNS = ["mode", "metric", "methods", "kendall_tau", "ci_low", "ci_high", "pvalue", "first_ranking", "second_ranking"]
+COLUMNS = ["mode", "metric", "methods", "kendall_tau", "ci_low", "ci_high", "pvalue", "first_ranking", "second_ranking",
+           "repro_ci_low", "repro_ci_high", "first_split_half", "second_split_half"]
 
 
 def scores(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
@@ -30,7 +36,7 @@ def scores(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
     table: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     with (folder / "runs.csv").open(newline="") as stream:
         for row in csv.DictReader(stream):
-            if row["method"] != UNTRAINED:
+            if row["method"] not in BASELINES:
                 table[row["mode"], row["metric"]][row["method"]].append(float(row["value"]))
     return table
 
@@ -53,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         tau = correlation([a[n] for n in shared], [b[n] for n in shared], "kendall", resamples=args.resamples, seed=args.seed)
         ranks = rank_agreement(a, b).ranks
         order = [" > ".join(sorted(shared, key=lambda name: ranks[name][side])) for side in (0, 1)]
-        rows.append([*key, len(shared), f"{tau.estimate:.4f}", f"{tau.low:.4f}", f"{tau.high:.4f}", f"{tau.pvalue:.4g}", *order])
+        seeds = study_agreement({name: first[key][name] for name in shared}, {name: second[key][name] for name in shared},
+                                resamples=args.resamples, seed=args.seed)
+        rows.append([*key, len(shared), f"{tau.estimate:.4f}", f"{tau.low:.4f}", f"{tau.high:.4f}", f"{tau.pvalue:.4g}", *order,
+                     f"{seeds.low:.4f}", f"{seeds.high:.4f}", f"{seeds.first_split_half:.4f}", f"{seeds.second_split_half:.4f}"])
     stream = args.output.open("w", newline="") if args.output else sys.stdout
     writer = csv.writer(stream, lineterminator="\n")
     writer.writerow(COLUMNS)

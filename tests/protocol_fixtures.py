@@ -6,6 +6,7 @@ from typing import Any
 import optuna
 
 from dmlbench.protocol.benchmark import BenchmarkSpec
+from dmlbench.protocol.benchmark_file import BenchmarkRecord
 from dmlbench.protocol.prepare import Prepared, prepare
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
@@ -16,6 +17,12 @@ from dmlbench.protocol.storage import default_url
 
 def benchmark_spec(base: dict[str, Any], *methods: dict[str, Any], **protocol: Any) -> BenchmarkSpec:
     return BenchmarkSpec.model_validate({"base": base, "methods": list(methods), "protocol": protocol})
+
+
+def benchmark_record(**fields: Any) -> BenchmarkRecord:
+    """A ``benchmark.json`` record with its required fields filled in, ``fields`` over them."""
+    return BenchmarkRecord.model_validate({"protocol": {}, "methods": ["m"], "storage": "sqlite:///x.db",
+                                           "dataset": {"name": "glyphs", "content_hash": "0"}, **fields})
 
 
 def run_search(spec: BenchmarkSpec, output_dir: Path, overrides: list[str] | None = None) -> dict[str, SearchResult]:

@@ -86,3 +86,113 @@ def test_no_function_is_longer_than_80_lines() -> None:
             for path in MODULES.values() for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION]
     assert long == []
+
+
+def step_calls() -> list[tuple[str, str, str, list[str]]]:
+    """Every ``X.step(...)`` call of the package: its module, the innermost function around it, ``X``
+    and the arguments, as source text."""
+    found = []
+
+    def visit(node: ast.AST, module: str, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "step":
+                found.append((module, inner, ast.unparse(child.func.value), [ast.unparse(arg) for arg in child.args]))
+            visit(child, module, inner)
+
+    for name, path in MODULES.items():
+        visit(ast.parse(path.read_text()), name, "<module>")
+    return found
+
+
+def calls_of(function: str) -> set[str]:
+    """The modules that call ``function`` by name."""
+    return {name for name, path in MODULES.items() for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == function}
+
+
+def test_one_place_steps_an_optimiser() -> None:
+    """An optimiser is stepped (through the gradient scaler) in ``training.step.apply_gradients``
+    alone: the training loop (image batches and cached features), the dry run's timing (through
+    that loop) and the toy's own loop all go through it. An optimiser step is a ``.step`` call on,
+    or given, something named an optimiser or a scaler; a protocol unit's ``step()`` is none."""
+    def names_an_optimiser(text: str) -> bool:
+        return "optim" in text.lower() or "scaler" in text.lower()
+
+    optimiser_steps = [(module, function) for module, function, receiver, arguments in step_calls()
+                       if names_an_optimiser(receiver) or any(map(names_an_optimiser, arguments))]
+    assert optimiser_steps == [("dmlbench.training.step", "apply_gradients")]
+    assert calls_of("apply_gradients") == {"dmlbench.training.loop", "dmlbench.toy.experiment"}
+
+
+# The modules that own the names of a benchmark's files and folders and of a run directory's files.
+NAME_OWNERS = ("dmlbench.protocol.layout", "dmlbench.training.records")
+# The run-directory names the layout builds from a number: ``fold_K``, ``trial_SSSS``, ``reproduction_RR``.
+RUN_DIRECTORY_PREFIXES = ("fold_", "trial_", "reproduction_")
+
+
+def owned_file_names() -> set[str]:
+    """Every file name the owners define: their module-level string constants that name a file (a dot in them:
+    ``benchmark.json``, ``run.lock``, ``.work-lock``). Folder names that are plain words (``trunks``,
+    ``features``, ``tensorboard``) are left out, since the same words name other things."""
+    names = set()
+    for module in NAME_OWNERS:
+        tree = ast.parse(MODULES[module].read_text())
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str) and "." in node.value.value):
+                names.add(node.value.value)
+    return names
+
+
+def docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the docstring constants of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def spelled_names(path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` spells an owned name: a string constant (an f-string's literal parts included) that
+    holds one of ``names`` as a whole name, or a run directory's prefix followed by a number or a glob."""
+    import re
+
+    tree = ast.parse(path.read_text())
+    skipped = docstrings(tree)
+    pattern = re.compile("|".join(rf"(?<![\w.-]){re.escape(name)}(?![\w-])" for name in sorted(names)))
+    prefixes = tuple(RUN_DIRECTORY_PREFIXES)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for part, following in zip(parts, [*parts[1:], None]):
+                if (isinstance(part, ast.Constant) and isinstance(following, ast.FormattedValue)
+                        and part.value.endswith(prefixes)):
+                    found.append(f"{path.relative_to(PACKAGE)}:{part.lineno} {part.value!r}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
+            text = node.value
+            if pattern.search(text) or any(f"{prefix}*" in text or f"{prefix}{{" in text for prefix in prefixes):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {text[:60]!r}")
+    return found
+
+
+def test_only_layout_and_records_spell_the_names_of_a_benchmarks_and_a_runs_files() -> None:
+    """docs/architecture.md: ``protocol.layout`` names every file and folder of a benchmark directory and
+    ``training.records`` every file of a run directory; everyone else uses their constants and helpers.
+
+    The rule, on the AST of every module of src/dmlbench but those two: no string constant holds an
+    owned file name (one of the owners' module-level constants with a dot in it, matched as a whole
+    name, so ``results.csv`` but not ``my_results.csv``), and no f-string puts a number after a run
+    directory's prefix (``f"fold_{k}"``) nor a glob holds one (``"*/fold_*"``). Docstrings may name the
+    files, and so may messages, as long as they build the name from the constant (``f"no {RUN_FILE}"``).
+    Comments are not string constants, so they may too."""
+    names = owned_file_names()
+    assert {"benchmark.json", "results.csv", "runs.csv", "report.md", "report.html", "run.json", "config.yaml",
+            "metrics.jsonl", "checkpoint_best.pt", "error.log", "benchmark.lock", "study.journal"} <= names
+    spelled = [line for module, path in sorted(MODULES.items()) if module not in NAME_OWNERS
+               for line in spelled_names(path, names)]
+    assert spelled == []

@@ -113,7 +113,7 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
                         f"results: {output / 'results.csv'}\n")
 
     prepared = prepare(load_spec(SMOKE), tmp_path / "estimate", overrides)
-    zero = {field.name: 0 for field in fields(cost.Measured)}
+    zero = {field.name: 0 for field in fields(cost.Measured) if field.name != "method_steps"}
     methods, folds = len(prepared.plans), prepared.spec.protocol.folds
     assert cost.estimate(prepared, cost.Measured(**{**zero, "unit": 1.0})) == claims["worked"] == methods * 3 + 2
     assert cost.estimate(prepared, cost.Measured(**{**zero, "look": 1.0})) == claims["looks"]
@@ -121,23 +121,37 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     assert cost.estimate(prepared, cost.Measured(**{**zero, "run_overhead": 1.0})) == methods * 3 * folds
     assert cost.estimate(prepared, cost.Measured(**{**zero, "setup": 1.0})) == 2 * folds
     assert cost.estimate(prepared, cost.Measured(**{**zero, "startup": 7.0})) == 7.0
+    # Each method's runs at its own step: the second method's three times the first's.
+    second = list(prepared.plans)[1]
+    epochs = next(iter(prepared.configs.values())).training.epochs
+    stepped = cost.Measured(**{**zero, "step": 1.0, "steps_per_epoch": 1, "method_steps": {second: 3.0}})
+    assert cost.estimate(prepared, stepped) == 3 * folds * epochs * (1.0 + 3.0)
 
 
-def test_the_step_timing_takes_batches_across_epochs() -> None:
-    """An epoch shorter than warm-up plus timed steps: the timing goes on into the next epochs."""
+def test_the_step_timing_runs_the_training_loops_steps_across_epochs(tmp_path: Path) -> None:
+    """The dry run times the loop's own steps under a step budget: an epoch shorter than the budget
+    goes on into the next epochs, and the steps train the model exactly as a run's epochs do."""
+    import torch
+    from training_fixtures import TINY
 
-    class TwoBatches:
-        def __init__(self) -> None:
-            self.epochs: list[int] = []
+    from dmlbench import config as config_module
+    from dmlbench.training import train
+    from dmlbench.training.loop import ImageBatches, time_steps
+    from dmlbench.training.setup import set_up_training
 
-        def set_epoch(self, epoch: int) -> None:
-            self.epochs.append(epoch)
-
-        def __iter__(self):
-            return iter([[2 * self.epochs[-1]], [2 * self.epochs[-1] + 1]])
-
-    sampler = TwoBatches()
-    assert list(cost._batches(sampler, 5)) == [[2], [3], [4], [5], [6]] and sampler.epochs == [1, 2, 3]
+    config = config_module.load(None, [*TINY, "training.max_steps_per_epoch=2", "miner.name=random"])
+    cpu = torch.device("cpu")
+    setup = set_up_training(config, cpu)
+    epochs: list[int] = []
+    set_epoch = setup.sampler.set_epoch
+    setup.sampler.set_epoch = lambda epoch: (epochs.append(epoch), set_epoch(epoch))  # type: ignore[method-assign]
+    seconds = time_steps(config, ImageBatches(config, setup), cpu, 4)
+    assert len(seconds) == 4 and all(value > 0 for value in seconds) and epochs == [1, 2]
+    # Four timed steps = the two epochs of two steps of a real run (validation changes no weight).
+    run = train(config, tmp_path / "run", progress=False)
+    trained = torch.load(run.run_dir / "checkpoint_last.pt", weights_only=False)["model"]
+    for name, tensor in setup.components.model.state_dict().items():
+        assert torch.equal(tensor, trained[name]), name
 
 
 def test_the_dry_run_prints_its_pieces_and_an_estimate(tmp_path: Path) -> None:

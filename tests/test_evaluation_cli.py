@@ -105,11 +105,17 @@ def test_run_directory_prints_trained_and_untrained_columns(monkeypatch, tmp_pat
     from dmlbench.training import runs
 
     calls = []
+    opened = object()
 
-    def fake_evaluate_run(run_dir, **options):
-        calls.append((run_dir, options))
+    def fake_open(cls, run_dir):
+        calls.append(("open", run_dir))
+        return opened
+
+    def fake_evaluate_run(run, **options):
+        calls.append((run, options))
         return {"map_at_r": 0.5, "num_queries": 10, "untrained": {"map_at_r": 0.125, "num_queries": 10}}
 
+    monkeypatch.setattr(runs.Run, "open", classmethod(fake_open))
     monkeypatch.setattr(runs, "evaluate_run", fake_evaluate_run)
     out = tmp_path / "run.json"
     code, stdout, stderr = _run(["evaluate", str(tmp_path), "--metrics", "map_at_r", "--json", str(out)])
@@ -117,5 +123,5 @@ def test_run_directory_prints_trained_and_untrained_columns(monkeypatch, tmp_pat
     header, row = stdout.splitlines()[:2]
     assert header.split() == ["metric", "trained", "untrained"]
     assert row.split() == ["map_at_r", "0.5000", "0.1250"]
-    assert calls == [(tmp_path, {"metrics": "map_at_r"})]
+    assert calls == [("open", tmp_path), (opened, {"metrics": "map_at_r"})]  # the run opened once, then passed on
     assert json.loads(out.read_text())["untrained"]["map_at_r"] == 0.125

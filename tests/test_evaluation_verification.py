@@ -131,3 +131,41 @@ def test_sampled_positive_pairs_are_distinct_and_uniform_over_classes() -> None:
     assert len(pairs) == 500 and (labels[left] == labels[right]).all() and (left < right).all()
     share_small = float(np.mean(labels[left] == 1))
     assert abs(share_small - 45 / 825) < 0.03  # each pair equally likely: class 1 holds 45 of 825
+
+
+def test_a_sample_of_most_pairs_is_uniform_and_needs_no_rejection_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample of more than half the pairs of a kind (the default glyphs run's 2,048 validation images
+    have 2,064,384 negative pairs for a limit of 2 million) is a uniform subset of their enumeration:
+    the rejection rounds of ``_distinct`` would mostly redraw pairs already held (about 240 rounds
+    there). Each pair is then included with probability count / available, within binomial bounds."""
+    from scipy import stats
+
+    from dmlbench.evaluation.verification import _positive_pairs, _sampled_negative_rows
+
+    def no_rounds(*args: object, **kwargs: object) -> np.ndarray:
+        raise AssertionError("a dense sample went through the rejection rounds")
+
+    monkeypatch.setattr(verification, "_distinct", no_rounds)
+    labels = np.array([0, 0, 1, 1, 2, 2, 3])  # 21 pairs: 3 positive, 18 negative
+    negative_index = {pair: k for k, pair in enumerate((i, j) for i in range(7) for j in range(i + 1, 7)
+                                                       if labels[i] != labels[j])}
+    included = np.zeros(len(negative_index), dtype=np.int64)
+    seeds = 3_000
+    for seed in range(seeds):
+        left, right = _sampled_negative_rows(labels, 10, np.random.default_rng(seed))
+        assert (left < right).all() and (labels[left] != labels[right]).all()
+        assert np.all(np.diff(left * 7 + right) > 0)  # distinct, in pair order like the sparse path
+        included[[negative_index[pair] for pair in zip(left.tolist(), right.tolist())]] += 1
+    low, high = stats.binom.ppf([1e-5, 1 - 1e-5], seeds, 10 / 18)
+    assert included.sum() == 10 * seeds and ((included >= low) & (included <= high)).all(), included
+    left, right = _positive_pairs(np.repeat([0, 1], [6, 4]), 12, np.random.default_rng(0))  # 12 of 21
+    assert len(set(zip(left.tolist(), right.tolist()))) == 12
+    # pair_rows and pair_distances take the same dense sample, as they do the sparse one.
+    generator = np.random.default_rng(3)
+    dense_labels = np.repeat(np.arange(20), 5)  # 4,950 pairs: 200 positive, 4,750 negative
+    embeddings = generator.normal(size=(len(dense_labels), 4))
+    pairs = verification.pair_distances(embeddings, dense_labels, max_pairs=4_000, seed=7)
+    rows = verification.pair_rows(dense_labels, max_pairs=4_000, seed=7)
+    assert pairs.negative_sampled and len(pairs.negative) == 4_000 == len(set(zip(rows.negative_left, rows.negative_right)))
+    np.testing.assert_array_equal(verification.row_distances(embeddings, rows.negative_left, rows.negative_right),
+                                  pairs.negative)

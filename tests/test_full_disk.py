@@ -84,6 +84,8 @@ def test_train_on_a_full_disk_stops_with_one_line_and_resumes_to_the_same_run(sm
     assert strip(run_dir / "metrics.jsonl") == strip(reference / "metrics.jsonl")
 
 
+# Slow (minutes): a training run and an embedding on a full disk stay in the default suite.
+@pytest.mark.slow
 def test_benchmark_on_a_full_disk_stores_no_failure_writes_no_report_and_finishes_identically(
     small_disk: SmallDisk, tmp_path: Path
 ) -> None:

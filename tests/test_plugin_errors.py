@@ -15,10 +15,10 @@ import pytest
 from cli_runner import run_cli
 from training_fixtures import TINY
 
-from dmlbench import files
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark import load_spec
 from dmlbench.protocol.prepare import prepare
+from dmlbench.protocol.record import write_benchmark_file
 from dmlbench.training import records
 
 REPO = Path(__file__).resolve().parent.parent
@@ -273,8 +273,9 @@ def test_a_plugin_that_raises_in_a_benchmark_fails_its_unit_with_that_line(
 def test_continuing_another_benchmark_names_what_differs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "out"
     output.mkdir()
-    stored = prepare(load_spec(SMOKE), output).description()
-    files.write_json(output / layout.BENCHMARK_FILE, stored)
+    # The benchmark.json a real start writes (its description, storage, hash and provenance).
+    write_benchmark_file(prepare(load_spec(SMOKE), output))
+    stored = (output / layout.BENCHMARK_FILE).read_bytes()
     code, _, error = run_cli(["benchmark", str(SMOKE), "protocol.trials=3", "training.epochs=2", "protocol.folds=3",
                               "-o", str(output), "--dry-run"], capsys)
     line = one_line(error)
@@ -285,7 +286,7 @@ def test_continuing_another_benchmark_names_what_differs(tmp_path: Path, capsys:
     # Each difference once: protocol is also described inside spec; the rest is the fold layout.
     more = int(re.search(r" and (\d+) more\)", line).group(1))
     assert more >= 1 and "protocol.folds: 2 -> 3, protocol" not in line
-    assert json.loads((output / layout.BENCHMARK_FILE).read_text()) == json.loads(json.dumps(stored))
+    assert (output / layout.BENCHMARK_FILE).read_bytes() == stored  # nothing written over it
 
 
 def yaml_of(path: Path) -> dict:

@@ -187,16 +187,20 @@ class EveryTriplet(Miner):
 
 
 def test_the_audit_names_a_run_that_used_other_plugin_code() -> None:
-    from dmlbench.protocol.audit import _audit_plugins
+    from protocol_fixtures import benchmark_record
 
-    benchmark = {"plugins": [{"plugin": "my_loss.py", "sha256": "a" * 64}]}
+    from dmlbench.protocol.audit import _audit_plugins
+    from dmlbench.protocol.benchmark_file import PluginChange
+
+    benchmark = benchmark_record(plugins=[{"plugin": "my_loss.py", "sha256": "a" * 64}])
     same = {"plugins": [{"plugin": "/x/my_loss.py", "module": "dmlbench_plugin_my_loss_1", "path": "/x/my_loss.py",
                          "version": None, "sha256": "a" * 64}]}
     other = {"plugins": [{**same["plugins"][0], "sha256": "b" * 64}]}
     assert _audit_plugins("m/trial_0/fold_0", same, benchmark) == []
     (problem,) = _audit_plugins("m/trial_0/fold_0", other, benchmark)
     assert problem.startswith("m/trial_0/fold_0: plugin my_loss.py changed since the benchmark started")
-    accepted = {**benchmark, "plugin_changes_accepted": [{"plugins": [{"plugin": "my_loss.py", "sha256": "b" * 64}]}]}
+    accepted = benchmark.model_copy(update={"plugin_changes_accepted": [PluginChange(
+        time="2026-01-01T00:00:00Z", changes=["plugin my_loss.py changed"], plugins=[{"plugin": "my_loss.py", "sha256": "b" * 64}])]})
     assert _audit_plugins("m/trial_0/fold_0", other, accepted) == []
 
 

@@ -1,5 +1,6 @@
 """The frozen-trunk feature cache (``protocol.frozen_trunk``): trunks per fold, cached features, head-only trials."""
 
+import dataclasses
 import json
 import logging
 import math
@@ -18,8 +19,10 @@ from dmlbench.protocol import search as search_module
 from dmlbench.protocol.benchmark import BenchmarkSpec, apply_spec_overrides, load_spec
 from dmlbench.protocol.folds import fold_layout
 from dmlbench.protocol.prepare import prepare
-from dmlbench.training import TrainingDiverged
-from dmlbench.training.features import FoldFeatures, train_head
+from dmlbench.evaluation import evaluate
+from dmlbench.models.embedding import EmbeddingHead
+from dmlbench.training import TrainingDiverged, evaluate_run, loop, records, train, train_or_resume
+from dmlbench.training.features import FoldFeatures
 from dmlbench.training.setup import load_dataset
 from protocol_fixtures import run_search, study
 from training_fixtures import TINY
@@ -47,7 +50,8 @@ def clustered_features(seed: int = 0) -> FoldFeatures:
 
     train, train_labels = split(range(0, 12))
     validation, validation_labels = split(range(12, 18))
-    return FoldFeatures(train, train_labels, validation, validation_labels, {"trunk_run": None, "features": "synthetic"})
+    return FoldFeatures(train, train_labels, validation, validation_labels, {"trunk_run": None, "features": "synthetic"},
+                        "synthetic-dataset", unreadable_images=0)
 
 
 def head_config(*overrides: str) -> config_module.Config:
@@ -58,8 +62,8 @@ def head_config(*overrides: str) -> config_module.Config:
 def test_head_training_on_features_is_finite_deterministic_and_not_retrained(tmp_path: Path) -> None:
     features = clustered_features()
     config = head_config()
-    first = train_head(config, tmp_path / "a", features, {"stage": "search", "fold": 0})
-    second = train_head(config, tmp_path / "b", features, {"stage": "search", "fold": 0})
+    first = train_or_resume(config, tmp_path / "a", progress=False, record={"stage": "search", "fold": 0}, features=features)
+    second = train_or_resume(config, tmp_path / "b", progress=False, record={"stage": "search", "fold": 0}, features=features)
     assert first.best_validation is not None and all(math.isfinite(v) for v in first.best_validation.values())
     assert (first.best_epoch, first.best_validation, first.epochs_run) == (second.best_epoch, second.best_validation, 3)
     metrics = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
@@ -76,7 +80,7 @@ def test_head_training_on_features_is_finite_deterministic_and_not_retrained(tmp
     assert (tmp_path / "a" / "config.yaml").is_file()
     # A completed run is returned as recorded, not trained again.
     before = (tmp_path / "a" / "metrics.jsonl").stat().st_mtime_ns
-    again = train_head(config, tmp_path / "a", features, {"stage": "search", "fold": 0})
+    again = train_or_resume(config, tmp_path / "a", progress=False, record={"stage": "search", "fold": 0}, features=features)
     assert again.already_complete and again.best_validation == first.best_validation
     assert (tmp_path / "a" / "metrics.jsonl").stat().st_mtime_ns == before
 
@@ -84,9 +88,89 @@ def test_head_training_on_features_is_finite_deterministic_and_not_retrained(tmp
 def test_a_diverging_head_raises_training_diverged_and_is_recorded_failed(tmp_path: Path) -> None:
     config = head_config("optimizer.name=sgd", "optimizer.lr=1e30", "loss.name=contrastive", "miner.name=null")
     with pytest.raises(TrainingDiverged):
-        train_head(config, tmp_path / "run", clustered_features(), {})
+        train(config, tmp_path / "run", progress=False, features=clustered_features())
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["status"] == "failed" and "diverged" in record["reason"]
+
+
+def strip_seconds(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in records.read_metrics(run_dir)]
+
+
+def test_a_head_run_records_what_a_full_run_does_and_keeps_its_checkpoints(tmp_path: Path) -> None:
+    """The same run.json fields as a full run (packages, environment, dataset hash, plugins, the
+    training choices), the same checkpoint names (no head_best.pt), and a best checkpoint whose head
+    gives back the recorded best validation scores."""
+    config = head_config("model.layer_norm=true")
+    # Synthetic rows, recorded as computed from the config's dataset (as the feature cache's are).
+    features = dataclasses.replace(clustered_features(), dataset_hash=load_dataset(config).content_hash)
+    result = train(config, tmp_path / "head", progress=False, features=features, record={"stage": "search", "fold": 1})
+    full = train(head_config("training.epochs=1", "training.max_steps_per_epoch=1"), tmp_path / "full", progress=False)
+    head_record = json.loads((tmp_path / "head" / "run.json").read_text())
+    full_record = json.loads((full.run_dir / "run.json").read_text())
+    assert set(full_record) - set(head_record) == set() and set(head_record) - set(full_record) == {"frozen_trunk", "fold", "stage"}
+    assert head_record["dataset"] == {"name": config.data.name, "content_hash": features.dataset_hash}
+    assert head_record["dataset"] == full_record["dataset"]
+    assert head_record["packages"] == full_record["packages"] and head_record["environment"]["device"] == "cpu"
+    assert head_record["plugins"] == [] and head_record["unreadable_images"] == 0
+    assert head_record["training_choices"]["model"] == config.model.model_dump(mode="json")
+    assert head_record["split_sizes"] == {"train": 96, "validation": 48, "test": 0}
+    assert sorted(path.name for path in (tmp_path / "head").iterdir()) == sorted(
+        ["config.yaml", "run.json", "metrics.jsonl", "checkpoint_best.pt", "checkpoint_last.pt"])
+    best = torch.load(tmp_path / "head" / "checkpoint_best.pt", weights_only=False)
+    assert best["epoch"] == result.best_epoch
+    head = EmbeddingHead(24, config.model.embedding_dim, True, config.model.normalize, config.model.bias)
+    head.load_state_dict({name.removeprefix("head."): value for name, value in best["model"].items()})
+    with torch.no_grad():
+        embeddings = head.eval()(features.validation)
+    scores = evaluate(embeddings, features.validation_labels, metrics=config.evaluation.metrics, seed=config.seed)
+    assert {key: float(value) for key, value in scores.items()} == result.best_validation
+    # A head alone embeds no image: evaluating the run is refused in one line, not a load error.
+    with pytest.raises(UserInputError, match="trained only a head on cached trunk features"):
+        evaluate_run(tmp_path / "head")
+
+
+def test_a_stopped_head_run_is_interrupted_and_resumes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in a head run is recorded ``interrupted`` (not ``failed``); ``train_or_resume`` then
+    continues it from its last checkpoint to the uninterrupted run's epochs and weights."""
+    features = clustered_features()
+    config = head_config("sampler.name=ddm", "sampler.params={samples_per_class: 2, big_batch_size: 48}",
+                         "optimizer.name=sgd", "optimizer.momentum=0.9", "optimizer.schedule=cosine")
+    uninterrupted = train(config, tmp_path / "full", progress=False, features=features)
+    real_train_epoch = loop._train_epoch
+
+    def stopped_in_third_epoch(epoch, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if epoch == 3:
+            raise KeyboardInterrupt
+        return real_train_epoch(epoch, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "_train_epoch", stopped_in_third_epoch)
+    with pytest.raises(RunInterrupted, match="--resume"):
+        train_or_resume(config, tmp_path / "stopped", progress=False, features=features)
+    record = json.loads((tmp_path / "stopped" / "run.json").read_text())
+    assert record["status"] == "interrupted" and "reason" not in record
+    assert [entry["epoch"] for entry in records.read_metrics(tmp_path / "stopped")] == [0, 1, 2]
+    monkeypatch.setattr(loop, "_train_epoch", real_train_epoch)
+    resumed = train_or_resume(config, tmp_path / "stopped", progress=False, features=features)
+    assert not resumed.already_complete and resumed.best_validation == uninterrupted.best_validation
+    assert strip_seconds(tmp_path / "stopped") == strip_seconds(tmp_path / "full")
+    states = [torch.load(run / "checkpoint_last.pt", weights_only=False) for run in (tmp_path / "full", tmp_path / "stopped")]
+    for name, tensor in states[0]["model"].items():
+        assert torch.equal(tensor, states[1]["model"][name]), name
+    assert torch.equal(states[0]["sampler_memory"], states[1]["sampler_memory"])
+    record = json.loads((tmp_path / "stopped" / "run.json").read_text())
+    assert record["status"] == "completed" and len(record["resumed"]) == 1
+
+
+def test_a_head_run_is_tracked_like_a_full_run(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = train(head_config("tracking.backend=tensorboard"), tmp_path / "run", progress=False, features=clustered_features())
+    events = EventAccumulator(str(result.run_dir / "tensorboard"))
+    events.Reload()
+    scalars = {event.step: event.value for event in events.Scalars("validation_map_at_r")}
+    logged = {entry["epoch"]: entry["validation"]["map_at_r"] for entry in records.read_metrics(result.run_dir)}
+    assert scalars == pytest.approx(logged) and sorted(logged) == [0, 1, 2, 3]
 
 
 def test_frozen_trunk_search_trains_one_trunk_per_fold_and_reuses_its_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,17 +184,18 @@ def test_frozen_trunk_search_trains_one_trunk_per_fold_and_reuses_its_features(t
     monkeypatch.setattr(feature_cache.FeatureCache, "_extract", counted)
     spec = BenchmarkSpec.model_validate({"base": base_raw(), "protocol": {**PROTOCOL, "trials": 3}, "methods": [
         {"name": "triplet", "overrides": {"loss.name": "triplet"}, "search": SEARCH}]})
-    real_train_head = search_module.train_head
+    real_train_or_resume = search_module.train_or_resume
 
     def stopped_in_third_trial(config, run_dir, *args, **kwargs):  # type: ignore[no-untyped-def]
+        assert kwargs["features"] is not None  # the search trains heads on the cached features
         if "trial_0002" in str(run_dir):
             raise KeyboardInterrupt
-        return real_train_head(config, run_dir, *args, **kwargs)
+        return real_train_or_resume(config, run_dir, *args, **kwargs)
 
-    monkeypatch.setattr(search_module, "train_head", stopped_in_third_trial)
+    monkeypatch.setattr(search_module, "train_or_resume", stopped_in_third_trial)
     with pytest.raises(RunInterrupted):
         run_search(spec, tmp_path)
-    monkeypatch.setattr(search_module, "train_head", real_train_head)
+    monkeypatch.setattr(search_module, "train_or_resume", real_train_or_resume)
     assert len(study(tmp_path, "triplet").trials) == 3 and len(extractions) == 2  # once per fold, not once per trial
     assert sorted(path.name for path in (tmp_path / "features").glob("*.pt")) == ["fold_0.pt", "fold_1.pt"]
 

@@ -32,9 +32,9 @@ def test_fold_run_trains_and_validates_on_exactly_the_fold_classes(tmp_path: Pat
     seen_labels: list[set[int]] = []
     real_validate = loop._validate
 
-    def spy(model, validation_set, *args, **kwargs):
-        seen_labels.append(set(validation_set.labels.tolist()))
-        return real_validate(model, validation_set, *args, **kwargs)
+    def spy(source, *args, **kwargs):
+        seen_labels.append(set(source.setup.validation_set.labels.tolist()))
+        return real_validate(source, *args, **kwargs)
 
     monkeypatch.setattr(loop, "_validate", spy)
     result = train(tiny_config(*fold_overrides(fold)), tmp_path / "run", progress=False,

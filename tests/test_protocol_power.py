@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,3 +77,15 @@ def test_bad_inputs_are_one_line_errors() -> None:
         power.ttest_power(1, 0.0, 0.01)
     with pytest.raises(UserInputError, match="standard deviation"):
         power.tost_power(5, 0.0, 0.01, 0.0)
+
+
+def test_plan_command_takes_protocol_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_runner import run_cli
+
+    config = str(Path(__file__).resolve().parent.parent / "configs" / "reality_check_emoji.yaml")
+    code, out, _ = run_cli(["plan", config, "--sd", "0.008"], capsys)
+    assert code == 0 and "20 reproductions" in out
+    code, out, _ = run_cli(["plan", config, "protocol.reproductions=10", "--sd", "0.008"], capsys)
+    assert code == 0 and "10 reproductions" in out and "20 reproductions" not in out
+    code, _, err = run_cli(["plan", config, "training.epochs=3", "--sd", "0.008"], capsys)
+    assert code == 2 and "plan takes protocol.* and analysis.* overrides only; got 'training.epochs=3'" in err

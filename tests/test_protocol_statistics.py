@@ -7,19 +7,21 @@ import pytest
 from scipy import stats
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.statistics import (
+from dmlbench.protocol.correlations import (
     _kendall,
+    correlation,
+    lag_one_autocorrelation,
+    mean_lag_one_autocorrelation,
+    within_group_correlation,
+)
+from dmlbench.protocol.statistics import (
     cohen_dz,
     compare_methods,
     compare_pairs,
-    correlation,
     equivalence_pvalue,
     holm,
-    lag_one_autocorrelation,
     mean_interval,
-    mean_lag_one_autocorrelation,
     paired_comparison,
-    within_group_correlation,
 )
 
 VALUES = [0.512, 0.498, 0.530, 0.505, 0.521, 0.490, 0.515, 0.509, 0.526, 0.501]

@@ -167,6 +167,9 @@ def test_three_workers_on_postgres_one_killed_mid_trial_give_the_single_worker_r
     assert "## Cost" in (output / "report.md").read_text()
 
 
+# Slow (minutes on 2 cores): two workers started together on an empty journal file stay in the default
+# suite (test_jobs_2_on_the_journal_file_gives_the_single_worker_results).
+@pytest.mark.slow
 def test_four_workers_started_together_on_an_empty_database_all_run(
     reference: Path, new_database: Callable[[], str], tmp_path: Path
 ) -> None:
@@ -261,6 +264,8 @@ def test_workers_wait_for_a_restarting_database_and_give_the_undisturbed_results
         assert (output / name).read_bytes() == (reference / name).read_bytes(), name
 
 
+# Slow: a database restarted within the retry bound stays in the default suite.
+@pytest.mark.slow
 def test_a_database_away_past_the_retry_bound_stops_with_one_line_and_the_command_resumes(
     reference: Path, private_server: PrivateServer, tmp_path: Path
 ) -> None:

@@ -9,14 +9,8 @@ from scipy import stats
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome
-from dmlbench.protocol.statistics import (
-    compare_methods,
-    compare_pairs,
-    correlation,
-    holm,
-    mean_interval,
-    rank_agreement,
-)
+from dmlbench.protocol.correlations import correlation, rank_agreement
+from dmlbench.protocol.statistics import compare_methods, compare_pairs, holm, mean_interval
 from dmlbench.report.analysis import analyse
 
 
@@ -172,12 +166,14 @@ def test_analyse_without_an_analysis_section_or_embedding_space_still_ranks() ->
 def test_a_best_value_on_a_bound_of_its_range_is_flagged() -> None:
     from pathlib import Path
 
+    from protocol_fixtures import benchmark_record
+
     from dmlbench.report.data import ReportData
     from dmlbench.report.tables import range_edge
 
     spec = {"methods": [{"name": "m", "search": {"loss.params.margin": {"low": 0.05, "high": 0.5},
                                                  "miner.name": {"choices": ["semihard", "hard"]}}}]}
-    data = ReportData(Path("."), {"spec": spec}, ["m"], {})
+    data = ReportData(Path("."), benchmark_record(spec=spec), ["m"], {})
     assert range_edge(data, "m", "loss.params.margin", 0.5) == " (range edge)"
     assert range_edge(data, "m", "loss.params.margin", 0.05) == " (range edge)"
     assert range_edge(data, "m", "loss.params.margin", 0.3) == ""

@@ -10,6 +10,7 @@ import optuna
 import pytest
 from matplotlib.colors import to_rgba
 
+from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredMethod, StoredSpec
 from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome
 from dmlbench.report import plots, render, tables
 from dmlbench.report.analysis import analyse
@@ -72,7 +73,7 @@ def _data(**protocol: object) -> ReportData:
     benchmark = _benchmark(**protocol)
     trials = {name: [{"number": n, "state": "COMPLETE", "value": 0.3 + 0.01 * n, "params": {}} for n in range(3)]
               for name in METHODS}
-    data = ReportData(Path("."), benchmark, list(METHODS), trials, results=results)
+    data = ReportData(Path("."), BenchmarkRecord.model_validate(benchmark), list(METHODS), trials, results=results)
     data.claims = analyse(results, benchmark["analysis"], {}, ["precision_at_1", "r_precision", "map_at_r"])
     return data
 
@@ -158,12 +159,12 @@ def test_patience_none_reads_in_words() -> None:
     assert rows["early stopping patience"].endswith("is kept")  # no method sets a patience of its own
     assert dict(tables.parameters(_data(patience=3)))["early stopping patience"].startswith("3 validation evaluations")
     data = _data()
-    data.benchmark["spec"]["base"] = {**SPEC["base"], "training": {"early_stopping_patience": None}}
+    data.benchmark.spec.base = {**SPEC["base"], "training": {"early_stopping_patience": None}}
     assert "still applies" not in dict(tables.parameters(data))["early stopping patience"]  # set, but to none
-    data.benchmark["overrides"] = ["training.early_stopping_patience=2"]
+    data.benchmark.overrides = ["training.early_stopping_patience=2"]
     assert "still applies" in dict(tables.parameters(data))["early stopping patience"]
     data = _data()
-    data.benchmark["spec"]["methods"] = [{"name": "m", "overrides": {"training": {"early_stopping_patience": 2}}}]
+    data.benchmark.spec.methods = [StoredMethod(name="m", overrides={"training": {"early_stopping_patience": 2}})]
     assert "still applies" in dict(tables.parameters(data))["early stopping patience"]
 
 
@@ -200,7 +201,7 @@ def test_the_set_up_section_shows_search_ranges_base_config_and_test_set() -> No
     assert "The `untrained` row is the same in both modes" in setup and "4 copies of one network" in setup
     # A benchmark stored before the spec was recorded still gets the section, with what it has.
     data = _data()
-    del data.benchmark["spec"], data.benchmark["fold_layout"]
+    data.benchmark.spec, data.benchmark.fold_layout = StoredSpec(), None
     bare = render.markdown(sections(data, [FIGURE]))
     assert "## Set-up" in bare and "test set's size is unknown" in bare
 

@@ -55,6 +55,8 @@ def test_an_unknown_repeated_method_is_one_line_exit_2(tmp_path: Path, capsys: p
 
 
 def test_best_values_in_the_outer_five_percent_are_flagged_on_the_scale_searched() -> None:
+    from protocol_fixtures import benchmark_record
+
     from dmlbench.report.data import ReportData
     from dmlbench.report.uncertainty import edge_position, range_edge_text
 
@@ -66,13 +68,13 @@ def test_best_values_in_the_outer_five_percent_are_flagged_on_the_scale_searched
     spec = {"methods": [{"name": "m", "search": {"t": log_range, "u": linear_range, "c": {"choices": [1, 2]}}}]}
     trials = {"m": [{"number": 0, "state": "COMPLETE", "value": 0.5, "params": {"t": 0.19, "u": 0.19, "c": 1}},
                     {"number": 1, "state": "COMPLETE", "value": 0.4, "params": {"t": 0.025, "u": 0.025, "c": 2}}]}
-    text = range_edge_text(ReportData(Path("."), {"spec": spec}, ["m"], trials))
+    text = range_edge_text(ReportData(Path("."), benchmark_record(spec=spec), ["m"], trials))
     assert "`m` t=0.19 (high end, 98% of the range)" in text and "u=" not in text and "c=" not in text
     trials["m"][1]["value"] = 0.6  # now the best trial is the other one: u at 2.8% of its linear range
-    text = range_edge_text(ReportData(Path("."), {"spec": spec}, ["m"], trials))
+    text = range_edge_text(ReportData(Path("."), benchmark_record(spec=spec), ["m"], trials))
     assert "`m` u=0.025 (low end, 3% of the range)" in text and "t=" not in text
     trials["m"] = [{"number": 0, "state": "COMPLETE", "value": 0.5, "params": {"t": 0.06, "u": 0.1}}]
-    assert range_edge_text(ReportData(Path("."), {"spec": spec}, ["m"], trials)).startswith("No best value")
+    assert range_edge_text(ReportData(Path("."), benchmark_record(spec=spec), ["m"], trials)).startswith("No best value")
 
 
 def test_the_new_protocol_keys_enter_the_description_only_when_set(tmp_path: Path) -> None:

@@ -86,10 +86,13 @@ def load_results(output_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     method, mode and metric the mean and 95% interval), ``runs`` (``runs.csv``: every reproduction's
     scores) and ``comparisons`` (``comparisons.csv``, when there are two methods or more). Numbers
     are ``int`` or ``float``, an empty cell ``None``, everything else ``str``."""
+    from dmlbench.protocol import layout
+
     directory = Path(output_dir)
-    tables = {"results": directory / "results.csv", "runs": directory / "runs.csv", "comparisons": directory / "comparisons.csv"}
+    tables = {"results": directory / layout.RESULTS_CSV, "runs": directory / layout.RUNS_CSV,
+              "comparisons": directory / layout.COMPARISONS_CSV}
     if not tables["results"].is_file():
-        raise UserInputError(f"{directory} holds no results.csv (a finished benchmark writes it; "
+        raise UserInputError(f"{directory} holds no {layout.RESULTS_CSV} (a finished benchmark writes it; "
                              f"`dmlbench report {directory}` rebuilds it from the storage)")
     return {name: _read_rows(path) for name, path in tables.items() if path.is_file()}
 

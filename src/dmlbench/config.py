@@ -292,8 +292,7 @@ def read_yaml(path: Path, what: str) -> Any:
     """The YAML document in ``path``, or a one-line ``UserInputError`` that says what is wrong with
     the file (``what`` names it: "config file", "benchmark config")."""
     if path.is_dir():
-        hint = " (a run directory? continue it with: dmlbench train --resume -o DIR)" if (path / "run.json").is_file() else ""
-        raise UserInputError(f"{what} {path} is a directory, not a YAML file{hint}")
+        raise UserInputError(f"{what} {path} is a directory, not a YAML file")
     if not path.is_file():
         raise UserInputError(f"{what} {path} does not exist")
     try:

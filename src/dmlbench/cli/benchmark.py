@@ -16,20 +16,21 @@ import typer
 
 from dmlbench.cli.common import OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed
+from dmlbench.protocol import layout
 from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS, redact
 
 STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
-                "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: DIR/study.db, "
-                "or DIR/study.journal with --jobs > 1).")
+                f"~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: DIR/{layout.SQLITE_FILE}, "
+                f"or DIR/{layout.JOURNAL_FILE} with --jobs > 1).")
 SEARCH_STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
-                       "~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: DIR/study.db).")
+                       f"~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: DIR/{layout.SQLITE_FILE}).")
 JOBS_HELP = ("Worker processes on this machine, each with training.num_threads torch threads; auto: one per core "
              "(or per training.num_threads cores), at most as many as the search can keep busy.")
 HEARTBEAT_HELP = "Seconds between a PostgreSQL worker's heartbeats; a worker silent for 3 of them is taken for dead."
 ACCEPT_HELP = ("Continue although a plugin's code changed since the benchmark started; the change is recorded in "
-               "benchmark.json.")
+               f"{layout.BENCHMARK_FILE}.")
 ACCEPT_ANALYSIS_HELP = ("Continue although the config's `analysis` differs from the one declared when the benchmark "
-                        "started; the change is recorded in benchmark.json and the report.")
+                        f"started; the change is recorded in {layout.BENCHMARK_FILE} and the report.")
 DB_RETRY_HELP = ("Seconds a worker waits for a database server that went away (a restart), retrying with a doubling "
                  "pause, before it stops with exit 1 (the same command continues later).")
 
@@ -95,15 +96,16 @@ def benchmark_command(
             typer.echo(dry_run_plan(prepared.spec))
             return
         if not quiet:
-            typer.echo(f"output: {output_dir} (report.md and report.html at the end)", err=True)
+            typer.echo(f"output: {output_dir} ({layout.REPORT_FILE} and {layout.REPORT_HTML} at the end)", err=True)
         outcome = _run_prepared(prepared, config_path, overrides, quiet, write_report)
     if outcome is None:
-        typer.echo(f"done: another worker sharing this benchmark wrote the report: {output_dir / 'report.md'} "
+        typer.echo(f"done: another worker sharing this benchmark wrote the report: {output_dir / layout.REPORT_FILE} "
                    f"(`dmlbench report {output_dir}` rebuilds it from the storage)")
         return
     if not quiet:
-        typer.echo(report_summary((output_dir / "report.md").read_text()))
-    typer.echo(f"report: {output_dir / 'report.md'} {output_dir / 'report.html'}; results: {output_dir / 'results.csv'}")
+        typer.echo(report_summary((output_dir / layout.REPORT_FILE).read_text()))
+    typer.echo(f"report: {output_dir / layout.REPORT_FILE} {output_dir / layout.REPORT_HTML}; "
+               f"results: {output_dir / layout.RESULTS_CSV}")
     for name, reason in outcome.failed.items():
         print(f"dmlbench: error: method {name} failed: {reason}", file=sys.stderr)
     if outcome.failed:
@@ -179,7 +181,7 @@ def search_command(
             failed = True
         else:
             typer.echo(f"{name}: best fold-mean validation MAP@R {result.best_value:.4f} with {result.best_params}")
-    typer.echo(f"search: {output_dir / 'search.json'}")
+    typer.echo(f"search: {output_dir / layout.SEARCH_FILE}")
     if failed:
         raise typer.Exit(1)
 

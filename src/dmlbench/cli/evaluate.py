@@ -15,6 +15,8 @@ from dmlbench.files import atomic_write, load_array
 if TYPE_CHECKING:
     import numpy as np
 
+    from dmlbench.training.runs import Run
+
 
 def register(app: typer.Typer) -> None:
     app.command("evaluate", cls=Command)(evaluate_command)
@@ -83,12 +85,13 @@ def evaluate_command(
                                   query_mask, rerank_option(rerank, rerank_params))
 
     if run is not None:
-        results = _evaluate_run(run, options)
+        opened = _open_run(run)  # once: the scores, the analysis, the diagnostics and the open set share it
+        results = _evaluate_run(opened, options)
         if analysis:
-            results = {**results, "analysis": _analyze_training_split(run, drop, center, normalize, plot)}
+            results = {**results, "analysis": _analyze_training_split(opened, drop, center, normalize, plot)}
         if per_query or worst or verification:
-            results = {**results, **_diagnose(run, per_query, worst, html, verification, roc, seed)}
-        results = {**results, **_open_set(run, open_set, calibration, seed)}
+            results = {**results, **_diagnose(opened, per_query, worst, html, verification, roc, seed)}
+        results = {**results, **_open_set(opened, open_set, calibration, seed)}
         _write_json(json_path, results)
         return
 
@@ -177,7 +180,13 @@ def _check_options(
         raise UserInputError("--roc goes with --verification")
 
 
-def _evaluate_run(run: Path, options: dict[str, Any]) -> dict[str, Any]:
+def _open_run(run: Path) -> Run:
+    from dmlbench.training.runs import Run
+
+    return Run.open(run)
+
+
+def _evaluate_run(run: Run, options: dict[str, Any]) -> dict[str, Any]:
     """A run's test scores, trained and untrained, printed as a table; only options changed from their
     defaults are passed on, so the run's own evaluation settings hold otherwise."""
     from dmlbench.evaluation.table import format_table
@@ -201,7 +210,7 @@ def _evaluate_run(run: Path, options: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-def _analyze_training_split(run: Path, drop: int, center: bool, normalize: bool, plot: Path | None) -> dict[str, Any]:
+def _analyze_training_split(run: Run, drop: int, center: bool, normalize: bool, plot: Path | None) -> dict[str, Any]:
     """``_analyze`` of the run's training split: Roth et al. 2020 measure the embedding space on the
     training data, never on the test split."""
     from dmlbench.training.runs import embed_run
@@ -227,7 +236,7 @@ def _analyze(
 
 
 def _diagnose(
-    run: Path, per_query_path: Path | None, worst: int | None, html: Path | None, verification: bool, roc: Path | None,
+    run: Run, per_query_path: Path | None, worst: int | None, html: Path | None, verification: bool, roc: Path | None,
     seed: int | None,
 ) -> dict[str, Any]:
     """Per-query results, the worst queries' page and verification thresholds of the run's test split."""
@@ -243,7 +252,7 @@ def _diagnose(
             diagnostics.write_per_query_csv(per_query_path, found, split.names)
             typer.echo(f"per-query results: {per_query_path} ({len(found.query_ids)} queries)")
         if worst is not None and html is not None:
-            diagnostics.write_worst_page(html, found, split, worst, f"The {worst} worst test queries of {run}")
+            diagnostics.write_worst_page(html, found, split, worst, f"The {worst} worst test queries of {run.run_dir}")
             typer.echo(f"worst queries: {html}")
     if verification:
         summary = diagnostics.verification_summary(split, roc, 0 if seed is None else seed)
@@ -274,7 +283,7 @@ def _check_open_set_options(run: Path | None, open_set: bool, calibration: Path 
         calibrations.check_same_model(calibrations.load_calibration(calibration), run_hashes(run), str(calibration), f"run {run}")
 
 
-def _open_set(run: Path, open_set: bool, calibration: Path | None, seed: int | None) -> dict[str, Any]:
+def _open_set(run: Run, open_set: bool, calibration: Path | None, seed: int | None) -> dict[str, Any]:
     """``{"open_set": ...}``: DIR and FAR at the default FAR targets and at the calibrated thresholds,
     printed with their 95% intervals (nothing without ``--open-set``)."""
     from dmlbench.deploy.calibration import open_set_of_run

@@ -10,9 +10,10 @@ import typer
 
 from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_directory, require_yaml
 from dmlbench.errors import UserInputError
+from dmlbench.protocol.layout import BENCHMARK_FILE
 
 
-STORAGE_HELP = ("Read this storage URL instead of the one DIR/benchmark.json records (password from PGPASSWORD or "
+STORAGE_HELP = (f"Read this storage URL instead of the one DIR/{BENCHMARK_FILE} records (password from PGPASSWORD or "
                 "~/.pgpass).")
 
 
@@ -24,8 +25,6 @@ def register(app: typer.Typer) -> None:
 
 def _require_benchmark(directory: Path) -> None:
     """Before optuna, matplotlib and torch are imported: the message of the library's own check."""
-    from dmlbench.protocol.layout import BENCHMARK_FILE
-
     if not (directory / BENCHMARK_FILE).is_file():
         raise UserInputError(f"{directory} holds no benchmark study (no {BENCHMARK_FILE})")
 
@@ -73,6 +72,7 @@ def audit_command(
 
 def plan_command(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Benchmark YAML.", show_default=False)],
+    overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help="protocol.KEY=VALUE or analysis.KEY=VALUE, as for benchmark (protocol.reproductions=20).", show_default=False)] = None,
     pilot: Annotated[Optional[Path], typer.Option("--pilot", metavar="DIR", help="A finished benchmark whose paired differences give each comparison's SD.")] = None,
     sd: Annotated[Optional[float], typer.Option("--sd", metavar="X", help="The SD of the paired differences, in score units (0.008 = 0.8 points).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
@@ -92,9 +92,11 @@ def plan_command(
         raise UserInputError(f"--sd must lie strictly between 0 and 1 (score units), got {sd}")
     require_yaml(config_path, "benchmark config")
     from dmlbench.protocol import power
-    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
 
-    spec = load_spec(config_path)
+    spec, others = apply_spec_overrides(load_spec(config_path), list(overrides or []))
+    if others:  # a run setting cannot change a power calculation: say so rather than ignore it
+        raise UserInputError(f"plan takes protocol.* and analysis.* overrides only; got {others[0]!r}")
     if pilot is not None:
         typer.echo(power.plan_text(spec, power.pilot_sds(pilot, spec), f"measured in {pilot} per comparison"))
     else:

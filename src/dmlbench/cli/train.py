@@ -45,6 +45,12 @@ def train_command(
     elif config_path is None:
         raise UserInputError("missing CONFIG (a YAML file, e.g. configs/glyphs.yaml)")
     else:
+        if config_path.is_dir():
+            from dmlbench.training import records  # only on this mistake: the package imports torch
+
+            if records.is_run_dir(config_path):
+                raise UserInputError(f"config file {config_path} is a directory, not a YAML file (a run directory? "
+                                     "continue it with: dmlbench train --resume -o DIR)")
         config_module.read_yaml(config_path, "config file")
     from dmlbench.training import TrainingDiverged, distributed, records, train
 

@@ -15,7 +15,6 @@ import math
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision.transforms.v2 import functional as F
 
 from dmlbench.errors import UserInputError
 
@@ -55,11 +54,13 @@ def item_generator(seed: int, epoch: int, root_index: int) -> torch.Generator:
 
 def evaluation_view(base: Tensor, size: int) -> Tensor:
     """Centre ``size`` x ``size`` crop of a square base image ``[C, B, B]``."""
+    from torchvision.transforms.v2 import functional as F  # imported on first use: torchvision takes seconds
     return F.center_crop(base, [size, size])
 
 
 def augment(base: Tensor, augmentation: str, size: int, generator: torch.Generator) -> Tensor:
     """One training view ``[C, size, size]`` (uint8) of the square base image ``[C, B, B]`` (uint8)."""
+    from torchvision.transforms.v2 import functional as F  # imported on first use: torchvision takes seconds
     if augmentation == "none":
         return evaluation_view(base, size)
     if augmentation == "reduced":
@@ -101,6 +102,7 @@ def _random_resized_crop_box(
 
 def _colour_jitter(view: Tensor, generator: torch.Generator) -> Tensor:
     """Brightness, contrast, saturation and hue, each with a random factor, in a random order."""
+    from torchvision.transforms.v2 import functional as F  # imported on first use: torchvision takes seconds
     def factor(amount: float) -> float:
         return 1.0 + amount * (2.0 * float(torch.rand((), generator=generator)) - 1.0)
 

@@ -24,7 +24,7 @@ from dmlbench.evaluation.calibration import DEFAULT_REPLICATES, calibrate, check
 from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS, open_set
 from dmlbench.training import records
 from dmlbench.training.embed import embed
-from dmlbench.training.setup import make_splits
+from dmlbench.training.runs import Run
 
 FORMAT = "dmlbench calibration"
 HASH_KEYS = ("model_sha256", "config_sha256")
@@ -44,7 +44,7 @@ def calibrate_run(run_dir: Path, targets: Sequence[float], *, seed: int = 0, rep
     targets = check_targets(targets)
     run = load_run_model(run_dir)
     dataset = run.dataset()
-    splits = make_splits(run.config, dataset)
+    splits = run.run.splits
     # Too few validation classes for a target is said before anything is embedded.
     check_reachable(np.asarray(dataset.labels)[splits.validation], targets, "validation split")
     batch_size = run.config.evaluation.batch_size
@@ -139,7 +139,7 @@ def select_target(calibration: dict[str, Any], fmr: float | None, calibration_na
 
 
 def open_set_of_run(
-    run_dir: Path, calibration_path: Path | None, far_targets: Sequence[float], *, seed: int = 0,
+    run: Path | Run, calibration_path: Path | None, far_targets: Sequence[float], *, seed: int = 0,
     replicates: int = DEFAULT_REPLICATES,
 ) -> dict[str, Any]:
     """Open-set identification on the run's test classes, at the calibration's thresholds when given."""
@@ -147,9 +147,10 @@ def open_set_of_run(
     calibrated = None
     if calibration_path is not None:
         calibration = load_calibration(calibration_path)
-        check_same_model(calibration, records.run_hashes(Path(run_dir)), str(calibration_path), f"run {run_dir}")
+        run_dir = run.run_dir if isinstance(run, Run) else Path(run)
+        check_same_model(calibration, records.run_hashes(run_dir), str(calibration_path), f"run {run_dir}")
         calibrated = {float(point["target_fmr"]): float(point["threshold"]) for point in calibration["targets"]}
-    split = load_test_split(run_dir)
+    split = load_test_split(run)
     mask = None if split.query_mask is None else split.query_mask.numpy()
     return open_set(split.embeddings, split.labels, far_targets=far_targets, calibrated=calibrated, seed=seed,
                     replicates=replicates, query_mask=mask)

@@ -19,8 +19,7 @@ from dmlbench.evaluation import verification
 from dmlbench.evaluation.per_query import PerQuery
 from dmlbench.files import atomic_write
 from dmlbench.training.embed import embed
-from dmlbench.training.runs import query_mask
-from dmlbench.training.setup import make_splits
+from dmlbench.training.runs import Run, query_mask
 
 CSV_COLUMNS = ("query", "path", "label", "relevant", "first_correct_rank", "average_precision_at_r")
 
@@ -36,12 +35,12 @@ class TestSplit:
     query_mask: Tensor | None
 
 
-def load_test_split(run_dir: str | Path) -> TestSplit:
+def load_test_split(run: str | Path | Run) -> TestSplit:
     """Embed the standard test split with the run's validation-selected checkpoint (with its
-    query/gallery roles, when the dataset declares them)."""
-    run = load_run_model(run_dir)
+    query/gallery roles, when the dataset declares them); an opened ``Run`` lends its dataset and splits."""
+    run = load_run_model(run)
     dataset = run.dataset()
-    indices = make_splits(run.config, dataset).test
+    indices = run.run.splits.test
     test = dataset.subset(indices)
     embeddings, labels = embed(run.model, test, run.config.evaluation.batch_size, run.device)
     return TestSplit(test, item_names(dataset, test), embeddings, labels, query_mask(dataset, indices))

@@ -15,28 +15,39 @@ from dmlbench.deploy.images import InputSpec
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
 from dmlbench.training.embed import resolve_device
-from dmlbench.training.runs import best_model, load_run_config, trained_dataset
+from dmlbench.training.runs import Run, best_model, load_run_config
 from dmlbench.training.setup import load_dataset
 
 
 @dataclass
 class RunModel:
-    """The best checkpoint of ``run_dir`` in evaluation mode, with the run's config and record."""
+    """The best checkpoint of a run in evaluation mode, with the opened run (its config, record and
+    dataset, ``training.runs.Run``)."""
 
-    run_dir: Path
-    config: Config
-    record: dict[str, Any]
+    run: Run
     model: nn.Module
     device: torch.device
     epoch: int
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.run_dir
+
+    @property
+    def config(self) -> Config:
+        return self.run.config
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self.run.record
 
     @property
     def embedding_dim(self) -> int:
         return int(self.config.model.embedding_dim)
 
     def dataset(self) -> ImageDataset:
-        """The run's dataset exactly as trained on (checked by content hash)."""
-        return trained_dataset(self.run_dir, self.config, self.record)
+        """The run's dataset exactly as trained on (checked by content hash; loaded once per opened run)."""
+        return self.run.dataset
 
     def other_dataset(self, name: str, root: Path | None) -> ImageDataset:
         """Dataset ``name``: the run's own (checked) when it is the run's and no other root is given;
@@ -58,15 +69,18 @@ class RunModel:
         return self.model(images.to(self.device)).float().cpu()
 
 
-def load_run_model(run_dir: str | Path, device: str | None = None) -> RunModel:
-    """Load the validation-selected checkpoint of a completed run; ``device`` defaults to the run's."""
-    run_dir = Path(run_dir)
-    record = records.require_run_dir(run_dir)
-    checkpoint = run_dir / records.BEST_CHECKPOINT
-    if not checkpoint.is_file():
-        raise UserInputError(f"run {run_dir} has no checkpoint ({records.BEST_CHECKPOINT}); train it first")
-    config = load_run_config(run_dir)
-    resolved = resolve_device(device or config.training.device)
-    model, epoch = best_model(run_dir, config, resolved)
+def load_run_model(run: str | Path | Run, device: str | None = None) -> RunModel:
+    """Load the validation-selected checkpoint of a run (``Run``: one already opened, whose dataset it
+    shares); ``device`` defaults to the run's. A run directory needs its best checkpoint, not a
+    completed status."""
+    if not isinstance(run, Run):
+        run_dir = Path(run)
+        record = records.require_run_dir(run_dir)
+        checkpoint = run_dir / records.BEST_CHECKPOINT
+        if not checkpoint.is_file():
+            raise UserInputError(f"run {run_dir} has no checkpoint ({records.BEST_CHECKPOINT}); train it first")
+        run = Run(run_dir, record, load_run_config(run_dir))
+    resolved = resolve_device(device or run.config.training.device)
+    model, epoch = best_model(run.run_dir, run.config, resolved)
     model.eval()
-    return RunModel(run_dir, config, record, model, resolved, epoch)
+    return RunModel(run, model, resolved, epoch)

@@ -28,15 +28,19 @@ from dmlbench import files, plugins
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
+from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredFoldLayout, read_benchmark
 from dmlbench.protocol.layout import (
     BENCHMARK_FILE,
     REPRODUCTION_STAGE,
-    SEARCH_REPEAT_MARK,
     SEARCH_STAGE,
     TEST_ACCESS_FILE,
     TRUNK_STAGE,
-    TRUNKS_DIR,
+    fold_dir,
+    method_fold_dirs,
     reproduction_study,
+    search_repeat_dirs,
+    trunk_run_dirs,
+    trunks_dir,
 )
 from dmlbench.training import records
 
@@ -45,32 +49,31 @@ def audit(output_dir: Path, storage: str | None = None) -> list[str]:
     """Every problem found in ``output_dir`` (one line each, naming the run); ``[]`` if none.
     ``storage``: the URL to read (by default the one ``benchmark.json`` records, without password)."""
     output_dir = Path(output_dir)
-    path = output_dir / BENCHMARK_FILE
-    if not path.is_file():
-        raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
-    benchmark = files.read_json(path)
-    test_classes = set(benchmark["fold_layout"]["test_classes"])
+    benchmark = read_benchmark(output_dir)
+    if benchmark.fold_layout is None:
+        raise UserInputError(f"{output_dir}: {BENCHMARK_FILE} records no fold layout, so its test classes cannot be checked")
+    test_classes = set(benchmark.fold_layout.test_classes)
     problems: list[str] = []
     runs: dict[str, dict[str, Any]] = {}
     epochs: dict[str, set[int]] = {}
     # The runs of the repeated searches (``protocol.search_repeats``) are audited like their method's.
-    repeats = [path.name for method in benchmark["methods"]
-               for path in sorted(output_dir.glob(f"{method}{SEARCH_REPEAT_MARK}*")) if path.is_dir()]
-    for method in [*benchmark["methods"], *repeats]:
+    repeats = [path.name for method in benchmark.methods for path in search_repeat_dirs(output_dir, method)]
+    for method in [*benchmark.methods, *repeats]:
         epochs[method] = set()
-        for run_file in sorted((output_dir / method).glob("*/fold_*/" + records.RUN_FILE)):
+        run_files = [run_dir / records.RUN_FILE for run_dir in method_fold_dirs(output_dir, method)]
+        for run_file in (path for path in run_files if path.is_file()):
             name = str(run_file.parent.relative_to(output_dir))
             try:
                 record = files.read_json(run_file)
             except (OSError, ValueError) as error:
-                problems.append(f"{name}: run.json cannot be read ({error})")
+                problems.append(f"{name}: {records.RUN_FILE} cannot be read ({error})")
                 continue
             runs[name] = record
             problems += _audit_run(name, run_file.parent, record, method, test_classes, epochs[method])
             problems += _audit_plugins(name, record, benchmark)
-    problems += _audit_trunks(output_dir, benchmark, test_classes, runs)
+    problems += _audit_trunks(output_dir, benchmark.fold_layout, test_classes, runs)
     problems += _audit_test_access(output_dir / TEST_ACCESS_FILE, runs)
-    problems += _audit_budgets(benchmark, epochs, storage or str(benchmark["storage"]))
+    problems += _audit_budgets(benchmark, epochs, storage or benchmark.storage)
     problems += _audit_analysis(benchmark)
     return problems
 
@@ -88,7 +91,7 @@ def _audit_run(
     val = set(record.get("val_classes") or [])
     recorded_test = set(record.get("test_classes") or [])
     if record.get("method") != method:
-        problems.append(f"{name}: run.json names method {record.get('method')!r}")
+        problems.append(f"{name}: {records.RUN_FILE} names method {record.get('method')!r}")
     if stage == SEARCH_STAGE:
         seen = sorted((train | val) & test_classes)
         if seen:
@@ -121,12 +124,12 @@ def _audit_run(
     return problems
 
 
-def _audit_plugins(name: str, record: dict[str, Any], benchmark: dict[str, Any]) -> list[str]:
+def _audit_plugins(name: str, record: dict[str, Any], benchmark: BenchmarkRecord) -> list[str]:
     """A run used the plugin code the benchmark started with, or code whose change was accepted on purpose."""
-    allowed = [benchmark.get("plugins", []), *(entry["plugins"] for entry in benchmark.get("plugin_changes_accepted", []))]
+    allowed = [benchmark.plugins, *(entry.plugins for entry in benchmark.plugin_changes_accepted)]
     used = plugins.identity(record.get("plugins", []))
     if "plugins" in record and used not in allowed:
-        changes = plugins.changed(benchmark.get("plugins", []), used)
+        changes = plugins.changed(benchmark.plugins, used)
         return [f"{name}: {changes[0] if changes else 'other plugins than the benchmark recorded'}"]
     return []
 
@@ -151,20 +154,20 @@ def _audit_test_access(accesses: Path, runs: dict[str, dict[str, Any]]) -> list[
     return problems
 
 
-def _audit_analysis(benchmark: dict[str, Any]) -> list[str]:
+def _audit_analysis(benchmark: BenchmarkRecord) -> list[str]:
     """The analysis in force must be the one declared before the runs (``benchmark.json``'s ``analysis``,
     covered by the config hash); each change accepted with ``--accept-analysis-change`` is named."""
-    if not benchmark.get("analysis_in_hash"):
+    if not benchmark.analysis_in_hash:
         return []  # started before the analysis was fixed: nothing was declared to check against
-    return [f"analysis changed after the runs ({change.get('time')}): "
-            f"{', '.join('analysis.' + key for key in change.get('changed', []))}, accepted with --accept-analysis-change"
-            for change in benchmark.get("analysis_changes_accepted", [])]
+    return [f"analysis changed after the runs ({change.time}): "
+            f"{', '.join('analysis.' + key for key in change.changed)}, accepted with --accept-analysis-change"
+            for change in benchmark.analysis_changes_accepted]
 
 
-def _audit_budgets(benchmark: dict[str, Any], epochs: dict[str, set[int]], url: str) -> list[str]:
+def _audit_budgets(benchmark: BenchmarkRecord, epochs: dict[str, set[int]], url: str) -> list[str]:
     """Each method's study in storage ``url`` spent the protocol's trials, and all methods spent the same budgets."""
     problems: list[str] = []
-    protocol = benchmark["protocol"]
+    protocol = benchmark.protocol
     budgets: dict[str, tuple[Any, ...]] = {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -175,7 +178,7 @@ def _audit_budgets(benchmark: dict[str, Any], epochs: dict[str, set[int]], url: 
     except Exception as error:  # an unreachable or foreign storage: one line, as the report says it
         raise UserInputError(f"storage {storage_module.redact(url)} cannot be read: "
                              f"{storage_module.scrub(str(error).splitlines()[0], url)}") from None
-    for method in benchmark["methods"]:
+    for method in benchmark.methods:
         if method not in names:
             problems.append(f"method {method}: no study in {storage_module.redact(url)}")
             continue
@@ -186,8 +189,8 @@ def _audit_budgets(benchmark: dict[str, Any], epochs: dict[str, set[int]], url: 
                          if reproduction_study(method) in names else 0)
         budgets[method] = (budgeted, study.user_attrs.get("epochs"), settings.get("folds"), tuple(sorted(epochs[method])),
                            reproductions, tuple(sorted((k, str(v)) for k, v in settings.items())))
-        if budgeted != protocol["trials"]:
-            problems.append(f"method {method}: {budgeted} search trials, the protocol says {protocol['trials']}")
+        if budgeted != protocol.trials:
+            problems.append(f"method {method}: {budgeted} search trials, the protocol says {protocol.trials}")
     if len(set(budgets.values())) > 1:
         detail = "; ".join(f"{m}: trials {b[0]}, epochs {b[1]}, folds {b[2]}, run epochs {list(b[3])}, reproductions {b[4]}"
                            for m, b in budgets.items())
@@ -196,32 +199,35 @@ def _audit_budgets(benchmark: dict[str, Any], epochs: dict[str, set[int]], url: 
 
 
 def _audit_trunks(
-    output_dir: Path, benchmark: dict[str, Any], test_classes: set[int], runs: dict[str, dict[str, Any]]
+    output_dir: Path, fold_layout: StoredFoldLayout, test_classes: set[int], runs: dict[str, dict[str, Any]]
 ) -> list[str]:
     """The frozen-trunk runs: each trained on exactly its fold's train classes, selected on its val classes."""
     problems: list[str] = []
-    folds = {int(fold["index"]): fold for fold in benchmark["fold_layout"]["folds"]}
-    for run_file in sorted((output_dir / TRUNKS_DIR).glob("*/" + records.RUN_FILE)):
+    folds = {fold.index: fold for fold in fold_layout.folds}
+    run_files = [run_dir / records.RUN_FILE for run_dir in trunk_run_dirs(output_dir)]
+    for run_file in (path for path in run_files if path.is_file()):
         name = str(run_file.parent.relative_to(output_dir))
         try:
             record = files.read_json(run_file)
         except (OSError, ValueError) as error:
-            problems.append(f"{name}: run.json cannot be read ({error})")
+            problems.append(f"{name}: {records.RUN_FILE} cannot be read ({error})")
             continue
         fold = folds.get(record.get("fold")) if isinstance(record.get("fold"), int) else None
-        if record.get("stage") != TRUNK_STAGE or fold is None or run_file.parent.name != f"fold_{record.get('fold')}":
+        if record.get("stage") != TRUNK_STAGE or fold is None or run_file.parent != fold_dir(trunks_dir(output_dir), fold.index):
             problems.append(f"{name}: not recorded as the trunk run of a fold (stage {record.get('stage')!r}, fold {record.get('fold')!r})")
             continue
         train, val = set(record.get("train_classes") or []), set(record.get("val_classes") or [])
         seen = sorted((train | val) & test_classes)
         if seen:
             problems.append(f"{name}: trunk run saw test classes {seen[:10]}")
-        if train != set(fold["train_classes"]):
-            problems.append(f"{name}: trunk run's train classes are not exactly fold {fold['index']}'s train classes")
-        if val != set(fold["val_classes"]):
-            problems.append(f"{name}: trunk run's validation classes are not exactly fold {fold['index']}'s")
+        if train != set(fold.train_classes):
+            problems.append(f"{name}: trunk run's train classes are not exactly fold {fold.index}'s train classes")
+        if val != set(fold.val_classes):
+            problems.append(f"{name}: trunk run's validation classes are not exactly fold {fold.index}'s")
     for name, record in runs.items():
         trunk_run = (record.get("frozen_trunk") or {}).get("trunk_run")
-        if trunk_run is not None and Path(trunk_run).parts[-2:] != (TRUNKS_DIR, f"fold_{record.get('fold')}"):
+        fold = record.get("fold")
+        expected = fold_dir(trunks_dir(Path()), fold).parts if isinstance(fold, int) else None  # ("trunks", "fold_K")
+        if trunk_run is not None and Path(trunk_run).parts[-2:] != expected:
             problems.append(f"{name}: head trained on the features of another fold's trunk ({trunk_run})")
     return problems

@@ -1,6 +1,8 @@
-"""The ``untrained`` row of the leaderboard: reproduction ``r`` of the reference method (the first
-method of the benchmark with best parameters) with its models as initialised (same seeds, no
-training step), scored on the test classes like every method. It needs no run directory."""
+"""The baseline rows of the leaderboard (``protocol.baselines``), scored on the test classes like every
+method and needing no run directory: ``untrained`` is reproduction ``r`` of the reference method (the
+first method of the benchmark with best parameters) with its models as initialised (same seeds, no
+training step); ``raw_pixels`` embeds each test image as its pixels, after the reference's
+preprocessing, so it shows what retrieval gets without any model (the same for every seed)."""
 
 from __future__ import annotations
 
@@ -16,15 +18,19 @@ from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit
 from dmlbench.training import records
 
 
-class UntrainedBaseline(Unit):
-    """The baseline's reproductions as units of work, shared by any number of workers."""
+class Baseline(Unit):
+    """One baseline's reproductions (``kind``: ``untrained`` or ``raw_pixels``) as units of work, shared
+    by any number of workers."""
 
-    def __init__(self, reference: MethodPlan, params: Mapping[str, Any], settings: ReproductionSettings,
+    def __init__(self, kind: str, reference: MethodPlan, params: Mapping[str, Any], settings: ReproductionSettings,
                  context: Context) -> None:
+        if kind not in layout.BASELINES:
+            raise ValueError(f"unknown baseline {kind!r}; known: {', '.join(layout.BASELINES)}")
+        self.kind = kind
         self.reference, self.params, self.settings, self.context = reference, dict(params), settings, context
         self.done = False
-        self.study = open_unit_study(context.worker, layout.reproduction_study(layout.UNTRAINED), {
-            "method": layout.UNTRAINED, "reference": reference.name, "params": self.params,
+        self.study = open_unit_study(context.worker, layout.reproduction_study(kind), {
+            "method": kind, "reference": reference.name, "params": self.params,
             "reproductions": settings.reproductions, "first_seed": settings.first_seed,
             "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash,
         })
@@ -44,25 +50,30 @@ class UntrainedBaseline(Unit):
         return Attempt(body, lambda: 0)  # nothing trains
 
     def _scores(self, reproduction: int, seed: int) -> dict[str, dict[str, float]]:
+        from torch import nn
+
         from dmlbench.training.embed import embed, resolve_device
         from dmlbench.training.runs import query_mask, test_domains
         from dmlbench.training.setup import build_model, load_dataset, make_splits
 
         output_dir = self.context.output_dir
-        directory = layout.reproduction_dir(output_dir, layout.UNTRAINED, reproduction)
+        directory = layout.reproduction_dir(output_dir, self.kind, reproduction)
         record_test_access(output_dir, {
-            "stage": layout.REPRODUCTION_STAGE, "method": layout.UNTRAINED, "reproduction": directory.name,
-            "model": "untrained", "reference": self.reference.name, "runs": [],
+            "stage": layout.REPRODUCTION_STAGE, "method": self.kind, "reproduction": directory.name,
+            "model": self.kind, "reference": self.reference.name, "runs": [],
         })
         embeddings, labels, mask, domains = {}, None, None, None
         for fold in self.context.layout.folds:
             config = self.reference.run_config(self.params, fold, seed)
             dataset = load_dataset(config)
             device = resolve_device(config.training.device)
-            # The model exactly as reproduction ``r`` of the reference started training it (same seed).
-            model = build_model(config).to(device)
+            # The model exactly as reproduction ``r`` of the reference started training it (same seed),
+            # or no model: the pixels of the images as the reference's data pipeline hands them over.
+            model = (build_model(config) if self.kind == layout.UNTRAINED else nn.Flatten()).to(device)
             test = make_splits(config, dataset).test
-            embeddings[f"fold_{fold.index}"], labels = embed(model, dataset.subset(test), config.evaluation.batch_size, device)
+            # Named as a reproduction names its fold models: after the fold's run directory.
+            embeddings[layout.fold_dir(directory, fold.index).name], labels = embed(
+                model, dataset.subset(test), config.evaluation.batch_size, device)
             mask = query_mask(dataset, test)  # queries against the gallery for a dataset with roles
             domains = test_domains(dataset, test, config)
         assert labels is not None
@@ -74,4 +85,4 @@ class UntrainedBaseline(Unit):
         return scores
 
     def result(self) -> MethodReproductions:
-        return read_reproductions(self.study, layout.UNTRAINED, {}, self.context.layout.hash, self.context.output_dir)
+        return read_reproductions(self.study, self.kind, {}, self.context.layout.hash, self.context.output_dir)

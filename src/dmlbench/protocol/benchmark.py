@@ -4,7 +4,7 @@ checks it and ``protocol.schedule`` runs it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +22,8 @@ MIN_REPRODUCTIONS = 2
 DEFAULT_CLASS_BOOTSTRAP = 1000
 # Protocol keys left out of a benchmark's description (and config hash) while they keep these values, so
 # that benchmarks started before the keys existed keep their hash.
-LATER_PROTOCOL_DEFAULTS = {"search_repeats": 1, "search_repeat_methods": [], "class_bootstrap": DEFAULT_CLASS_BOOTSTRAP}
+LATER_PROTOCOL_DEFAULTS = {"search_repeats": 1, "search_repeat_methods": [], "class_bootstrap": DEFAULT_CLASS_BOOTSTRAP,
+                           "baselines": [layout.UNTRAINED]}
 
 
 class MethodSpec(BaseModel):
@@ -49,7 +50,9 @@ class ProtocolSpec(BaseModel):
     reproductions of its best trial) run this many times, repeat ``k`` with search seed
     ``search_seed + k``, for ``search_repeat_methods`` (empty: every method), so the report shows how
     much the search's luck moves a method; ``class_bootstrap``: replicates of the paired bootstrap over
-    test classes of the report (0: none)."""
+    test classes of the report (0: none); ``baselines``: the rows scored beside the methods without
+    training, ``untrained`` (the reference method's models as initialised) and ``raw_pixels`` (each
+    test image's pixels, as the models see them, as its embedding)."""
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
@@ -68,6 +71,7 @@ class ProtocolSpec(BaseModel):
     search_repeats: int = Field(1, ge=1)
     search_repeat_methods: list[str] = Field(default_factory=list)
     class_bootstrap: int = Field(DEFAULT_CLASS_BOOTSTRAP, ge=0)
+    baselines: list[Literal["untrained", "raw_pixels"]] = Field(default_factory=lambda: [layout.UNTRAINED])
 
     @field_validator("reproductions")
     @classmethod
@@ -76,6 +80,13 @@ class ProtocolSpec(BaseModel):
         if value < MIN_REPRODUCTIONS:
             raise ValueError(f"{value} is too few: intervals and paired tests need at least {MIN_REPRODUCTIONS} "
                              "reproductions")
+        return value
+
+    @field_validator("baselines")
+    @classmethod
+    def _distinct_baselines(cls, value: list[str]) -> list[str]:
+        if len(set(value)) < len(value):
+            raise ValueError(f"each baseline once, got {value}")
         return value
 
 
@@ -126,13 +137,6 @@ def declared_comparisons(references: Sequence[str], pairs: Sequence[Sequence[str
     return list(chosen.values())
 
 
-def analysis_in_force(benchmark: Mapping[str, Any]) -> dict[str, Any]:
-    """The analysis a stored benchmark is read with: the last change accepted with ``--accept-analysis-change``,
-    else the declared one (``benchmark.json``'s ``analysis``)."""
-    accepted = benchmark.get("analysis_changes_accepted", [])
-    return dict(accepted[-1]["analysis"]) if accepted else dict(benchmark.get("analysis", {}))
-
-
 class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     plugins: list[str] = Field(default_factory=list)  # modules or .py files that register components
@@ -163,7 +167,7 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
                              "the repeats of a search")
     reserved = [name for name in layout.RESERVED_METHOD_NAMES if name in names]
     if reserved:
-        what = "the baseline row" if reserved[0] == layout.UNTRAINED else "the frozen-trunk feature cache"
+        what = "a baseline row" if reserved[0] in layout.BASELINES else "the frozen-trunk feature cache"
         raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for {what}")
     _check_analysis(spec.analysis, names)
     _check_repeats(spec.protocol, names)

@@ -7,7 +7,7 @@ features of the fold's train and validation items (never the test split) are com
 evaluation mode, into ``OUTPUT_DIR/features/fold_K.pt``, keyed by the trunk's sha256 and the
 dataset's content hash (recomputed when either differs), under a file lock so that local workers
 sharing the directory do this once. Every trial then trains only heads on them
-(``training.features.train_head``). The reproductions train full models.
+(``training.train(..., features=...)``). The reproductions train full models.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dmlbench import config as config_module
 from dmlbench import files
 from dmlbench.files import file_sha256
 from dmlbench.protocol.folds import ClassFold
-from dmlbench.protocol.layout import FEATURES_DIR, TRUNK_STAGE, TRUNKS_DIR
+from dmlbench.protocol.layout import TRUNK_STAGE, feature_file, feature_lock, fold_dir, trunks_dir
 from dmlbench.training import records, train_or_resume
 from dmlbench.training.features import FoldFeatures, trunk_features
 from dmlbench.training.setup import build_model, load_dataset, make_splits, training_view
@@ -50,7 +50,7 @@ class FeatureCache:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         """Workers sharing this output directory train and extract each fold once: the others wait."""
-        path = self.output_dir / FEATURES_DIR / ".lock"
+        path = feature_lock(self.output_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -71,7 +71,7 @@ class FeatureCache:
         loaded = self._loaded.get(fold.index)
         if loaded is not None and loaded[0] == key:
             return loaded[1]
-        path = self.output_dir / FEATURES_DIR / f"fold_{fold.index}.pt"
+        path = feature_file(self.output_dir, fold.index)
         payload = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
         if payload is None or payload.get("key") != key:
             payload = self._extract(config, state() if state is not None else None, key)
@@ -79,7 +79,8 @@ class FeatureCache:
             files.atomic_torch_save(path, payload)
         source = {"trunk_run": trunk_run, "features": str(path), "trunk_sha256": trunk_sha}
         features = FoldFeatures(payload["train"], payload["train_labels"], payload["validation"],
-                                payload["validation_labels"], source)
+                                payload["validation_labels"], source, key["dataset_hash"],
+                                payload.get("unreadable_images"))
         self._loaded[fold.index] = (key, features)
         return features
 
@@ -92,7 +93,7 @@ class FeatureCache:
             buffer = io.BytesIO()
             torch.save(build_model(config).trunk.state_dict(), buffer)  # type: ignore[union-attr]
             return None, hashlib.sha256(buffer.getvalue()).hexdigest(), None
-        run_dir = self.output_dir / TRUNKS_DIR / f"fold_{fold.index}"
+        run_dir = fold_dir(trunks_dir(self.output_dir), fold.index)
         if self.progress:
             print(f"== frozen trunk of fold {fold.index}: {run_dir}", flush=True)
         train_or_resume(config, run_dir, progress=self.progress, record={"stage": TRUNK_STAGE, "fold": fold.index})
@@ -107,4 +108,6 @@ class FeatureCache:
             "key": key,
             "train": trunk_features(config, state, train), "train_labels": torch.as_tensor(train.labels),
             "validation": trunk_features(config, state, validation), "validation_labels": torch.as_tensor(validation.labels),
+            # Left out of both splits by make_splits; each head run records it as a full run does.
+            "unreadable_images": len(dataset.metadata.get("unreadable_items", [])),
         }

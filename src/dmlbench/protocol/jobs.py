@@ -15,16 +15,14 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from dmlbench import files, plugins
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.layout import RESULTS_FILE
 from dmlbench.protocol.prepare import Prepared
-from dmlbench.protocol.record import BenchmarkOutcome, write_benchmark_file
+from dmlbench.protocol.record import BenchmarkOutcome, ReportWriter, write_benchmark_file
 from dmlbench.protocol.schedule import owned_output, run_benchmark
 from dmlbench.training.threads import share_cores
 
@@ -32,7 +30,7 @@ STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
 
 
 def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
-             report: Callable[[Path, str], Any] | None = None) -> BenchmarkOutcome | None:
+             report: ReportWriter | None = None) -> BenchmarkOutcome | None:
     """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it).
     ``report``: the report writer of ``run_benchmark``, a module-level function (it is sent to the workers).
     This process holds the output directory (shared, as each worker does) until every worker has ended."""
@@ -41,7 +39,7 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
 
 
 def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
-              report: Callable[[Path, str], Any] | None) -> BenchmarkOutcome | None:
+              report: ReportWriter | None) -> BenchmarkOutcome | None:
     write_benchmark_file(prepared)
     share_cores(prepared.jobs)
     context = multiprocessing.get_context("spawn")
@@ -77,7 +75,7 @@ def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str]
 
 
 def _worker(config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
-            heartbeat: int, retry_seconds: int, progress: bool, report: Callable[[Path, str], Any] | None,
+            heartbeat: int, retry_seconds: int, progress: bool, report: ReportWriter | None,
             plugin_specs: list[str], accept_plugin_changes: bool) -> None:
     """One spawned worker: the same checks and the same loop as the parent (its plugins imported
     first, as the parent's were); exit codes as the CLI's."""

@@ -1,16 +1,22 @@
-"""The layout of a benchmark's output directory: every file name, run-directory name and stage name.
+"""The layout of a benchmark's output directory: every file name, folder name, run-directory name and
+stage name. (The files inside a run directory are ``training.records``'s.)
 
-The protocol writes, and the audit, the report and ``dmlbench status`` read, through these names
-only, so that a renamed file is renamed everywhere::
+The protocol writes, and the audit, the report, the API and ``dmlbench status`` read, through these
+names only, so that a renamed file is renamed everywhere (``tests/test_architecture.py`` checks that
+no other module spells them)::
 
     OUTPUT_DIR/
       benchmark.json           the spec, overrides, protocol, fold layout, dataset hash, git commit
+                               (``protocol.benchmark_file``)
       benchmark.lock           held by the worker(s) writing the directory now (``dmlbench.ownership``)
-      study.db | study.journal the Optuna studies (unless --storage names a database server)
+      study.db | study.journal the Optuna studies (unless --storage names a database server);
+                               study.journal.work-lock: the journal's work lock
       test_access.jsonl        every opening of the test data
       search.json, reproductions.json, results.json   summaries, rebuilt from the studies
       results.csv, runs.csv    the leaderboard and its per-reproduction values
-      trunks/fold_K, features/fold_K.pt                the frozen-trunk feature cache
+      report.md, report.html, comparisons.csv, results.tex, the claim and uncertainty CSVs, the figures
+                               the report (``report.build.write_report``)
+      trunks/fold_K, features/fold_K.pt, features/.lock the frozen-trunk feature cache
       METHOD/trial_SSSS/fold_K                         search runs (slot SSSS)
       METHOD/reproduction_RR/fold_K                    reproduction runs; test_metrics.json beside them
       METHOD@searchK/...                               search repeat K of a method (protocol.search_repeats)
@@ -28,6 +34,28 @@ RESULTS_FILE = "results.json"
 RESULTS_CSV = "results.csv"
 RUNS_CSV = "runs.csv"
 REPORT_FILE = "report.md"
+REPORT_HTML = "report.html"
+COMPARISONS_CSV = "comparisons.csv"
+RESULTS_TEX = "results.tex"
+# The claim files of ``report.analysis`` and ``report.uncertainty``.
+CLAIM_COMPARISONS_CSV = "claim_comparisons.csv"
+EMBEDDING_SPACE_CSV = "embedding_space.csv"
+CORRELATIONS_CSV = "correlations.csv"
+RANKINGS_CSV = "rankings.csv"
+VALIDATION_CURVES_CSV = "validation_curves.csv"
+CLASS_BOOTSTRAP_CSV = "class_bootstrap.csv"
+SEARCH_REPEATS_CSV = "search_repeats.csv"
+# The report's figures (``report.plots``), linked from report.md and embedded in report.html.
+SEARCH_FIGURE = "search.png"
+VALIDATION_CURVES_FIGURE = "validation_curves.png"
+FOREST_FIGURE = "forest.png"
+SPACE_FIGURE = "rho_vs_precision_at_1.png"
+# The Optuna studies' files of the default storages (``storage.default_url``), and the journal's work
+# lock beside its file (not ``PATH.lock``: Optuna's journal backend locks that one itself).
+SQLITE_FILE = "study.db"
+JOURNAL_FILE = "study.journal"
+WORK_LOCK_SUFFIX = ".work-lock"
+FEATURES_LOCK = ".lock"  # in FEATURES_DIR: the feature cache is computed once, under this file lock
 # Held (flock) while workers write the directory: by one process with SQLite, shared by the workers
 # of a journal or PostgreSQL storage; removed by the last one.
 LOCK_FILE = "benchmark.lock"
@@ -35,11 +63,14 @@ LOCK_FILE = "benchmark.lock"
 SEARCH_STAGE = "search"
 REPRODUCTION_STAGE = "reproduction"
 TRUNK_STAGE = "trunk"
-# The baseline row's method name, reserved in a benchmark YAML.
+# The baseline rows' method names (``protocol.baselines``), reserved in a benchmark YAML: the reference
+# method's models before any training step, and the images' pixels themselves as the embedding.
 UNTRAINED = "untrained"
+RAW_PIXELS = "raw_pixels"
+BASELINES = (UNTRAINED, RAW_PIXELS)
 TRUNKS_DIR = "trunks"
 FEATURES_DIR = "features"
-RESERVED_METHOD_NAMES = (UNTRAINED, TRUNKS_DIR, FEATURES_DIR)
+RESERVED_METHOD_NAMES = (*BASELINES, TRUNKS_DIR, FEATURES_DIR)
 # Joins a method's name and the number of a repeat of its search; not allowed in a method's name.
 SEARCH_REPEAT_MARK = "@search"
 
@@ -54,8 +85,47 @@ def reproduction_dir(output_dir: Path, method: str, reproduction: int) -> Path:
     return Path(output_dir) / method / f"reproduction_{reproduction:02d}"
 
 
+FOLD_PREFIX = "fold_"
+
+
 def fold_dir(directory: Path, fold: int) -> Path:
-    return Path(directory) / f"fold_{fold}"
+    """Fold ``fold``'s run directory of a trial or reproduction, or its trunk run under ``trunks_dir``."""
+    return Path(directory) / f"{FOLD_PREFIX}{fold}"
+
+
+def method_fold_dirs(output_dir: Path, method: str) -> list[Path]:
+    """Every fold run directory of a method's trials and reproductions, sorted (``METHOD/*/fold_K``)."""
+    return sorted(path for path in (Path(output_dir) / method).glob(f"*/{FOLD_PREFIX}*") if path.is_dir())
+
+
+def fold_run_dirs(output_dir: Path) -> list[Path]:
+    """Every fold run directory of every method's trials and reproductions, sorted (``*/*/fold_K``)."""
+    return sorted(path for path in Path(output_dir).glob(f"*/*/{FOLD_PREFIX}*") if path.is_dir())
+
+
+def search_repeat_dirs(output_dir: Path, method: str) -> list[Path]:
+    """The directories of the repeated searches of ``method`` (``METHOD@searchK``), sorted by name."""
+    return sorted(path for path in Path(output_dir).glob(f"{method}{SEARCH_REPEAT_MARK}*") if path.is_dir())
+
+
+def trunks_dir(output_dir: Path) -> Path:
+    """The frozen-trunk runs, one ``fold_K`` run directory per fold."""
+    return Path(output_dir) / TRUNKS_DIR
+
+
+def trunk_run_dirs(output_dir: Path) -> list[Path]:
+    """Every frozen-trunk run directory, sorted (``trunks/*``)."""
+    return sorted(path for path in trunks_dir(output_dir).glob("*") if path.is_dir())
+
+
+def feature_file(output_dir: Path, fold: int) -> Path:
+    """The cached trunk features of fold ``fold`` (``features/fold_K.pt``)."""
+    return Path(output_dir) / FEATURES_DIR / f"{FOLD_PREFIX}{fold}.pt"
+
+
+def feature_lock(output_dir: Path) -> Path:
+    """The file lock under which local workers compute the feature cache once."""
+    return Path(output_dir) / FEATURES_DIR / FEATURES_LOCK
 
 
 def search_repeat_name(method: str, repeat: int) -> str:
@@ -65,5 +135,6 @@ def search_repeat_name(method: str, repeat: int) -> str:
 
 
 def reproduction_study(method: str) -> str:
-    """The study of a method's reproductions (``untrained``: the baseline's); a search study is the method's name."""
+    """The study of a method's reproductions (a baseline's: ``untrained``, ``raw_pixels``); a search study is
+    the method's name."""
     return f"reproductions:{method}"

@@ -193,7 +193,7 @@ def plan_text(spec: BenchmarkSpec, sds: Mapping[tuple[str, str], float], source:
     comparisons = comparisons_of(spec)
     n, margin = spec.protocol.reproductions, spec.analysis.equivalence_margin
     primary = spec.analysis.primary
-    lines = [f"power ({primary.mode} {primary.metric}, the primary endpoint): {len(comparisons)} comparisons in one Holm "
+    lines = [f"power ({primary.mode} {primary.metric}, the primary endpoint): {len(comparisons)} comparison{'s' if len(comparisons) != 1 else ''} in one Holm "
              f"family, {n} reproductions, margin ±{100 * margin:g} points, SD of paired differences {source}; "
              f"t-test power at a true difference of one margin, TOST power at a true difference of 0, each "
              f"unadjusted / at the strictest Holm threshold alpha/{len(comparisons)} = {alpha / len(comparisons):.4g}; "

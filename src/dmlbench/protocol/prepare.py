@@ -16,16 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench import config as config_module
-from dmlbench import files, plugins
+from dmlbench import plugins
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol.benchmark import LATER_PROTOCOL_DEFAULTS, BenchmarkSpec, analysis_in_force, apply_spec_overrides
+from dmlbench.protocol.benchmark import LATER_PROTOCOL_DEFAULTS, BenchmarkSpec, apply_spec_overrides
+from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark_if_any
 from dmlbench.protocol.folds import FoldLayout, fold_layout
 from dmlbench.protocol.method_checks import check_samplers, check_shared
 from dmlbench.protocol.plan import MethodPlan, ReproductionSettings, SearchSettings, search_repeats
 from dmlbench.training import records, threads
-from dmlbench.training.setup import load_dataset
+from dmlbench.training.setup import build_model, check_input_channels, load_dataset
 
 
 @dataclass
@@ -75,7 +76,7 @@ class Prepared:
 
     def study_names(self) -> list[str]:
         searched = [*self.plans, *self.repeats]
-        return [*searched, *(output_layout.reproduction_study(name) for name in [*searched, output_layout.UNTRAINED])]
+        return [*searched, *(output_layout.reproduction_study(name) for name in [*searched, *output_layout.BASELINES])]
 
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically.
@@ -143,15 +144,20 @@ def prepare(
     dataset = load_dataset(first)
     layout = fold_layout(dataset, k=spec.protocol.folds, mode=spec.protocol.fold_mode)
     check_samplers(plans, dataset.labels, layout)
+    checked = set()
+    for plan in plans.values():  # before any trial: a mismatch would fail every one of them
+        if (model := plan.config.model.model_dump_json()) not in checked:
+            checked.add(model)
+            check_input_channels(plan.config, build_model(plan.config), dataset)
     storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
                         jobs, heartbeat, retry_seconds, plugin_identity(spec, plans))
-    stored_path = output_dir / output_layout.BENCHMARK_FILE
-    if stored_path.exists():
-        stored = files.read_json(stored_path)
-        _check_plugins(prepared, stored.get("plugins", []), accept_plugin_changes)
-        _check_analysis_change(prepared, stored, accept_analysis_change)
+    record = read_benchmark_if_any(output_dir)
+    if record is not None:
+        _check_plugins(prepared, record.plugins, accept_plugin_changes)
+        _check_analysis_change(prepared, record, accept_analysis_change)
+        stored = record.stored()  # compared key by key with the description, as the file holds it
         found = [line for key, value in prepared.description().items() for line in _differences(stored.get(key), value, key)]
         # The description repeats some values (``protocol`` is also in ``spec``): each difference is named once.
         differences = [line for line in found if not any(other.endswith(f".{line}") for other in found)]
@@ -217,14 +223,14 @@ def _check_plugins(prepared: Prepared, recorded: list[dict[str, Any]], accept: b
     prepared.plugins, prepared.plugin_changes = list(recorded), changes
 
 
-def _check_analysis_change(prepared: Prepared, stored: Mapping[str, Any], accept: bool) -> None:
+def _check_analysis_change(prepared: Prepared, record: BenchmarkRecord, accept: bool) -> None:
     """The analysis must be the one declared before the runs (or the last change accepted on purpose);
     accepted, the benchmark keeps its declared analysis and hash and ``record.write_benchmark_file`` records the change."""
-    if not stored.get("analysis_in_hash"):
+    if not record.analysis_in_hash:
         prepared.analysis_in_hash = False  # started before the analysis was fixed: report-only, as it was then
         return
-    prepared.declared_analysis = dict(stored.get("analysis", {}))
-    current, wanted = analysis_in_force(stored), prepared.spec.analysis.model_dump(mode="json")
+    prepared.declared_analysis = record.declared_analysis()
+    current, wanted = record.analysis_in_force(), prepared.spec.analysis.model_dump(mode="json")
     if current == wanted:
         return
     changed = sorted(key for key in {*current, *wanted} if current.get(key) != wanted.get(key))
@@ -258,11 +264,9 @@ def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
     if storage:
         storage_module.storage_for(storage)  # a supported kind, or one line
         return storage
-    stored = Path(output_dir) / output_layout.BENCHMARK_FILE
-    if stored.is_file():
-        recorded = files.read_json(stored).get("storage")
-        if recorded:
-            return str(recorded)
+    record = read_benchmark_if_any(output_dir)
+    if record is not None and record.storage:
+        return record.storage
     return storage_module.default_url(output_dir, jobs)
 
 

@@ -6,20 +6,34 @@ of the benchmark's parent run. The file names are ``protocol.layout``'s.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dmlbench import files, provenance
 from dmlbench.protocol import layout as output_layout
-from dmlbench.protocol.baseline import UntrainedBaseline
-from dmlbench.protocol.benchmark import analysis_in_force
+from dmlbench.protocol.baseline import Baseline
+from dmlbench.protocol.benchmark_file import (
+    AnalysisChange,
+    PluginChange,
+    StoredAnalysis,
+    benchmark_path,
+    new_benchmark,
+    read_benchmark,
+    read_benchmark_if_any,
+    write_benchmark,
+)
 from dmlbench.protocol.prepare import Prepared, plugin_identity
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
 from dmlbench.protocol.search import MethodSearch, SearchResult
 from dmlbench.training import tracking
+
+
+# The report writer a benchmark is given (``report.write_report``): it returns ``{file name: path}`` of
+# exactly the files it wrote, which ``track_report`` uploads.
+ReportWriter = Callable[[Path, str], Mapping[str, Path]]
 
 
 @dataclass
@@ -35,42 +49,40 @@ def write_benchmark_file(prepared: Prepared) -> None:
     started, record in it what this worker accepted on purpose (an analysis or plugin change) and,
     for one started before the analysis was fixed, the analysis of this spec."""
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
-    path = prepared.output_dir / output_layout.BENCHMARK_FILE
     analysis = prepared.spec.analysis.model_dump(mode="json")
-    if not path.exists():
-        files.write_json(path, {**prepared.description(), "analysis": analysis, "analysis_in_hash": True,
-                                  "storage": prepared.redacted, "config_hash": prepared.config_hash,
-                                  "git_commit": provenance.git_commit(), "created": provenance.now(),
-                                  # the machine of the worker that started it (each run.json has its own)
-                                  "environment": provenance.environment()})
+    stored = read_benchmark_if_any(prepared.output_dir)
+    if stored is None:
+        write_benchmark(prepared.output_dir, new_benchmark({
+            **prepared.description(), "analysis": analysis, "analysis_in_hash": True, "storage": prepared.redacted,
+            "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
+            # the machine of the worker that started it (each run.json has its own)
+            "environment": provenance.environment()}))
         return
-    stored = files.read_json(path)
-    if not prepared.analysis_in_hash and stored.get("analysis") != analysis:  # started before the analysis was fixed
-        stored = {**stored, "analysis": analysis}
-        files.write_json(path, stored)
-    if prepared.analysis_change and analysis_in_force(stored) != prepared.analysis_change["analysis"]:
-        accepted = {"time": provenance.now(), **prepared.analysis_change}
-        stored = {**stored, "analysis_changes_accepted": [*stored.get("analysis_changes_accepted", []), accepted]}
-        files.write_json(path, stored)
+    changed = False
+    if not prepared.analysis_in_hash and stored.declared_analysis() != analysis:  # started before the analysis was fixed
+        stored.analysis, changed = StoredAnalysis.model_validate(analysis), True
+    if prepared.analysis_change and stored.analysis_in_force() != prepared.analysis_change["analysis"]:
+        accepted = AnalysisChange.model_validate({"time": provenance.now(), **prepared.analysis_change})
+        stored.analysis_changes_accepted, changed = [*stored.analysis_changes_accepted, accepted], True
     if prepared.plugin_changes:
-        accepted = {"time": provenance.now(), "changes": prepared.plugin_changes,
-                    "plugins": plugin_identity(prepared.spec, prepared.plans)}
-        if accepted["plugins"] not in [entry["plugins"] for entry in stored.get("plugin_changes_accepted", [])]:
-            files.write_json(path, {**stored, "plugin_changes_accepted": [*stored.get("plugin_changes_accepted", []), accepted]})
+        accepted_plugins = PluginChange(time=provenance.now(), changes=prepared.plugin_changes,
+                                        plugins=plugin_identity(prepared.spec, prepared.plans))
+        if accepted_plugins.plugins not in [entry.plugins for entry in stored.plugin_changes_accepted]:
+            stored.plugin_changes_accepted, changed = [*stored.plugin_changes_accepted, accepted_plugins], True
+    if changed:
+        write_benchmark(prepared.output_dir, stored)
 
 
-def track_report(prepared: Prepared, written: Any) -> None:
-    """With MLflow tracking, the report files as artifacts of the benchmark's parent run: every file the
-    report writer returned (``{name: path}``: report.md, report.html, the PNGs report.md links to, the
-    tables) and ``benchmark.json``."""
+def track_report(prepared: Prepared, written: Mapping[str, Path]) -> None:
+    """With MLflow tracking, the files the report writer returned (``{name: path}``: report.md,
+    report.html, the figures report.md links to, the tables), exactly those, and the protocol's own
+    record ``benchmark.json`` as artifacts of the benchmark's parent run."""
     settings = next(iter(prepared.plans.values())).config.tracking
     if settings.backend != "mlflow":
         return
-    reported = list(written.values()) if isinstance(written, Mapping) else []
-    paths = [Path(path) for path in dict.fromkeys([*reported, prepared.output_dir / output_layout.BENCHMARK_FILE])
-             if Path(path).is_file()]
-    benchmark = files.read_json(prepared.output_dir / output_layout.BENCHMARK_FILE)
-    tracking.MLflowTracker(settings).report(prepared.output_dir, paths, benchmark)
+    record = read_benchmark(prepared.output_dir)
+    paths = list(dict.fromkeys([*map(Path, written.values()), benchmark_path(prepared.output_dir)]))
+    tracking.MLflowTracker(settings).report(prepared.output_dir, paths, str(record.config_hash))
 
 
 def write_search_summary(prepared: Prepared, searches: Mapping[str, MethodSearch]) -> dict[str, SearchResult]:
@@ -92,9 +104,9 @@ def write_search_summary(prepared: Prepared, searches: Mapping[str, MethodSearch
 
 
 def write_summaries(prepared: Prepared, searches: Mapping[str, MethodSearch],
-                    reproductions: Mapping[str, MethodReproduction], baseline: UntrainedBaseline | None) -> BenchmarkOutcome:
+                    reproductions: Mapping[str, MethodReproduction], baselines: Iterable[Baseline]) -> BenchmarkOutcome:
     """``search.json``, ``reproductions.json`` and ``results.json``, all from storage: the schedule's
-    searches, reproductions and baseline (``None`` when it was never scheduled)."""
+    searches, reproductions and baselines (none when they were never scheduled)."""
     output_dir = prepared.output_dir
     failed = {name: f"no search trial completed ({result.failed} failed)"
               for name, result in write_search_summary(prepared, searches).items() if result.best_params is None}
@@ -111,8 +123,8 @@ def write_summaries(prepared: Prepared, searches: Mapping[str, MethodSearch],
             "methods": {name: {"params": r.params, "fold_layout_hash": r.fold_layout_hash,
                                "outcomes": [asdict(o) for o in r.outcomes]} for name, r in results.items()},
         })
-    if baseline is not None:
-        results[output_layout.UNTRAINED] = baseline.result()
+    for baseline in baselines:
+        results[baseline.kind] = baseline.result()
     files.write_json(output_dir / output_layout.RESULTS_FILE, {
         "methods": {name: {"params": result.params, "fold_layout_hash": result.fold_layout_hash,
                            "outcomes": [asdict(outcome) for outcome in result.outcomes]}

@@ -29,7 +29,7 @@ from dmlbench.protocol.results import MethodReproductions, read_reproductions
 from dmlbench.protocol.scoring import objective, record_test_access, score_modes
 from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves
 from dmlbench.training import records, tracking, train_or_resume
-from dmlbench.training.runs import embed_run, embed_test_split, load_run_config, run_test_domains, test_query_mask
+from dmlbench.training.runs import Run, embed_run, embed_test_split, run_test_domains, test_query_mask
 
 
 class MethodReproduction(Unit):
@@ -73,8 +73,9 @@ class MethodReproduction(Unit):
                                         "params": dict(self.params), "test_classes": list(self.context.layout.test_classes)})
                 curves.append(validation_curves(run_dir))
             attributes["curves"] = curves
-            attributes["embedding_space"] = [training_space(run_dir) for run_dir in run_dirs]
-            scores, per_class = _test_scores(output_dir, directory, run_dirs, seed, self.plan.config.evaluation.metrics)
+            runs = [Run.open(run_dir) for run_dir in run_dirs]  # each fold run opened once, for both uses
+            attributes["embedding_space"] = [training_space(run) for run in runs]
+            scores, per_class = _test_scores(output_dir, directory, runs, seed, self.plan.config.evaluation.metrics)
             for run_dir in run_dirs:
                 tracking.log_test_scores(run_dir, self.plan.config.tracking, scores)
             attributes["scores"] = scores
@@ -92,26 +93,26 @@ class MethodReproduction(Unit):
         return read_reproductions(self.study, self.method, self.params, self.context.layout.hash, self.context.output_dir)
 
 
-def training_space(run_dir: Path) -> dict[str, float]:
+def training_space(run: Run) -> dict[str, float]:
     """rho and the pi ratios of a fold model's best checkpoint on its own training classes (Roth et
     al. 2020 §5 compute them on the embedded training data, not the test data; ``drop=1``, no centring)."""
-    embeddings, labels = embed_run(run_dir, "train")
+    embeddings, labels = embed_run(run, "train")
     space = embedding_space.analyze(embeddings, labels)
     return {key: float(space[key]) for key in ("rho", "pi_intra", "pi_inter", "pi_ratio")}
 
 
 def _test_scores(
-    output_dir: Path, directory: Path, run_dirs: list[Path], seed: int, metrics: list[str]
+    output_dir: Path, directory: Path, runs: list[Run], seed: int, metrics: list[str]
 ) -> tuple[dict[str, dict[str, float]], dict[str, Any] | None]:
-    """Concatenated and separated test metrics of the fold models and their per-class sums
-    (``class_bootstrap.class_sums``; ``None`` for scores stored before those were), computed once and
-    stored; every opening of the test data is appended to ``test_access.jsonl`` first."""
+    """Concatenated and separated test metrics of the fold models (``runs``, opened) and their per-class
+    sums (``class_bootstrap.class_sums``; ``None`` for scores stored before those were), computed once
+    and stored; every opening of the test data is appended to ``test_access.jsonl`` first."""
     stored_path = directory / records.TEST_METRICS_FILE
-    key = {"seed": seed, "run_dirs": [run_dir.name for run_dir in run_dirs], "metrics": list(metrics)}
-    domains = run_test_domains(run_dirs[0])
+    key = {"seed": seed, "run_dirs": [run.run_dir.name for run in runs], "metrics": list(metrics)}
+    domains = run_test_domains(runs[0])
     if domains is not None:  # only then, so that stored scores of other benchmarks keep their key
         key["cross_domain"] = True
-    rerank = load_run_config(run_dirs[0]).evaluation.rerank  # the best parameters' (searched or fixed)
+    rerank = runs[0].config.evaluation.rerank  # the best parameters' (searched or fixed)
     if rerank.kind != "none":  # likewise
         key["rerank"] = rerank.model_dump(mode="json")
     if stored_path.exists():
@@ -121,18 +122,18 @@ def _test_scores(
     record_test_access(output_dir, {
         "stage": layout.REPRODUCTION_STAGE, "method": directory.parent.name, "reproduction": directory.name,
         "model": "best_checkpoint",
-        "runs": [str(Path(run_dir).resolve().relative_to(Path(output_dir).resolve())) for run_dir in run_dirs],
+        "runs": [str(run.run_dir.resolve().relative_to(Path(output_dir).resolve())) for run in runs],
     })
     embeddings, labels = {}, None
     directory.mkdir(parents=True, exist_ok=True)
-    for run_dir in run_dirs:
-        fold_embeddings, fold_labels = embed_test_split(run_dir)
+    for run in runs:
+        fold_embeddings, fold_labels = embed_test_split(run)
         if labels is not None and not bool((fold_labels == labels).all()):
-            raise RuntimeError(f"{run_dir}: test labels differ between the folds of one reproduction")
-        embeddings[run_dir.name], labels = fold_embeddings, fold_labels
+            raise RuntimeError(f"{run.run_dir}: test labels differ between the folds of one reproduction")
+        embeddings[run.run_dir.name], labels = fold_embeddings, fold_labels
     assert labels is not None
     # queries against the gallery for a dataset with roles
-    query_mask = test_query_mask(run_dirs[0])
+    query_mask = test_query_mask(runs[0])
     scores = score_modes(embeddings, labels, metrics, seed, query_mask, domains, rerank.method())
     per_class = class_sums(embeddings, labels, metrics, query_mask)
     files.write_json(stored_path, {"evaluated": provenance.now(), "key": key, "scores": scores,

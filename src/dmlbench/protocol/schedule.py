@@ -2,7 +2,7 @@
 any number of workers on one storage. ``Schedule`` yields one worker's units in the order they are
 taken: per method, the Optuna search (``protocol.search``: the same number of trials and epochs for
 every method), the reproductions with the best parameters on new seeds (``protocol.reproductions``:
-test scored concatenated and separated) and the untrained baseline row (``protocol.baseline``);
+test scored concatenated and separated) and the baseline rows (``protocol.baselines``);
 ``drive`` is the one scheduling loop. ``run_benchmark`` runs them all and hands the finished benchmark
 to the caller's report writer; ``run_search_stage`` stops after the search. Every stage keeps what it
 finished, so running the same command again after an interruption (Ctrl-C, SIGTERM or ``kill -9``)
@@ -23,14 +23,14 @@ from dmlbench.errors import RunInterrupted, StorageFailed
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
-from dmlbench.protocol.baseline import UntrainedBaseline
-from dmlbench.protocol.feature_cache import FeatureCache
+from dmlbench.protocol.baseline import Baseline
 from dmlbench.protocol.plan import Context
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import (
-    BenchmarkOutcome, track_report, write_benchmark_file, write_search_summary, write_summaries)
+    BenchmarkOutcome, ReportWriter, track_report, write_benchmark_file, write_search_summary, write_summaries)
 from dmlbench.protocol.reproductions import MethodReproduction
-from dmlbench.protocol.search import MethodSearch, SearchResult, best_trial
+from dmlbench.protocol.search import MethodSearch, SearchResult
+from dmlbench.protocol.stages import BaselineStage, ReproductionStage, SearchStage, Stage
 from dmlbench.protocol.units import Unit
 from dmlbench.training import records
 
@@ -61,39 +61,38 @@ def drive(units: Callable[[], Iterable[Unit]]) -> None:
 
 
 class Schedule:
-    """The units of one worker in the order they are taken: every method's search; a method's
-    reproductions once its search is done (with its best trial's parameters); the untrained
-    baseline once every search is done (the first method with reproductions is its reference)."""
+    """The units of one worker in the order they are taken: the stages of ``protocol.stages`` in
+    order (every method's search; a method's reproductions once its search is done, with its best
+    trial's parameters; the baselines once every search is done), each making its units once they
+    are ready. ``search_only``: the search stage alone. A new stage is a ``stages.Stage`` added to
+    ``stages`` here."""
 
     def __init__(self, prepared: Prepared, context: Context, *, search_only: bool = False) -> None:
-        self.prepared, self.context, self.search_only = prepared, context, search_only
-        plans = prepared.plans
-        # The search's trunks, one per fold, shared by every method: the first method's config.
-        features = (FeatureCache(next(iter(plans.values())).budgeted, prepared.output_dir, prepared.dataset_hash,
-                                 context.progress) if prepared.search.frozen_trunk else None)
-        self.searches = {name: MethodSearch(plan, prepared.search, context, features) for name, plan in plans.items()}
-        # The repeated searches after every method's first, each with its own seed and reproductions.
-        self.searches.update({name: MethodSearch(plan, settings, context, features)
-                              for name, (plan, settings) in prepared.repeats.items()})
-        self.reproductions: dict[str, MethodReproduction] = {}
-        self.baseline: UntrainedBaseline | None = None
+        self.search = SearchStage(prepared, context)
+        self.reproduction = ReproductionStage(prepared, context, self.search)
+        self.baseline = BaselineStage(prepared, context, self.search, self.reproduction)
+        self.stages: list[Stage] = [self.search] if search_only else [self.search, self.reproduction, self.baseline]
+
+    @property
+    def searches(self) -> dict[str, MethodSearch]:
+        return self.search.searches
+
+    @property
+    def reproductions(self) -> dict[str, MethodReproduction]:
+        return self.reproduction.reproductions
+
+    @property
+    def baselines(self) -> list[Baseline]:
+        return self.baseline.baselines
 
     def units(self) -> Iterator[Unit]:
-        for name, search in self.searches.items():
-            yield search
-            if (not self.search_only and search.done and name not in self.reproductions
-                    and (best := best_trial(search.study)) is not None):
-                self.reproductions[name] = MethodReproduction(search.plan, dict(best.params),
-                                                              self.prepared.reproduction, self.context)
-        if self.search_only:
-            return
-        if self.baseline is None and self.reproductions and all(search.done for search in self.searches.values()):
-            reference = next(name for name in self.prepared.plans if name in self.reproductions)
-            self.baseline = UntrainedBaseline(self.prepared.plans[reference], self.reproductions[reference].params,
-                                              self.prepared.reproduction, self.context)
-        yield from self.reproductions.values()
-        if self.baseline is not None:
-            yield self.baseline
+        for stage in self.stages:
+            for unit in stage.units():
+                yield unit
+                # The unit just stepped may have finished what another waits for: made now, it is
+                # taken in this pass where its place in the order comes.
+                for each in self.stages:
+                    each.make_ready()
 
 
 @contextmanager
@@ -126,7 +125,7 @@ def _search_only(prepared: Prepared, progress: bool) -> dict[str, SearchResult]:
 
 
 def run_benchmark(
-    prepared: Prepared, *, progress: bool = True, report: Callable[[Path, str], Any] | None = None,
+    prepared: Prepared, *, progress: bool = True, report: ReportWriter | None = None,
 ) -> BenchmarkOutcome | None:
     """Work on the benchmark until every unit is done (search trials, reproductions, the untrained
     baseline), with any number of other workers on the same storage; then the first worker to find
@@ -174,7 +173,7 @@ def context_of(prepared: Prepared, reporter: Progress | None = None, progress: b
 
 
 def _work_on_benchmark(prepared: Prepared, progress: bool,
-                       report: Callable[[Path, str], Any] | None) -> BenchmarkOutcome | None:
+                       report: ReportWriter | None) -> BenchmarkOutcome | None:
     write_benchmark_file(prepared)
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol
@@ -192,7 +191,7 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
                 print(f"dmlbench: done: every trial and reproduction of this benchmark is finished, and worker "
                       f"{reported['worker']}, which shares it, wrote the report", file=sys.stderr, flush=True)
                 return None
-            outcome = write_summaries(prepared, schedule.searches, schedule.reproductions, schedule.baseline)
+            outcome = write_summaries(prepared, schedule.searches, schedule.reproductions, schedule.baselines)
             if report is not None:
                 written = report(output_dir, prepared.storage)
                 track_report(prepared, written)
@@ -233,7 +232,7 @@ def _clock(seconds: float) -> str:
 
 def _completed_runs(output_dir: Path) -> int:
     count = 0
-    for path in output_dir.glob("*/*/fold_*/" + records.RUN_FILE):
+    for path in (run_dir / records.RUN_FILE for run_dir in output_layout.fold_run_dirs(output_dir)):
         try:
             count += files.read_json(path).get("status") == "completed"
         except (OSError, ValueError):

@@ -48,7 +48,6 @@ from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.storage import redact
 from dmlbench.protocol.units import Attempt, Unit, run_samples, validation_curves
 from dmlbench.training import train_or_resume
-from dmlbench.training.features import train_head
 
 
 @dataclass
@@ -189,10 +188,8 @@ def _cross_validate(
         record = {"method": plan.name, "stage": layout.SEARCH_STAGE, "trial": slot, "fold": fold.index,
                   "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash}
         context.report({**record, "run_dir": str(run_dir)})
-        if features is None:
-            result = train_or_resume(config, run_dir, progress=context.progress, record=record)
-        else:
-            result = train_head(config, run_dir, features.features(fold), record)
+        result = train_or_resume(config, run_dir, progress=context.progress, record=record,
+                                 features=None if features is None else features.features(fold))
         samples.append(run_samples(run_dir))
         curves.append(validation_curves(run_dir))
         key = config.evaluation.selection_metric

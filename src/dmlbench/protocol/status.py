@@ -12,11 +12,11 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
-from dmlbench.protocol.layout import BENCHMARK_FILE, UNTRAINED, reproduction_study
+from dmlbench.protocol.benchmark_file import read_benchmark
+from dmlbench.protocol.layout import BASELINES, reproduction_study
 
 RECENT_SECONDS = 300
 PREFIX = reproduction_study("")
@@ -30,10 +30,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     if storage is None:
         if directory is None:
             raise UserInputError("give a benchmark directory or --storage URL")
-        path = Path(directory) / BENCHMARK_FILE
-        if not path.is_file():
-            raise UserInputError(f"{directory} holds no benchmark study (no benchmark.json)")
-        storage = str(files.read_json(path)["storage"])
+        storage = read_benchmark(Path(directory)).storage
     storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
     if not names:
@@ -71,9 +68,10 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         left_units += left + max(wanted - done_reproductions, 0)
         shown = f"{done_reproductions}/{wanted}" if reproductions is not None else "not started"
         lines.append(f"{name:<28} {len(counted):>5} {running:>7} {failed:>6} {left:>5} {shown:>13}")
-    baseline = studies.get(reproduction_study(UNTRAINED))
-    if baseline is not None:
-        lines.append(f"untrained baseline: {len(work.counted(baseline))}/{baseline.user_attrs.get('reproductions')} scored")
+    for name in BASELINES:
+        baseline = studies.get(reproduction_study(name))
+        if baseline is not None:
+            lines.append(f"{name} baseline: {len(work.counted(baseline))}/{baseline.user_attrs.get('reproductions')} scored")
     recent = sorted(worker for worker, seen in workers.items() if now - seen <= RECENT_SECONDS)
     lines.append(f"workers seen in the last {RECENT_SECONDS // 60} minutes: {len(recent)}"
                  + (f" ({', '.join(recent)})" if recent else ""))

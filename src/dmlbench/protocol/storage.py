@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.errors import UserInputError
+from dmlbench.protocol.layout import JOURNAL_FILE, SQLITE_FILE, WORK_LOCK_SUFFIX
 
-SQLITE_FILE = "study.db"
-JOURNAL_FILE = "study.journal"
 POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
 KINDS = "sqlite:///PATH, journal:///PATH or postgresql://USER@HOST/DB"
 # Seconds a worker waits for a database server that went away before it stops (``--db-retry``).
@@ -154,8 +153,7 @@ class FileStorage(StudyStorage):
     @contextmanager
     def lock(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Not ``PATH.lock``: Optuna's journal backend locks that one itself.
-        with open(str(self.path) + ".work-lock", "a+") as handle:
+        with open(str(self.path) + WORK_LOCK_SUFFIX, "a+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield

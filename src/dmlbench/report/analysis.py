@@ -22,7 +22,7 @@
   against the reproduction's test P@1; *separated* P@1 is the mean of the same fold models' P@1, so
   it matches the averaging of rho. Pearson and Spearman with a seeded bootstrap interval at three
   levels: the methods' means (one point per method, as Fig. 5 plots), within methods (every
-  reproduction centred on its method's mean, ``statistics.within_group_correlation``: does a seed
+  reproduction centred on its method's mean, ``correlations.within_group_correlation``: does a seed
   with lower rho than its method's others score better?), and all reproductions pooled. The pooled
   points mix the two and are not independent (reproductions of a method share its
   hyper-parameters), so that level gets no p-value: its interval is a description.
@@ -49,21 +49,11 @@ import numpy as np
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.benchmark import declared_comparisons
-from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol.correlations import Correlation, RankAgreement, correlation, rank_agreement, within_group_correlation
+from dmlbench.protocol.layout import BASELINES
 from dmlbench.protocol.power import ComparisonPower, comparison_power, paired_sd
 from dmlbench.protocol.results import MODES, MethodReproductions, compare_reranking, result_rows, seed_scores
-from dmlbench.protocol.statistics import (
-    DEFAULT_ALPHA,
-    DEFAULT_EQUIVALENCE_MARGIN,
-    OUTCOMES,
-    Correlation,
-    PairedComparison,
-    RankAgreement,
-    compare_pairs,
-    correlation,
-    rank_agreement,
-    within_group_correlation,
-)
+from dmlbench.protocol.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, OUTCOMES, PairedComparison, compare_pairs
 
 CLAIM_METRICS = ("precision_at_1", "map_at_r")
 FAMILY_METRICS = ("precision_at_1", "r_precision", "map_at_r")
@@ -178,9 +168,9 @@ def analyse(
 
 
 def scored_methods(results: Mapping[str, MethodReproductions]) -> dict[str, MethodReproductions]:
-    """The methods with at least one scored reproduction, in order; never the untrained baseline."""
+    """The methods with at least one scored reproduction, in order; never a baseline row."""
     return {name: result for name, result in results.items()
-            if name != UNTRAINED and any(outcome.scores for outcome in result.outcomes)}
+            if name not in BASELINES and any(outcome.scores for outcome in result.outcomes)}
 
 
 def _oriented(comparison: PairedComparison, control: str) -> PairedComparison:

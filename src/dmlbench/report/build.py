@@ -16,7 +16,7 @@ from pathlib import Path
 from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
-from dmlbench.protocol.layout import BENCHMARK_FILE, TEST_ACCESS_FILE
+from dmlbench.protocol import layout
 from dmlbench.protocol.results import result_rows, write_results
 from dmlbench.report import plots, render, tables, uncertainty
 from dmlbench.report.data import ReportData, computed_metrics, load_report_data
@@ -26,7 +26,8 @@ from dmlbench.report.sections import sections
 def write_report(output_dir: Path, storage: str | None = None, destination: Path | None = None) -> dict[str, Path]:
     """Write every report file of the benchmark in ``output_dir`` (see the module docstring) into
     ``destination`` (default ``output_dir``, e.g. a folder to publish without checkpoints or the
-    database); returns their paths."""
+    database); returns their paths, ``{file name: path}``: exactly the files it wrote (what MLflow
+    tracking uploads, ``protocol.record.track_report``). The names are ``protocol.layout``'s."""
     data = load_report_data(output_dir, storage)
     source, output_dir = Path(output_dir), Path(destination or output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -36,16 +37,16 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
     if output_dir.resolve() != source.resolve():
         # The records that make a published report checkable: the spec, fold layout and dataset hash,
         # and every opening of the test data.
-        for name in (BENCHMARK_FILE, TEST_ACCESS_FILE):
+        for name in (layout.BENCHMARK_FILE, layout.TEST_ACCESS_FILE):
             if (source / name).is_file():
                 paths[name] = output_dir / name
                 files.atomic_write_text(paths[name], (source / name).read_text())
     if data.results:
-        paths["results.csv"], paths["runs.csv"] = write_results(data.results, output_dir)
-        paths["comparisons.csv"] = output_dir / "comparisons.csv"
-        files.atomic_write_text(paths["comparisons.csv"], tables.comparisons_csv(data))
-        paths["results.tex"] = output_dir / "results.tex"
-        files.atomic_write_text(paths["results.tex"], tables.latex(data))
+        paths[layout.RESULTS_CSV], paths[layout.RUNS_CSV] = write_results(data.results, output_dir)
+        paths[layout.COMPARISONS_CSV] = output_dir / layout.COMPARISONS_CSV
+        files.atomic_write_text(paths[layout.COMPARISONS_CSV], tables.comparisons_csv(data))
+        paths[layout.RESULTS_TEX] = output_dir / layout.RESULTS_TEX
+        files.atomic_write_text(paths[layout.RESULTS_TEX], tables.latex(data))
     for name, text in {**tables.claim_csvs(data), **uncertainty.uncertainty_csvs(data)}.items():
         paths[name] = output_dir / name
         files.atomic_write_text(paths[name], text)
@@ -54,10 +55,10 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
     for _, name, png in figures:
         paths[name] = output_dir / name
         files.atomic_write(paths[name], lambda stream, png=png: stream.write(png))
-    paths["report.md"] = output_dir / "report.md"
-    files.atomic_write_text(paths["report.md"], render.markdown(document))
-    paths["report.html"] = output_dir / "report.html"
-    files.atomic_write_text(paths["report.html"], render.html_page(document))
+    paths[layout.REPORT_FILE] = output_dir / layout.REPORT_FILE
+    files.atomic_write_text(paths[layout.REPORT_FILE], render.markdown(document))
+    paths[layout.REPORT_HTML] = output_dir / layout.REPORT_HTML
+    files.atomic_write_text(paths[layout.REPORT_HTML], render.html_page(document))
     return paths
 
 
@@ -67,7 +68,7 @@ def _figures(data: ReportData) -> list[plots.Figure]:
     metrics = [metric for metric in ("precision_at_1", "map_at_r") if metric in computed_metrics(data)]
     rows = result_rows(data.results)
     if rows and metrics:
-        references = list(data.benchmark.get("analysis", {}).get("references", []))
+        references = data.benchmark.references
         figures.append(plots.forest_figure(rows, metrics, {metric: metric_title(metric) for metric in metrics}, references))
     if data.claims.points:
         figures.append(plots.space_figure(data.claims.points, methods=data.methods))

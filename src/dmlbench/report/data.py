@@ -16,14 +16,15 @@ from typing import Any
 
 import optuna
 
-from dmlbench import files, provenance
+from dmlbench import provenance
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
-from dmlbench.protocol.layout import BENCHMARK_FILE, SEARCH_REPEAT_MARK, UNTRAINED, reproduction_study
-from dmlbench.protocol.benchmark import analysis_in_force
+from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark
+from dmlbench.protocol.correlations import mean_lag_one_autocorrelation
+from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction_study
 from dmlbench.protocol.results import MODES, MethodReproductions, read_reproductions
-from dmlbench.protocol.statistics import PairedComparison, mean_lag_one_autocorrelation
+from dmlbench.protocol.statistics import PairedComparison
 from dmlbench.report.analysis import Claims, analyse
 
 LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
@@ -33,7 +34,7 @@ CURVE_METRICS = ("precision_at_1", "map_at_r")
 @dataclass
 class ReportData:
     output_dir: Path
-    benchmark: dict[str, Any]
+    benchmark: BenchmarkRecord
     methods: list[str]
     trials: dict[str, list[dict[str, Any]]]
     results: dict[str, MethodReproductions] = field(default_factory=dict)
@@ -58,12 +59,9 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
     there is none. Everything comes from the studies, so any worker's directory gives the same report.
     ``storage``: the URL to read (by default the one ``benchmark.json`` records, without password)."""
     output_dir = Path(output_dir)
-    path = output_dir / BENCHMARK_FILE
-    if not path.is_file():
-        raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
-    benchmark = files.read_json(path)
-    methods = list(benchmark["methods"])
-    url = storage or str(benchmark["storage"])
+    benchmark = read_benchmark(output_dir)
+    methods = list(benchmark.methods)
+    url = storage or benchmark.storage
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         names = set(storage_module.study_names(url))
@@ -77,14 +75,14 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
     if not any(trials.values()):
         raise UserInputError(f"{output_dir} holds no benchmark study (no trials in {storage_module.redact(url)})")
     data = ReportData(output_dir, benchmark, methods, trials)
-    for method in [*methods, UNTRAINED]:
+    for method in [*methods, *BASELINES]:
         if reproduction_study(method) in names:
             _read_reproductions(data, opened, method)
     _read_repeats(data, opened, names)
     for method in methods:
         _note_failure(data, method)
         _curve_statistics(data, method)
-    data.claims = analyse(data.results, analysis_in_force(benchmark), data.autocorrelation, computed_metrics(data))
+    data.claims = analyse(data.results, benchmark.analysis_in_force(), data.autocorrelation, computed_metrics(data))
     data.comparisons = _comparisons(data)
     data.report_commit = provenance.git_commit()
     return data

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol.layout import BASELINES, FOREST_FIGURE, SEARCH_FIGURE, SPACE_FIGURE, VALIDATION_CURVES_FIGURE
 from dmlbench.report.analysis import SPACE_QUANTITIES, SpacePoint
 
 Figure = tuple[str, str, bytes]  # title, file name, PNG
@@ -40,7 +40,7 @@ def search_figure(methods: Sequence[str], trials: Mapping[str, list[dict[str, An
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=(7, 4))
     draw_search(axes, methods, trials)
-    return "Search objective over trials", "search.png", _png(figure, pyplot)
+    return "Search objective over trials", SEARCH_FIGURE, _png(figure, pyplot)
 
 
 def draw_search(axes: Any, methods: Sequence[str], trials: Mapping[str, list[dict[str, Any]]]) -> None:
@@ -75,7 +75,7 @@ def curves_figure(methods: Sequence[str], curves: Mapping[str, list[list[float]]
     axes.set_xlabel("evaluation (0 = untrained)")
     axes.set_ylabel("validation MAP@R (mean over reproduction runs)")
     _legend(axes, len(methods))
-    return "Validation curves of the reproductions", "validation_curves.png", _png(figure, pyplot)
+    return "Validation curves of the reproductions", VALIDATION_CURVES_FIGURE, _png(figure, pyplot)
 
 
 def forest_figure(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], titles: Mapping[str, str],
@@ -94,7 +94,7 @@ def forest_figure(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], tit
                 continue
             mean, low, high = (100 * row[key] for key in ("mean", "ci_low", "ci_high"))
             error = [[mean - low], [high - mean]] if np.isfinite(low) else None
-            colour = "tab:red" if method in references else "tab:gray" if method == UNTRAINED else "tab:blue"
+            colour = "tab:red" if method in references else "tab:gray" if method in BASELINES else "tab:blue"
             axes.errorbar([mean], [y], xerr=error, fmt="o", color=colour, capsize=3, markersize=4)
         for reference in references:
             row = by_key.get((reference, metric))
@@ -103,7 +103,7 @@ def forest_figure(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], tit
         axes.set_xlabel(f"test {titles[metric]} (%), concatenated")
         axes.grid(axis="x", alpha=0.3)
     panels[0][0].set_yticks(range(len(methods)), methods)
-    return ("Methods' test means with 95% intervals (references in red, the untrained baseline in grey)", "forest.png",
+    return ("Methods' test means with 95% intervals (references in red, the baselines in grey)", FOREST_FIGURE,
             _png(figure, pyplot))
 
 
@@ -132,7 +132,7 @@ def space_figure(points: Sequence[SpacePoint], mode: str = "separated", methods:
         axes.set_xlabel({"rho": "rho (spectral decay, training classes)", "pi_ratio": "pi_ratio (training classes)"}[quantity])
         axes.set_ylabel(f"test P@1 (%), {mode}")
     panels[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    return f"rho and pi_ratio against test P@1 ({mode})", "rho_vs_precision_at_1.png", _png(figure, pyplot)
+    return f"rho and pi_ratio against test P@1 ({mode})", SPACE_FIGURE, _png(figure, pyplot)
 
 
 def _pyplot() -> Any:

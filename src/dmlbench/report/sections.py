@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 
 from dmlbench.evaluation.metrics import metric_title
-from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol.correlations import Correlation
+from dmlbench.protocol.layout import CLAIM_COMPARISONS_CSV, RAW_PIXELS, UNTRAINED, VALIDATION_CURVES_CSV
 from dmlbench.protocol.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.protocol.results import result_rows
-from dmlbench.protocol.statistics import OUTCOMES, Correlation, PairedComparison
+from dmlbench.protocol.statistics import OUTCOMES, PairedComparison
 from dmlbench.report import plots, tables, uncertainty
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
 from dmlbench.report.data import ReportData
@@ -84,16 +85,21 @@ def setup_section(data: ReportData) -> Section:
     on the mode, the shared base config and each method's settings and search ranges."""
     part = Section("Set-up", [tables.held_out_text(data)])
     if UNTRAINED in data.results:
-        k = data.benchmark["protocol"]["folds"]
+        k = data.benchmark.protocol.folds
         part.paragraphs.append(
             f"The `untrained` row is the same in both modes: the {k} fold models of an untrained reproduction are "
             "built with the same seed (the reproduction's), and the folds differ only in their training and "
             f"validation classes, which an untrained model has not seen, so they are {k} copies of one network. "
             f"Concatenating {k} copies of one L2-normalised embedding scales every distance by the same factor "
             f"(√{k}) and changes no ranking of neighbours, and the mean of {k} equal scores is that score.")
+    if RAW_PIXELS in data.results:
+        part.paragraphs.append(
+            "The `raw_pixels` row embeds each test image as its pixels, after the same resizing and "
+            "normalisation the models' inputs get, and involves no model: it is the same for every seed "
+            "and mode, so its interval has no width; a method whose interval lies below it retrieves worse than the pixels do.")
     base = tables.base_rows(data)
     if base:
-        overrides = " ".join(f"`{o}`" for o in data.benchmark.get("overrides", []))
+        overrides = " ".join(f"`{o}`" for o in data.benchmark.overrides)
         part.paragraphs.append("The configuration every method starts from (`spec.base`); a method's settings in the "
                                "second table replace its keys, and the protocol sets each run's seed, epochs, patience "
                                "and classes. Keys not listed take the config defaults of the benchmark's git commit."
@@ -107,8 +113,8 @@ def setup_section(data: ReportData) -> Section:
 
 def provenance(data: ReportData) -> str:
     b = data.benchmark
-    return (f"Benchmark started at git commit `{b.get('git_commit')}` on dataset `{b['dataset']['name']}` "
-            f"(content hash `{b['dataset']['content_hash']}`); this report was written by git commit "
+    return (f"Benchmark started at git commit `{b.git_commit}` on dataset `{b.dataset.name}` "
+            f"(content hash `{b.dataset.content_hash}`); this report was written by git commit "
             f"`{data.report_commit}` from the stored studies.")
 
 
@@ -155,7 +161,7 @@ def _saturation_section(claims: Claims) -> Section:
         "differences in percentage points with their 95% interval. " + _outcome_rule(claims) + " Holm's correction "
         "runs over one family per mode and metric holding every declared comparison (t-test and TOST separately), "
         "so a pair has one verdict per endpoint; no statement here pools endpoints. With 5 or fewer pairs "
-        "the Wilcoxon test cannot go below p = 0.0625, so it is reported in `claim_comparisons.csv` but does not decide."]
+        f"the Wilcoxon test cannot go below p = 0.0625, so it is reported in `{CLAIM_COMPARISONS_CSV}` but does not decide."]
     header = ["mode", "metric", "reference", "methods", *OUTCOMES, "the other references", "largest difference", "most negative difference"]
     rows = []
     for r in claims.references:
@@ -204,7 +210,7 @@ def summary_section(data: ReportData) -> Section | None:
     leaders = [f"{metric_title(metric)}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
     paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims)
                       + " The other modes and metrics, the treated-control pairs and every p-value follow below and in "
-                      "`claim_comparisons.csv`; they are secondary endpoints, each its own Holm family, not corrected "
+                      f"`{CLAIM_COMPARISONS_CSV}`; they are secondary endpoints, each its own Holm family, not corrected "
                       "across endpoints.")
     return Section("Summary", paragraphs, bullets=bullets)
 
@@ -296,7 +302,7 @@ def _autocorrelation_section(claims: Claims) -> Section:
                     "curve that rises and levels off still leaves curvature in e, which raises r1 for every metric "
                     "alike, so compare the metrics, not the numbers with seed 001's. Per method the mean over its "
                     "search and reproduction runs, then the mean over the methods; every curve is in "
-                    "`validation_curves.csv`."],
+                    f"`{VALIDATION_CURVES_CSV}`."],
                    tables=[(["validation metric", "methods", "mean", "range over methods", "seed 001"], rows)])
 
 
@@ -341,12 +347,12 @@ def _power_section(claims: Claims) -> Section:
 def analysis_change_section(data: ReportData) -> Section | None:
     """The analysis as declared before the runs and every change accepted after them (``--accept-analysis-change``)."""
     b = data.benchmark
-    declared = b.get("analysis", {})
-    bullets = [f"`analysis.margin_reason`: {declared['margin_reason']}"] if declared.get("margin_reason") else []
-    changes = b.get("analysis_changes_accepted", [])
-    bullets += [f"{change['time']}: changed after the runs with --accept-analysis-change: "
-                f"{', '.join(f'`analysis.{key}`' for key in change['changed'])}" for change in changes]
-    if not b.get("analysis_in_hash"):
+    reason = b.analysis.margin_reason if b.analysis is not None else ""
+    bullets = [f"`analysis.margin_reason`: {reason}"] if reason else []
+    changes = b.analysis_changes_accepted
+    bullets += [f"{change.time}: changed after the runs with --accept-analysis-change: "
+                f"{', '.join(f'`analysis.{key}`' for key in change.changed)}" for change in changes]
+    if not b.analysis_in_hash:
         bullets.append("This benchmark was started before the analysis entered the config hash: its analysis was not fixed "
                        "before the data.")
     if not bullets:

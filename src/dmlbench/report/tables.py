@@ -8,7 +8,9 @@ import math
 from typing import Any
 
 from dmlbench.evaluation.metrics import metric_title
-from dmlbench.protocol.layout import UNTRAINED
+from dmlbench.protocol import layout
+from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredProtocol
+from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE
 from dmlbench.protocol.results import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode, result_rows, scored_modes
 from dmlbench.report.analysis import ALPHA, scored_methods
 from dmlbench.report.data import LEADERBOARD_METRICS, ReportData, computed_metrics, validation_curves
@@ -27,9 +29,9 @@ def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "m
     header = ["method"] + [f"{metric_title(metric)} ({_mode_title(mode)})" for mode in modes for metric in metrics] + ["n"]
     def primary_mean(method: str) -> float:
         entry = rows_by_key.get((method, *primary))
-        return -math.inf if entry is None or method == UNTRAINED else float(entry["mean"])
+        return -math.inf if entry is None or method in BASELINES else float(entry["mean"])
 
-    order = sorted(data.results, key=lambda method: (method == UNTRAINED, -primary_mean(method), list(data.results).index(method)))
+    order = sorted(data.results, key=lambda method: (method in BASELINES, -primary_mean(method), list(data.results).index(method)))
     rows = []
     for method in order:
         row = [f"{method} *best*" if method == order[0] and math.isfinite(primary_mean(method)) else method]
@@ -102,7 +104,7 @@ COMPARISON_HEADER = ["mode", "metric", "pair", "n", "mean difference (%)", "pair
 
 COMPARISON_NOTE = ("Reproductions paired by seed; Holm correction across the pairs of each mode and metric, "
                    "separately per test; TOST against the equivalence margin; Cohen's d_z of the differences. "
-                   "Raw p-values are in `comparisons.csv`.")
+                   f"Raw p-values are in `{layout.COMPARISONS_CSV}`.")
 
 
 SHOWN_PAIRS = 15  # more pairs than this are left to comparisons.csv: the page stays readable
@@ -116,7 +118,7 @@ def all_pairs_shown(data: ReportData) -> bool:
 def pairs_in_csv(data: ReportData) -> str:
     methods = len(scored_methods(data.results))
     return (f"All {methods * (methods - 1) // 2} pairs of the {methods} methods, per mode and metric, are in "
-            "`comparisons.csv` (Holm across all of them); the sections above compare with the references.")
+            f"`{layout.COMPARISONS_CSV}` (Holm across all of them); the sections above compare with the references.")
 
 
 def pvalue_text(value: float) -> str:
@@ -144,7 +146,7 @@ BUDGET_HEADER = ["method", "trials", "failed / pruned trials", "best val. MAP@R 
 
 
 def budget_rows(data: ReportData) -> list[list[str]]:
-    protocol = data.benchmark["protocol"]
+    protocol = data.benchmark.protocol
     rows = []
     for method in data.methods:
         trials = data.trials.get(method, [])
@@ -158,7 +160,7 @@ def budget_rows(data: ReportData) -> list[list[str]]:
             f"{sum(t['state'] == 'FAIL' for t in budgeted)} / {sum(t['state'] == 'PRUNED' for t in budgeted)}",
             "-" if best is None else f"{100 * best['value']:.2f}",
             "-" if best is None else ", ".join(f"{k}={_short(v)}{range_edge(data, method, k, v)}" for k, v in best["params"].items()),
-            f"{scored}/{protocol['reproductions']}",
+            f"{scored}/{protocol.reproductions}",
             "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["precision_at_1"]),
             "-" if method not in data.autocorrelation else _r(data.autocorrelation[method]["map_at_r"]),
         ])
@@ -179,7 +181,7 @@ def cost_rows(data: ReportData) -> list[list[str]]:
     rows = []
     totals = {"units": 0, "samples": 0, "wall": 0.0, "cpu": 0.0, "memory": 0}
     repeats = [name for names in data.repeats.values() for name in names]  # protocol.search_repeats
-    for method in [*data.methods, *repeats, UNTRAINED]:
+    for method in [*data.methods, *repeats, *BASELINES]:
         costs = [t.get("cost") for t in data.trials.get(method, [])] + list(data.reproduction_costs.get(method, []))
         costs = [cost for cost in costs if cost]
         if not costs:
@@ -203,7 +205,7 @@ def _cost_cells(row: dict[str, Any]) -> list[str]:
 
 def range_edge(data: ReportData, method: str, key: str, value: Any) -> str:
     """`` (range edge)`` when a best value sits on a bound of its search range: the optimum may lie outside."""
-    spaces = {m["name"]: m.get("search", {}) for m in data.benchmark.get("spec", {}).get("methods", [])}
+    spaces = {m.name: m.search for m in data.benchmark.spec.methods}
     bounds = spaces.get(method, {}).get(key)
     if not isinstance(bounds, dict) or not isinstance(value, (int, float)) or "low" not in bounds:
         return ""
@@ -221,46 +223,46 @@ def _r(value: float) -> str:
 def parameters(data: ReportData) -> list[tuple[str, str]]:
     """The protocol's settings as ``(parameter, value)`` rows, in words."""
     b = data.benchmark
-    protocol = b["protocol"]
-    epochs = protocol["epochs"] if protocol["epochs"] is not None else "each method's training.epochs"
+    protocol = b.protocol
+    epochs = protocol.epochs if protocol.epochs is not None else "each method's training.epochs"
     return [
-        ("budget per method", (f"{protocol['trials']} trials x {protocol['folds']} folds, then {protocol['reproductions']} "
-                               f"reproductions x {protocol['folds']} folds; at most {epochs} epochs per run")),
-        ("folds", f"{protocol['folds']} class-disjoint ({protocol['fold_mode']}) on the development classes"),
-        ("search", (f"{search_sampler(protocol)}; seed {protocol['search_seed']}; objective fold-mean "
-                    f"validation MAP@R; pruning: {protocol.get('pruner', 'none')}")),
+        ("budget per method", (f"{protocol.trials} trials x {protocol.folds} folds, then {protocol.reproductions} "
+                               f"reproductions x {protocol.folds} folds; at most {epochs} epochs per run")),
+        ("folds", f"{protocol.folds} class-disjoint ({protocol.fold_mode}) on the development classes"),
+        ("search", (f"{search_sampler(protocol)}; seed {protocol.search_seed}; objective fold-mean "
+                    f"validation MAP@R; pruning: {protocol.pruner}")),
         ("early stopping patience", patience_text(b)),
-        ("reproduction seeds", f"{protocol['first_seed']}..{protocol['first_seed'] + protocol['reproductions'] - 1}"),
-        ("fold layout hash", b["fold_layout_hash"]),
-        ("dataset", f"{b['dataset']['name']} (content hash {b['dataset']['content_hash']})"),
-        ("git commit", str(b.get("git_commit"))),
-        ("overrides", " ".join(b.get("overrides", [])) or "none"),
-        ("storage", str(b.get("storage"))),
-        ("parallel trials", str(protocol.get("parallel_trials", 1))),
+        ("reproduction seeds", f"{protocol.first_seed}..{protocol.first_seed + protocol.reproductions - 1}"),
+        ("fold layout hash", b.fold_layout_hash),
+        ("dataset", f"{b.dataset.name} (content hash {b.dataset.content_hash})"),
+        ("git commit", str(b.git_commit)),
+        ("overrides", " ".join(b.overrides) or "none"),
+        ("storage", b.storage),
+        ("parallel trials", str(protocol.parallel_trials)),
         ("frozen-trunk feature cache", "used: the search trained only heads on cached trunk features (one trunk per fold); "
-                                       "the reproductions trained full models" if protocol.get("frozen_trunk") else "not used"),
+                                       "the reproductions trained full models" if protocol.frozen_trunk else "not used"),
     ]
 
 
 OPTUNA_STARTUP_TRIALS = 10  # n_startup_trials of Optuna's GPSampler and TPESampler when protocol.startup_trials is unset
 
 
-def search_sampler(protocol: dict[str, Any]) -> str:
+def search_sampler(protocol: StoredProtocol) -> str:
     """The search's sampler in words: random when every trial of the budget is one of the sampler's
     start-up trials (trial k sees at most k earlier trials, so with start-up >= trials none is modelled)."""
-    startup = protocol.get("startup_trials")
+    startup = protocol.startup_trials
     count = OPTUNA_STARTUP_TRIALS if startup is None else int(startup)
     source = f"Optuna's default of {count}" if startup is None else str(count)
-    if count >= protocol["trials"]:
-        return (f"random: all {protocol['trials']} trials are start-up trials of Optuna's {protocol['sampler']} "
+    if count >= protocol.trials:
+        return (f"random: all {protocol.trials} trials are start-up trials of Optuna's {protocol.sampler} "
                 f"sampler ({source} start-up trials), so no trial was suggested by its model")
-    return f"Optuna {protocol['sampler']} sampler after {source} random start-up trials"
+    return f"Optuna {protocol.sampler} sampler after {source} random start-up trials"
 
 
-def patience_text(benchmark: dict[str, Any]) -> str:
+def patience_text(benchmark: BenchmarkRecord) -> str:
     """``protocol.patience`` in words; a run always keeps its best validation checkpoint, which the search
     scores and the reproductions test."""
-    patience = benchmark["protocol"]["patience"]
+    patience = benchmark.protocol.patience
     if patience is not None:
         return (f"{patience} validation evaluations without improvement stop a run; the checkpoint of its best "
                 "validation evaluation is kept")
@@ -273,14 +275,13 @@ def patience_text(benchmark: dict[str, Any]) -> str:
     return text
 
 
-def _sets_own_patience(benchmark: dict[str, Any]) -> bool:
+def _sets_own_patience(benchmark: BenchmarkRecord) -> bool:
     """Whether the base config, a method or a command-line override sets a patience of its own."""
     key = "training.early_stopping_patience"
-    spec = benchmark.get("spec", {})
-    configs = [spec.get("base", {})] + [method.get("overrides", {}) for method in spec.get("methods", [])]
+    configs = [benchmark.spec.base] + [method.overrides for method in benchmark.spec.methods]
     if any(flat_items(config).get(key) is not None for config in configs):
         return True
-    return any(override.split("=")[0].strip() == key for override in benchmark.get("overrides", []))
+    return any(override.split("=")[0].strip() == key for override in benchmark.overrides)
 
 
 def flat_items(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -310,7 +311,7 @@ BASE_LABELS = {
 
 def base_rows(data: ReportData) -> list[list[str]]:
     """``setting``, ``config key``, ``value`` of the configuration every method starts from (``spec.base``)."""
-    flat = flat_items(data.benchmark.get("spec", {}).get("base", {}))
+    flat = flat_items(data.benchmark.spec.base)
     keys = [key for key in BASE_LABELS if key in flat] + [key for key in flat if key not in BASE_LABELS]
     return [[BASE_LABELS.get(key, key.rsplit(".", 1)[-1].replace("_", " ")), f"`{key}`", _config_value(flat[key])]
             for key in keys]
@@ -319,10 +320,10 @@ def base_rows(data: ReportData) -> list[list[str]]:
 def method_rows(data: ReportData) -> list[list[str]]:
     """Per method of the stored spec: what it sets over the base, and its searched keys with their ranges."""
     rows = []
-    for method in data.benchmark.get("spec", {}).get("methods", []):
-        fixed = flat_items(method.get("overrides", {}))
-        searched = method.get("search", {})
-        rows.append([method["name"], "; ".join(f"`{key}` = {_config_value(value)}" for key, value in fixed.items()) or "-",
+    for method in data.benchmark.spec.methods:
+        fixed = flat_items(method.overrides)
+        searched = method.search
+        rows.append([method.name, "; ".join(f"`{key}` = {_config_value(value)}" for key, value in fixed.items()) or "-",
                      "; ".join(f"`{key}`: {search_range(entry)}" for key, entry in searched.items()) or "nothing searched"])
     return rows
 
@@ -352,18 +353,18 @@ def _config_value(value: Any) -> str:
 
 def held_out_text(data: ReportData) -> str:
     """The size of the held-out test set and of the development folds, as ``benchmark.json`` stores them."""
-    layout = data.benchmark.get("fold_layout", {})
-    if "test_classes" not in layout:
+    fold_layout = data.benchmark.fold_layout
+    if fold_layout is None:
         return "The benchmark stores no fold layout, so the test set's size is unknown here."
-    folds = layout.get("folds", [])
-    text = (f"Test set: the {len(layout['test_classes'])} test classes of `fold_layout.test_classes`, which no "
+    folds = fold_layout.folds
+    text = (f"Test set: the {len(fold_layout.test_classes)} test classes of `fold_layout.test_classes`, which no "
             "search or training run sees")
-    if "development_classes" in layout and folds:
-        text += (f"; the search used the {len(layout['development_classes'])} development classes in {len(folds)} folds "
-                 f"of {len(folds[0]['train_classes'])} training and {len(folds[0]['val_classes'])} validation classes")
-    options = data.benchmark.get("spec", {}).get("base", {}).get("data", {}).get("options", {})
+    if fold_layout.development_classes and folds:
+        text += (f"; the search used the {len(fold_layout.development_classes)} development classes in {len(folds)} folds "
+                 f"of {len(folds[0].train_classes)} training and {len(folds[0].val_classes)} validation classes")
+    options = (data.benchmark.spec.base.get("data") or {}).get("options", {})
     shown = f" (data options: {', '.join(f'{k}={_config_value(v)}' for k, v in options.items())})" if options else ""
-    return text + f". The number of test images is not stored in `benchmark.json`{shown}."
+    return text + f". The number of test images is not stored in `{BENCHMARK_FILE}`{shown}."
 
 
 def latex(data: ReportData) -> str:
@@ -415,15 +416,15 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
               for metric, values in curve.items() if not metric.startswith("num_")  # query counts, not scores
               for evaluation, value in enumerate(values)]
     tables = {
-        "claim_comparisons.csv": (CLAIM_COLUMNS, [
+        layout.CLAIM_COMPARISONS_CSV: (CLAIM_COLUMNS, [
             [family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
                 c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm,
                 c.wilcoxon_pvalue, c.wilcoxon_pvalue_holm, c.cohen_dz, c.tost_pvalue, c.tost_pvalue_holm, c.margin)),
              c.outcome(ALPHA)] for family, mode, metric, c in comparisons]),
-        "embedding_space.csv": (SPACE_COLUMNS, space),
-        "correlations.csv": (CORRELATION_COLUMNS, correlations),
-        "rankings.csv": (RANKING_COLUMNS, rankings),
-        "validation_curves.csv": (CURVE_COLUMNS, curves),
+        layout.EMBEDDING_SPACE_CSV: (SPACE_COLUMNS, space),
+        layout.CORRELATIONS_CSV: (CORRELATION_COLUMNS, correlations),
+        layout.RANKINGS_CSV: (RANKING_COLUMNS, rankings),
+        layout.VALIDATION_CURVES_CSV: (CURVE_COLUMNS, curves),
     }
     texts = {}
     for name, (columns, rows) in tables.items():

@@ -15,7 +15,7 @@ import numpy as np
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
-from dmlbench.protocol.benchmark import DEFAULT_CLASS_BOOTSTRAP
+from dmlbench.protocol.layout import CLASS_BOOTSTRAP_CSV, SEARCH_REPEATS_CSV
 from dmlbench.protocol.class_bootstrap import ClassBootstrap, class_bootstrap
 from dmlbench.protocol.results import result_rows
 from dmlbench.report.analysis import scored_methods
@@ -34,7 +34,7 @@ def _endpoint(data: ReportData) -> str:
 def bootstrap_of(data: ReportData) -> ClassBootstrap | str | None:
     """The class bootstrap of the primary endpoint, why there is none (a sentence), or ``None`` when
     ``protocol.class_bootstrap`` is 0 or nothing was scored."""
-    replicates = int(data.benchmark["protocol"].get("class_bootstrap", DEFAULT_CLASS_BOOTSTRAP))
+    replicates = data.benchmark.protocol.class_bootstrap
     scored = list(scored_methods(data.results))
     if replicates == 0 or not scored:
         return None
@@ -102,7 +102,7 @@ def _test_mean(result: Any, primary: tuple[str, str]) -> float:
 def search_repeat_rows(data: ReportData) -> list[list[Any]]:
     """One row per search of each repeated method: method, repeat, search seed, best validation MAP@R,
     best parameters, reproductions scored, their mean on the primary endpoint."""
-    seed = int(data.benchmark["protocol"].get("search_seed", 0))
+    seed = data.benchmark.protocol.search_seed
     rows = []
     for method, repeats in data.repeats.items():
         for index, name in enumerate([method, *repeats]):
@@ -161,7 +161,7 @@ def edge_position(bounds: dict[str, Any], value: Any) -> float | None:
 
 def range_edge_text(data: ReportData) -> str:
     """One sentence naming every best value within the outer ``EDGE_FRACTION`` of its search range."""
-    spaces = {m["name"]: m.get("search", {}) for m in data.benchmark.get("spec", {}).get("methods", [])}
+    spaces = {m.name: m.search for m in data.benchmark.spec.methods}
     flagged = []
     for method in data.methods:
         for name in [method, *data.repeats.get(method, [])]:
@@ -185,14 +185,14 @@ def uncertainty_csvs(data: ReportData) -> dict[str, str]:
     if isinstance(result, ClassBootstrap):
         rows: list[list[Any]] = [[name, "", b] for name, b in result.methods.items()]
         rows += [[a, b, d] for (a, b), d in result.differences.items()]
-        tables["class_bootstrap.csv"] = (
+        tables[CLASS_BOOTSTRAP_CSV] = (
             ["mode", "metric", "a", "b", "replicates", "classes", "reproductions", "estimate", "class_low", "class_high",
              "both_low", "both_high"],
             [[result.mode, result.metric, a, b, result.replicates, result.classes, len(result.seeds),
               *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))] for a, b, i in rows])
     repeats = search_repeat_rows(data)
     if repeats:
-        tables["search_repeats.csv"] = (
+        tables[SEARCH_REPEATS_CSV] = (
             ["method", "search", "search_seed", "best_validation", "best_params", "reproductions_scored",
              f"test_{data.claims.primary[0]}_{data.claims.primary[1]}"],
             [[m, k, s, repr(v), ";".join(f"{key}={value!r}" for key, value in p.items()), n, repr(t)]

@@ -56,6 +56,7 @@ from dmlbench.sampling.base import derived_generator
 from dmlbench.toy.lines import VARIANTS, LineData, check_variant, make_lines
 from dmlbench.toy.plot import write_figure
 from dmlbench.toy.results import DEFAULT_P_SWITCH, DEFAULT_SEEDS, ITERATIONS, ModelRun, ToyResult, ToySettings
+from dmlbench.training.step import apply_gradients
 from dmlbench.validation import check_probability
 
 JSON_FILE = "toy.json"
@@ -185,9 +186,8 @@ def train_models(jobs: Sequence[tuple[LineData, int, float]], iterations: int = 
             # a switched triplet is (a, a, s); the random miner never draws the anchor as its positive
             switched[k] += int((tuples.positives == tuples.anchors).sum())
             step_losses.append(loss_fn(embeddings[k], labels[k], tuples))
-        optimizer.zero_grad(set_to_none=True)
         torch.stack(step_losses).sum().backward()
-        optimizer.step()
+        apply_gradients(optimizer)  # the training loop's optimiser step (it clears the gradients after it)
         final_losses = [float(loss.detach()) for loss in step_losses]
     with torch.no_grad():
         train_embeddings = nets(train_points)

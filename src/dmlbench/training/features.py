@@ -2,46 +2,47 @@
 
 With a frozen trunk every search trial of seed 001's protocol (Musgrave et al. 2020 §3.3) trains the
 same trunk function, so its output can be computed once per fold (``trunk_features``) and the trial
-trains ``EmbeddingHead`` on it (``train_head``): the same loss, miner, sampler, optimiser groups,
-schedule, validation and selection as ``training.loop``, without images or augmentation.
+trains ``EmbeddingHead`` on it: ``training.train(config, run_dir, features=...)`` runs the one loop
+over ``FeatureBatches``, the head-only set-up, with the same loss, miner, sampler, optimiser groups,
+schedule, validation, selection, records, checkpoints and resumption as a full run, without images
+or augmentation.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dmlbench import evaluation, files, provenance
-from dmlbench.config import Config, to_yaml
+from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.models.embedding import EmbeddingHead, binarize
-from dmlbench.training import records
+from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
-from dmlbench.training.schedule import set_learning_rates
-from dmlbench.training.setup import build_loss_and_miner, build_model, build_optimizer, build_sampler, class_index
-from dmlbench.training.step import SelectionState, TrainingDiverged, TrainResult, batch_loss, fail_run, finish_record
-from dmlbench.training.threads import resolve_threads
-
-HEAD_CHECKPOINT = "head_best.pt"
+from dmlbench.training.setup import (
+    Components, build_loss_and_miner, build_model, build_optimizer, build_sampler, class_index,
+)
+from dmlbench.training.step import TrainingDiverged
 
 
 @dataclass(frozen=True)
 class FoldFeatures:
     """A fold's trunk features (float32, CPU) and labels of its train and validation items; ``source``
-    describes where they come from (recorded in each head run's ``run.json``)."""
+    describes where they come from (recorded in each head run's ``run.json`` as ``frozen_trunk``),
+    ``dataset_hash`` the content hash of the dataset they were computed from."""
 
     train: Tensor
     train_labels: Tensor
     validation: Tensor
     validation_labels: Tensor
     source: Mapping[str, Any]
+    dataset_hash: str
+    # Images that could not be decoded, left out of the splits; None: a cache that predates the count.
+    unreadable_images: int | None = None
 
 
 def trunk_features(config: Config, trunk_state: Mapping[str, Tensor] | None, split: ImageDataset) -> Tensor:
@@ -59,11 +60,14 @@ def trunk_features(config: Config, trunk_state: Mapping[str, Tensor] | None, spl
 
 
 class _HeadOnly(nn.Module):
-    """The head with the model interface ``build_optimizer`` needs (no trunk parameters)."""
+    """The head with the model interface the loop and ``build_optimizer`` need (no trunk)."""
 
     def __init__(self, head: EmbeddingHead) -> None:
         super().__init__()
         self.head = head
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.head(features)
 
     def trunk_parameters(self) -> list[nn.Parameter]:
         return []
@@ -71,126 +75,64 @@ class _HeadOnly(nn.Module):
     def head_parameters(self) -> list[nn.Parameter]:
         return list(self.head.parameters())
 
-
-def train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Mapping[str, Any]) -> TrainResult:
-    """Train ``config``'s head, loss and miner on ``features`` for ``training.epochs`` epochs of the
-    sampler's batches; validate after each evaluation epoch on the validation features and keep the
-    best epoch by ``evaluation.selection_metric``. Writes ``config.yaml``, ``run.json`` and
-    ``metrics.jsonl`` (epoch 0: the untrained head) like ``training.train``. A completed run is
-    returned as recorded; an unfinished one is trained again from the start (it is cheap). One
-    process owns ``run_dir`` meanwhile (``records.owned_run_dir``)."""
-    run_dir = Path(run_dir)
-    with records.owned_run_dir(run_dir):
-        return _train_head(config, run_dir, features, record)
+    def trunk_modules(self) -> list[nn.Module]:
+        return []
 
 
-def _train_head(config: Config, run_dir: Path, features: FoldFeatures, record: Mapping[str, Any]) -> TrainResult:
-    run_file = run_dir / records.RUN_FILE
-    if run_file.is_file():
-        stored = files.read_json(run_file)
-        if stored.get("status") == "completed":
-            return TrainResult(run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
-                              already_complete=True)
-    records.clear_run_dir(run_dir)
-    clock = records.Clock()
-    device = resolve_device(config.training.device)
-    torch.set_num_threads(resolve_threads(config.training.num_threads))
-    settings = config.model
-    to_class_index = class_index(features.train_labels.numpy())
-    targets_all = to_class_index[features.train_labels]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        head = EmbeddingHead(features.train.shape[1], settings.embedding_dim, settings.layer_norm, settings.normalize,
-                             settings.bias).to(device)
-    loss_fn, miner = build_loss_and_miner(config, int((to_class_index >= 0).sum()), device)
-    optimizer = build_optimizer(config, _HeadOnly(head), loss_fn)
-    sampler = build_sampler(config, targets_all.numpy())
-    train_x, val_x = features.train.to(device), features.validation.to(device)
+class FeatureBatches:
+    """The head-only set-up: batches of cached trunk features (``training.step.BatchSource``) and
+    the components that train on them, ``config``'s head (``EmbeddingHead`` on the features'
+    width, seeded by ``config.seed``), loss, miner, optimiser (head and loss groups) and sampler
+    over the training rows. ``training.train(config, run_dir, features=...)`` trains it."""
 
-    records.create_run_dir(run_dir)
-    files.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
-    run_record: dict[str, Any] = {
-        "status": "running", "seed": config.seed, "git_commit": provenance.git_commit(),
-        "train_classes": sorted(int(c) for c in features.train_labels.unique()),
-        "val_classes": sorted(int(c) for c in features.validation_labels.unique()),
-        "split_sizes": {"train": len(features.train), "validation": len(features.validation), "test": 0},
-        "frozen_trunk": dict(features.source), "started": provenance.now(), **record,
-    }
-    files.write_json(run_file, run_record)
+    def __init__(self, config: Config, features: FoldFeatures, device: torch.device) -> None:
+        self.config, self.features = config, features
+        settings = config.model
+        to_class_index = class_index(features.train_labels.numpy())
+        self.targets = to_class_index[features.train_labels]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            head = EmbeddingHead(features.train.shape[1], settings.embedding_dim, settings.layer_norm,
+                                 settings.normalize, settings.bias).to(device)
+        loss, miner = build_loss_and_miner(config, int((to_class_index >= 0).sum()), device)
+        model = _HeadOnly(head)
+        self.components = Components(model=model, loss=loss, miner=miner,  # type: ignore[arg-type]
+                                     optimizer=build_optimizer(config, model, loss))
+        self.sampler = build_sampler(config, self.targets.numpy())
+        self.train_rows, self.validation_rows = features.train.to(device), features.validation.to(device)
 
-    def validate() -> dict[str, float]:
-        head.eval()
-        with torch.no_grad():
-            embeddings = head(val_x).float().cpu()
+    def batch(self, indices: list[int], epoch: int) -> tuple[Tensor, Tensor, Tensor]:
+        items = torch.as_tensor(indices, dtype=torch.long)
+        return self.train_rows[items.to(self.train_rows.device)], self.targets[items], items
+
+    def train_embeddings(self, device: torch.device, group: ProcessGroup) -> Tensor:
+        return self._embed(self.train_rows)
+
+    def validation_embeddings(self, device: torch.device, group: ProcessGroup) -> tuple[Tensor, Tensor]:
+        embeddings = self._embed(self.validation_rows)
         if not bool(torch.isfinite(embeddings).all()):
-            raise TrainingDiverged(f"the head's validation embeddings are not finite after epoch {epoch}")
-        if settings.binarize:
+            raise TrainingDiverged("the head's validation embeddings are not finite")
+        if self.config.model.binarize:
             embeddings = binarize(embeddings)
-        results = evaluation.evaluate(embeddings, features.validation_labels, metrics=config.evaluation.metrics, seed=config.seed,
-                                      rerank=config.evaluation.rerank.method())
-        return {key: float(value) for key, value in results.items()}
+        return embeddings, self.features.validation_labels
 
-    key = config.evaluation.selection_metric
-    state = SelectionState()
-    epoch = 0
-    try:
-        records.append_metrics(run_dir, {"epoch": 0, "validation": validate()})
-        if getattr(sampler, "needs_embeddings", False):
-            with torch.no_grad():
-                sampler.initialize_memory(head(train_x).float().cpu())
-        accumulation = config.training.accumulation_steps
-        for epoch in range(1, config.training.epochs + 1):
-            entry = _head_epoch(epoch, config, head, loss_fn, miner, optimizer, sampler, train_x, targets_all, accumulation)
-            if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
-                entry["validation"] = validate()
-                if state.observe(epoch, entry["validation"], key):
-                    files.atomic_torch_save(run_dir / HEAD_CHECKPOINT, {
-                        "epoch": epoch, "head": head.state_dict(), "loss": loss_fn.state_dict()})
-            records.append_metrics(run_dir, entry)
-            patience = config.training.early_stopping_patience
-            if patience is not None and state.epochs_without_improvement >= patience:
-                break
-    except TrainingDiverged as error:
-        finish_record(run_dir, run_record, "failed", clock, reason=f"training diverged: {error}")
-        raise
-    except BaseException as error:
-        in_plugin = fail_run(run_dir, run_record, clock, error)
-        if in_plugin is not None:
-            raise in_plugin from error
-        raise
-    finish_record(run_dir, run_record, "completed", clock, best_epoch=state.best_epoch,
-                  best_validation=state.best_metrics, epochs_run=epoch)
-    return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
+    @torch.no_grad()
+    def _embed(self, rows: Tensor) -> Tensor:
+        """All rows at once (a row's embedding does not depend on the others), in evaluation mode."""
+        model = self.components.model
+        was_training = model.training
+        model.eval()
+        embeddings = model(rows).float().cpu()
+        model.train(was_training)
+        return embeddings
 
-
-def _head_epoch(
-    epoch: int, config: Config, head: EmbeddingHead, loss_fn: Any, miner: Any, optimizer: torch.optim.Optimizer,
-    sampler: Any, train_x: Tensor, targets_all: Tensor, accumulation: int,
-) -> dict[str, Any]:
-    """One pass over the sampler's batches of cached features (``training.loop._train_epoch`` without images)."""
-    sampler.set_epoch(epoch)
-    head.train()
-    rates = set_learning_rates(optimizer, config.optimizer, epoch, config.training.epochs)
-    total = len(sampler)
-    if config.training.max_steps_per_epoch is not None:
-        total = min(total, config.training.max_steps_per_epoch)
-    epoch_loss, steps, seen, started = 0.0, 0, 0, time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    for batch in sampler:
-        index = torch.as_tensor(batch, dtype=torch.long)
-        targets = targets_all[index].to(train_x.device)
-        embeddings = head(train_x[index.to(train_x.device)])
-        loss = batch_loss(loss_fn, miner, embeddings, targets, epoch=epoch, step=steps + 1)
-        (loss / accumulation if accumulation > 1 else loss).backward()
-        if (steps + 1) % accumulation == 0 or steps + 1 == total:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        if getattr(sampler, "needs_embeddings", False):
-            sampler.update_memory(index, embeddings.detach().cpu())
-        epoch_loss += loss.item()
-        steps += 1
-        seen += len(index)
-        if steps >= total:
-            break
-    return {"epoch": epoch, "loss": epoch_loss / max(steps, 1), "steps": steps, "learning_rates": rates, "samples": seen,
-            "seconds": round(time.perf_counter() - started, 3)}
+    def describe(self) -> dict[str, Any]:
+        features = self.features
+        return {
+            "dataset": {"name": self.config.data.name, "content_hash": features.dataset_hash},
+            "split_sizes": {"train": len(features.train), "validation": len(features.validation), "test": 0},
+            "train_classes": sorted(int(c) for c in features.train_labels.unique()),
+            "val_classes": sorted(int(c) for c in features.validation_labels.unique()),
+            "unreadable_images": features.unreadable_images,
+            "frozen_trunk": dict(features.source),
+        }

@@ -1,12 +1,18 @@
 """The training loop: mini-batches from a batch sampler, optional mining, validation-only model
 selection, checkpoints every epoch and exact resumption; single-process or data-parallel over the
-processes of ``torchrun`` (``training.distributed``), where rank 0 alone writes the run directory."""
+processes of ``torchrun`` (``training.distributed``), where rank 0 alone writes the run directory.
+
+One epoch loop for every run: its batches come from a ``training.step.BatchSource``, image batches
+of the training view (``ImageBatches``) or, for a head on a frozen trunk, rows of cached trunk
+features (``training.features.FeatureBatches``); records, checkpoints, resumption, tracking and
+signal handling are the same for both. ``time_steps`` runs the same loop for ``protocol.cost``."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +22,17 @@ from tqdm import tqdm
 
 from dmlbench import evaluation, files, plugins, provenance
 from dmlbench.config import Config, to_yaml
-from dmlbench.data.base import ImageDataset
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, storage_error
 from dmlbench.training import distributed, records, tracking
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
+from dmlbench.training.features import FeatureBatches, FoldFeatures
 from dmlbench.training.schedule import set_learning_rates, set_warmup
 from dmlbench.training.setup import Components, TrainingSetup, set_up_training
 from dmlbench.training.step import (
-    SelectionState, TrainingDiverged, TrainResult, batch_loss, fail_run, finish_record,
+    BatchSource, SelectionState, TrainingDiverged, TrainResult, apply_gradients, backward, batch_loss, fail_run,
+    finish_record,
 )
 from dmlbench.training.threads import resolve_threads
 
@@ -40,23 +47,29 @@ def train(
     resume: bool = False,
     progress: bool = True,
     record: Mapping[str, Any] | None = None,
+    features: FoldFeatures | None = None,
 ) -> TrainResult:
     """Train one model on the training classes of ``config.data``; select on validation only.
 
     The loop holds only ``training_view`` of the dataset (train and validation items, no test
     item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
+    ``features``: a frozen trunk's cached features of the fold; only ``config``'s head (and the
+    loss's parameters) trains, on them (``training.features.FeatureBatches``), in one process.
     One process owns ``run_dir`` while it trains (``records.owned_run_dir``, rank 0 under
     ``torchrun``): another one that trains or resumes it meanwhile gets ``DirectoryInUse``.
     """
     run_dir = Path(run_dir)
     group = distributed.current()
     distributed.check_batch(config.training.batch_size, group)
+    if features is not None and group.enabled:
+        raise UserInputError("a head on cached trunk features (protocol.frozen_trunk) trains in one process, not under torchrun")
     with _owned_and_checked(run_dir, resume, group):
-        return _train(config, run_dir, resume=resume, progress=progress, record=record)
+        return _train(config, run_dir, resume=resume, progress=progress, record=record, features=features)
 
 
 def _train(
-    config: Config, run_dir: Path, *, resume: bool, progress: bool, record: Mapping[str, Any] | None
+    config: Config, run_dir: Path, *, resume: bool, progress: bool, record: Mapping[str, Any] | None,
+    features: FoldFeatures | None,
 ) -> TrainResult:
     clock = records.Clock()
     group = distributed.current()
@@ -74,21 +87,22 @@ def _train(
         device = torch.device("cuda", group.local_rank)
     check_precision(config.training.precision, device)
     torch.set_num_threads(resolve_threads(config.training.num_threads))
-    setup = set_up_training(config, device)
-    stepper = _Stepper(config, setup.components, device, group)
+    source: BatchSource = (ImageBatches(config, set_up_training(config, device)) if features is None
+                           else FeatureBatches(config, features, device))
+    stepper = _Stepper(config, source.components, device, group)
     start_epoch, state = 0, SelectionState()
     if resume and (run_dir / records.LAST_CHECKPOINT).exists():
-        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, setup.components, setup.sampler, stepper)
+        start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, source.components, source.sampler, stepper)
         if main:
             records.truncate_metrics(run_dir, start_epoch)
     elif main:
         records.create_run_dir(run_dir)
         files.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
-    run_record = _start_record(run_dir, setup, stepper, resume, record)
+    run_record = _start_record(run_dir, source, stepper, resume, record)
     track = _start_tracking(run_dir, config, run_record, resume) if main else tracking.Tracker()
     try:
-        epoch = _run_epochs(run_dir, setup, stepper, state, start_epoch, progress and main, track)
+        epoch = _run_epochs(run_dir, source, stepper, state, start_epoch, progress and main, track)
     except TrainingDiverged as error:
         finish_record(run_dir, run_record, "failed", clock, write=main, reason=f"training diverged: {error}")
         raise
@@ -150,34 +164,32 @@ def _owned_and_checked(run_dir: Path, resume: bool, group: ProcessGroup) -> Iter
 
 
 def _run_epochs(
-    run_dir: Path, setup: TrainingSetup, stepper: _Stepper, state: SelectionState, start_epoch: int, progress: bool,
+    run_dir: Path, source: BatchSource, stepper: _Stepper, state: SelectionState, start_epoch: int, progress: bool,
     track: tracking.Tracker,
 ) -> int:
     """Epochs ``start_epoch + 1`` onwards, each validated on its schedule and checkpointed; returns the last one run."""
-    config, model, sampler = stepper.config, setup.components.model, setup.sampler
+    config, sampler = stepper.config, source.sampler
     device, group, main = stepper.device, stepper.group, stepper.group.is_main
     if start_epoch == 0:
         # The untrained model's validation scores: the baseline every epoch is compared with.
-        untrained = _validate(model, setup.validation_set, config, device, group)
+        untrained = _validate(source, config, device, group)
         if main:
             records.append_metrics(run_dir, {"epoch": 0, "validation": untrained})
             track.log(tracking.epoch_metrics({"validation": untrained}), 0)
-    if getattr(sampler, "needs_embeddings", False) and sampler.memory is None:
-        memory = distributed.embed_sharded(embed, model, setup.train_set, config.evaluation.batch_size, device, group)
-        sampler.initialize_memory(memory[0])
+    _initialize_memory(source, device, group)
     epoch = start_epoch
     for epoch in range(start_epoch + 1, config.training.epochs + 1):
-        record = _train_epoch(epoch, setup, stepper, progress)
+        record = _train_epoch(epoch, source, stepper, progress)
         if epoch % config.training.eval_every == 0 or epoch == config.training.epochs:
-            validation = _validate(model, setup.validation_set, config, device, group)
+            validation = _validate(source, config, device, group)
             record["validation"] = validation
             state.observe(epoch, validation, config.evaluation.selection_metric)
             if main and state.best_epoch == epoch:
-                _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, setup.components, state, sampler, stepper)
+                _save_checkpoint(run_dir / records.BEST_CHECKPOINT, epoch, source.components, state, sampler, stepper)
         if main:
             records.append_metrics(run_dir, record)
             track.log(tracking.epoch_metrics(record), epoch)
-            _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, setup.components, state, sampler, stepper)
+            _save_checkpoint(run_dir / records.LAST_CHECKPOINT, epoch, source.components, state, sampler, stepper)
         if progress:
             _print_epoch(record, config.evaluation.selection_metric)
         patience = config.training.early_stopping_patience
@@ -187,17 +199,26 @@ def _run_epochs(
 
 
 def train_or_resume(
-    config: Config, run_dir: Path, *, progress: bool = True, record: Mapping[str, Any] | None = None
+    config: Config, run_dir: Path, *, progress: bool = True, record: Mapping[str, Any] | None = None,
+    features: FoldFeatures | None = None,
 ) -> TrainResult:
-    """The protocol's way to train a run: continue it after an interruption, return it as it is
-    once completed, and start it afresh when a killed attempt left no ``run.json`` (nothing worth keeping)."""
+    """The protocol's way to train a run, full or (``features``) head-only: continue it after an
+    interruption, return it as it is once completed, and start it afresh when a killed attempt left
+    no ``run.json`` (nothing worth keeping)."""
     run_dir = Path(run_dir)
     # Owned before anything is decided or removed: another worker may still be training it.
     with records.owned_run_dir(run_dir) if distributed.current().is_main else contextlib.nullcontext():
         if (run_dir / records.RUN_FILE).is_file():
-            return train(config, run_dir, resume=True, progress=progress, record=record)
+            return train(config, run_dir, resume=True, progress=progress, record=record, features=features)
         records.clear_run_dir(run_dir)
-        return train(config, run_dir, progress=progress, record=record)
+        return train(config, run_dir, progress=progress, record=record, features=features)
+
+
+def _initialize_memory(source: BatchSource, device: torch.device, group: ProcessGroup) -> None:
+    """An embedded sampler's first memory bank (a resumed run's comes from its checkpoint)."""
+    sampler = source.sampler
+    if getattr(sampler, "needs_embeddings", False) and sampler.memory is None:
+        sampler.initialize_memory(source.train_embeddings(device, group))
 
 
 def check_precision(precision: str, device: torch.device) -> None:
@@ -259,16 +280,78 @@ class _Stepper:
         return ddp.no_sync()
 
 
-def _train_epoch(epoch: int, setup: TrainingSetup, stepper: _Stepper, progress: bool) -> dict[str, Any]:
+class ImageBatches:
+    """Image batches of the training view (``training.step.BatchSource``), for a full model:
+    ``setup`` is ``training.setup.set_up_training``'s."""
+
+    def __init__(self, config: Config, setup: TrainingSetup) -> None:
+        self.setup, self.batch_size, self.dataset_name = setup, config.evaluation.batch_size, config.data.name
+        self.sampler, self.components = setup.sampler, setup.components
+
+    def batch(self, indices: list[int], epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        images, labels, items = self.setup.train_set.batch(indices, epoch=epoch)
+        return images, self.setup.to_class_index[labels], items
+
+    def train_embeddings(self, device: torch.device, group: ProcessGroup) -> torch.Tensor:
+        return distributed.embed_sharded(embed, self.components.model, self.setup.train_set, self.batch_size, device, group)[0]
+
+    def validation_embeddings(self, device: torch.device, group: ProcessGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        return distributed.embed_sharded(embed, self.components.model, self.setup.validation_set, self.batch_size,
+                                         device, group)
+
+    def describe(self) -> dict[str, Any]:
+        setup = self.setup
+        labels = torch.as_tensor(setup.dataset.labels)
+        return {
+            "dataset": {"name": self.dataset_name, "content_hash": setup.dataset_hash},
+            "split_sizes": {name: int(len(getattr(setup.full_splits, name))) for name in ("train", "validation", "test")},
+            "train_classes": sorted(int(c) for c in labels[setup.splits.train].unique()),
+            "val_classes": sorted(int(c) for c in labels[setup.splits.validation].unique()),
+            # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
+            "unreadable_images": len(setup.dataset.metadata.get("unreadable_items", [])),
+        }
+
+
+@dataclass
+class StepBudget:
+    """A step budget for ``time_steps``: the loop stops after ``steps`` steps and keeps each one's seconds."""
+
+    steps: int
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def spent(self) -> bool:
+        return len(self.seconds) >= self.steps
+
+
+def time_steps(config: Config, source: BatchSource, device: torch.device, steps: int) -> list[float]:
+    """The seconds of each of the first ``steps`` training steps of ``source`` (fetching the batch
+    included) as the loop takes them, epoch after epoch from the first after the warm-up; what
+    ``protocol.cost`` times. Nothing is written; the components train."""
+    stepper = _Stepper(config, source.components, device, ProcessGroup())
+    _initialize_memory(source, device, stepper.group)
+    budget, epoch = StepBudget(steps), config.training.warmup_epochs
+    while not budget.spent:
+        epoch, taken = epoch + 1, len(budget.seconds)
+        _train_epoch(epoch, source, stepper, False, budget)
+        if len(budget.seconds) == taken:  # a sampler without a batch
+            break
+    return budget.seconds
+
+
+def _train_epoch(
+    epoch: int, source: BatchSource, stepper: _Stepper, progress: bool, budget: StepBudget | None = None
+) -> dict[str, Any]:
     """One pass over the sampler's batches; raises ``TrainingDiverged`` on a non-finite loss.
 
     With ``accumulation_steps`` k the optimiser steps after every k batches (and after the epoch's
     last), each batch's loss divided by k. In data-parallel training ``sampler`` yields this rank's
-    slice of each global batch and the loss is computed on the gathered global batch.
+    slice of each global batch and the loss is computed on the gathered global batch. ``budget``:
+    stop once it is spent, timing each step.
     """
     config, components, device, group = stepper.config, stepper.components, stepper.device, stepper.group
     loss_fn, miner, optimizer = components.loss, components.miner, components.optimizer
-    sampler, train_set, to_class_index = setup.sampler, setup.train_set, setup.to_class_index
+    sampler = source.sampler
     accumulation = config.training.accumulation_steps
     sampler.set_epoch(epoch)
     rates = stepper.begin_epoch(epoch)
@@ -280,26 +363,27 @@ def _train_epoch(epoch: int, setup: TrainingSetup, stepper: _Stepper, progress: 
     bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=None if progress else True, leave=False)
     optimizer.zero_grad(set_to_none=True)
     for batch_indices in sampler:
-        images, batch_labels, indices = train_set.batch(batch_indices, epoch=epoch)
-        targets = distributed.gather(to_class_index[batch_labels].to(device), group)
+        step_started = time.perf_counter()
+        inputs, batch_targets, indices = source.batch(batch_indices, epoch)
+        targets = distributed.gather(batch_targets.to(device), group)
         ends_window = (steps + 1) % accumulation == 0 or steps + 1 == total
         with stepper.no_sync(ends_window):
-            embeddings = distributed.gather(stepper.forward(images.to(device)).float(), group)
+            embeddings = distributed.gather(stepper.forward(inputs.to(device)).float(), group)
             loss = batch_loss(loss_fn, miner, embeddings, targets, epoch=epoch, step=steps + 1)
-            stepper.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+            backward(loss, stepper.scaler, accumulation)
         if ends_window:
-            stepper.scaler.step(optimizer)
-            stepper.scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            apply_gradients(optimizer, stepper.scaler)
         if getattr(sampler, "needs_embeddings", False):
             # Every rank writes the whole global batch, so the ranks' banks stay equal.
             sampler.update_memory(distributed.gather(indices.to(device), group).cpu(), embeddings.detach().cpu())
         epoch_loss += loss.item()
         steps += 1
-        images_seen += len(images) * group.world_size
+        images_seen += len(inputs) * group.world_size
+        if budget is not None:
+            budget.seconds.append(time.perf_counter() - step_started)
         bar.set_postfix(loss=f"{epoch_loss / steps:.4f}", img_s=f"{images_seen / (time.perf_counter() - started):.0f}")
         bar.update()
-        if steps >= total:
+        if steps >= total or (budget is not None and budget.spent):
             break
     bar.close()
     return {
@@ -310,13 +394,10 @@ def _train_epoch(epoch: int, setup: TrainingSetup, stepper: _Stepper, progress: 
 
 
 def _validate(
-    model: torch.nn.Module, validation_set: ImageDataset, config: Config, device: torch.device,
-    group: ProcessGroup = ProcessGroup(),
+    source: BatchSource, config: Config, device: torch.device, group: ProcessGroup = ProcessGroup(),
 ) -> dict[str, float]:
     """Validation metrics; each rank embeds its share once, rank 0 scores all of them and tells the others."""
-    embeddings, labels = distributed.embed_sharded(
-        embed, model, validation_set, config.evaluation.batch_size, device, group
-    )
+    embeddings, labels = source.validation_embeddings(device, group)
     scores = None
     if group.is_main:
         # Re-ranked when evaluation.rerank is set, so the selection and the search see the re-ranked metric.
@@ -378,18 +459,18 @@ def _check_new_run_dir_empty(run_dir: Path, resume: bool) -> None:
 
 
 def _start_record(
-    run_dir: Path, setup: TrainingSetup, stepper: _Stepper, resume: bool, extra: Mapping[str, Any] | None
+    run_dir: Path, source: BatchSource, stepper: _Stepper, resume: bool, extra: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     config, group = stepper.config, stepper.group
-    labels = torch.as_tensor(setup.dataset.labels)
+    data = source.describe()
     record: dict[str, Any] = files.read_json(run_dir / records.RUN_FILE) if resume else {}
     record.update({
         "status": "running",
         "seed": config.seed,
         "git_commit": provenance.git_commit(),
         "packages": provenance.package_versions(),
-        "dataset": {"name": config.data.name, "content_hash": setup.dataset_hash},
-        "split_sizes": {name: int(len(getattr(setup.full_splits, name))) for name in ("train", "validation", "test")},
+        "dataset": data.pop("dataset"),
+        "split_sizes": data.pop("split_sizes"),
         "num_threads": torch.get_num_threads(),
         "environment": provenance.environment(str(stepper.device)),
         "plugins": plugins.used(config.plugins),
@@ -408,10 +489,7 @@ def _start_record(
         record.pop("reason", None)  # an earlier attempt's failure is not this attempt's
         if group.is_main:
             (run_dir / records.ERROR_LOG).unlink(missing_ok=True)
-    record["train_classes"] = sorted(int(c) for c in labels[setup.splits.train].unique())
-    record["val_classes"] = sorted(int(c) for c in labels[setup.splits.validation].unique())
-    # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
-    record["unreadable_images"] = len(setup.dataset.metadata.get("unreadable_items", []))
+    record.update(data)  # the classes, unreadable images and the source's own fields
     record.update(extra or {})
     if group.is_main:
         files.write_json(run_dir / records.RUN_FILE, record)

@@ -1,5 +1,17 @@
-"""What a run directory holds: its files' names, the epoch records, the run's cost; every file is
-written atomically (``dmlbench.files``), provenance comes from ``dmlbench.provenance``."""
+"""What a run directory holds: the name of every file and folder in it (no other module spells them,
+``tests/test_architecture.py`` checks), the epoch records, the run's cost; every file is written
+atomically (``dmlbench.files``), provenance comes from ``dmlbench.provenance``::
+
+    RUN_DIR/
+      config.yaml                              the run's whole config
+      run.json                                 status, provenance, classes, best epoch, cost
+      metrics.jsonl                            one record per epoch
+      checkpoint_last.pt, checkpoint_best.pt   the resumable last state and the validation-selected model
+      test_metrics.json                        test scores (a finished run's, or a reproduction's beside its folds)
+      error.log                                the traceback of a run that failed with an exception
+      run.lock                                 held by the process training the run
+      tensorboard/                             event files (``tracking.backend: tensorboard``)
+"""
 
 from __future__ import annotations
 
@@ -23,6 +35,7 @@ LAST_CHECKPOINT = "checkpoint_last.pt"
 BEST_CHECKPOINT = "checkpoint_best.pt"
 TEST_METRICS_FILE = "test_metrics.json"
 ERROR_LOG = "error.log"  # the full traceback of a run that failed with an exception
+TENSORBOARD_DIR = "tensorboard"  # the event files of ``training.tracking``'s TensorBoard tracker
 # Held (flock) by the one process that trains the run; removed when it ends (``dmlbench.ownership``).
 LOCK_FILE = "run.lock"
 # A directory holding one of these is a training run's, finished or not (or one being started).

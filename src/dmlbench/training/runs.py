@@ -1,8 +1,9 @@
-"""Evaluating a finished run on its test split: once, beside the untrained model."""
+"""A finished run opened once (``Run.open``), and evaluated on its test split once, beside the untrained model."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ from torch import Tensor, nn
 from dmlbench import config as config_module
 from dmlbench import evaluation, files, plugins, provenance
 from dmlbench.data.base import ImageDataset
+from dmlbench.data.splits import Splits
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.rerank import build as build_rerank
 from dmlbench.training import records
@@ -26,7 +28,7 @@ def load_run_config(run_dir: Path) -> config_module.Config:
     return config_module.load(run_dir / records.CONFIG_FILE)
 
 
-def evaluate_run(run_dir: str | Path, *, rerank: Mapping[str, Any] | None = None, **evaluate_kwargs: Any) -> dict[str, Any]:
+def evaluate_run(run: str | Path | Run, *, rerank: Mapping[str, Any] | None = None, **evaluate_kwargs: Any) -> dict[str, Any]:
     """Test metrics of the run's best (validation-selected) checkpoint and of the untrained model.
 
     A dataset with query/gallery roles (In-Shop, a CSV with ``role``) is evaluated queries against
@@ -35,12 +37,11 @@ def evaluate_run(run_dir: str | Path, *, rerank: Mapping[str, Any] | None = None
     are also computed re-ranked, under ``reranked`` and ``untrained_reranked`` beside the raw ones.
 
     The test split is embedded once: the result is stored in the run directory and returned as
-    stored on later calls with the same options.
+    stored on later calls with the same options (without loading the dataset).
     """
-    run_dir = Path(run_dir)
-    stored_path = run_dir / records.TEST_METRICS_FILE
-    record = _completed_record(run_dir)
-    settings = load_run_config(run_dir).evaluation.rerank if rerank is None else _rerank_settings(rerank)
+    run = opened(run)
+    stored_path = run.run_dir / records.TEST_METRICS_FILE
+    settings = run.config.evaluation.rerank if rerank is None else _rerank_settings(rerank)
     method = settings.method()
     # Only when re-ranking, so that the stored results of runs without it keep their options.
     options = {key: _jsonable(value) for key, value in sorted(
@@ -49,7 +50,6 @@ def evaluate_run(run_dir: str | Path, *, rerank: Mapping[str, Any] | None = None
         stored = files.read_json(stored_path)
         if stored.get("options") == options:
             return stored["results"]
-    run = _CompletedRun(run_dir, record)
     evaluate_kwargs.setdefault("seed", run.config.seed)
     query_mask = run.test_query_mask()
     if query_mask is not None:
@@ -62,7 +62,7 @@ def evaluate_run(run_dir: str | Path, *, rerank: Mapping[str, Any] | None = None
         results["reranked"] = dict(evaluation.evaluate(trained_embeddings, labels, rerank=method, **evaluate_kwargs))
         results["untrained_reranked"] = dict(evaluation.evaluate(untrained_embeddings, labels, rerank=method,
                                                                  **evaluate_kwargs))
-    domains = test_domains(run.dataset, run.splits.test, run.config)
+    domains = run.test_domains()
     if domains is not None:  # beside the all-vs-all numbers: each query answered from the other domains
         results["cross_domain"] = dict(evaluation.evaluate(trained_embeddings, labels, domains=domains, **evaluate_kwargs))
         results["untrained_cross_domain"] = dict(evaluation.evaluate(untrained_embeddings, labels, domains=domains,
@@ -81,22 +81,21 @@ def _rerank_settings(rerank: Mapping[str, Any]) -> config_module.RerankConfig:
     return config_module.RerankConfig(kind=kind, params=params)
 
 
-def embed_test_split(run_dir: str | Path, *, untrained: bool = False) -> tuple[Tensor, Tensor]:
+def embed_test_split(run: str | Path | Run, *, untrained: bool = False) -> tuple[Tensor, Tensor]:
     """Embeddings and labels of the standard test split under the run's best (validation-selected)
     checkpoint, or with ``untrained`` the run's model as initialised (the baseline). For the
     protocol's final stage only (``protocol.reproductions``, which combines the fold models of a
     reproduction with ``evaluation.evaluate_many``, Musgrave et al. 2020 §3.3)."""
-    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
+    run = opened(run)
     model = run.untrained_model() if untrained else run.trained_model()
     return embed(model, run.split("test"), run.batch_size, run.device)
 
 
-def test_query_mask(run_dir: str | Path) -> Tensor | None:
+def test_query_mask(run: str | Path | Run) -> Tensor | None:
     """Bool mask over the rows of ``embed_test_split``: ``True`` for a query, ``False`` for a gallery
     item; ``None`` when the dataset has no roles (all-vs-all). Pass it as ``query_mask`` to
     ``evaluation.evaluate`` / ``evaluate_many``."""
-    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
-    return run.test_query_mask()
+    return opened(run).test_query_mask()
 
 
 def test_domains(dataset: ImageDataset, indices: Any, config: config_module.Config) -> Any:
@@ -110,10 +109,9 @@ def test_domains(dataset: ImageDataset, indices: Any, config: config_module.Conf
     return domains[indices]
 
 
-def run_test_domains(run_dir: str | Path) -> Any:
+def run_test_domains(run: str | Path | Run) -> Any:
     """``test_domains`` of a finished run's test split (the rows of ``embed_test_split``)."""
-    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
-    return test_domains(run.dataset, run.splits.test, run.config)
+    return opened(run).test_domains()
 
 
 def query_mask(dataset: ImageDataset, indices: Any) -> Tensor | None:
@@ -125,26 +123,46 @@ def query_mask(dataset: ImageDataset, indices: Any) -> Tensor | None:
     return torch.from_numpy(roles[indices] == "query")
 
 
-def embed_run(run_dir: str | Path, split: Literal["train", "validation"] = "train") -> tuple[Tensor, Tensor]:
+def embed_run(run: str | Path | Run, split: Literal["train", "validation"] = "train") -> tuple[Tensor, Tensor]:
     """Embeddings and labels of a non-test split under the run's best checkpoint (for the embedding-space
     analysis, which Roth et al. 2020 compute on the training data). The test split goes only through
     ``evaluate_run``."""
     if split not in ("train", "validation"):
         raise UserInputError(f"split must be 'train' or 'validation', got {split!r}")
-    run = _CompletedRun(Path(run_dir), _completed_record(Path(run_dir)))
+    run = opened(run)
     return embed(run.trained_model(), run.split(split), run.batch_size, run.device)
 
 
-class _CompletedRun:
-    """A finished run's config, data splits and models, loaded on demand."""
+class Run:
+    """A finished run, opened once: its record and config (read by ``open``), and its dataset (checked
+    against the content hash the run was trained on) and splits, loaded on first use and then kept,
+    so that embedding its splits, its query mask, its test domains and its scores reuse one load.
+    A stored evaluation (``evaluate_run``) needs no dataset, so none is loaded for it."""
 
-    def __init__(self, run_dir: Path, record: dict[str, Any]) -> None:
-        self.run_dir = run_dir
-        self.config = load_run_config(run_dir)
-        self.device = resolve_device(self.config.training.device)
-        self.batch_size = self.config.evaluation.batch_size
-        self.dataset = trained_dataset(run_dir, self.config, record)
-        self.splits = make_splits(self.config, self.dataset)
+    def __init__(self, run_dir: Path, record: dict[str, Any], config: config_module.Config) -> None:
+        self.run_dir, self.record, self.config = run_dir, record, config
+        self.batch_size = config.evaluation.batch_size
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> Run:
+        """The completed run in ``run_dir`` (one line naming what is missing otherwise)."""
+        run_dir = Path(run_dir)
+        record = _completed_record(run_dir)
+        return cls(run_dir, record, load_run_config(run_dir))
+
+    @cached_property
+    def device(self) -> torch.device:
+        """The run's device on this machine; resolved when first needed, so a stored evaluation of a GPU
+        run reads back without one."""
+        return resolve_device(self.config.training.device)
+
+    @cached_property
+    def dataset(self) -> ImageDataset:
+        return trained_dataset(self.run_dir, self.config, self.record)
+
+    @cached_property
+    def splits(self) -> Splits:
+        return make_splits(self.config, self.dataset)
 
     def split(self, name: str) -> ImageDataset:
         return self.dataset.subset(getattr(self.splits, name))
@@ -152,12 +170,20 @@ class _CompletedRun:
     def test_query_mask(self) -> Tensor | None:
         return query_mask(self.dataset, self.splits.test)
 
+    def test_domains(self) -> Any:
+        return test_domains(self.dataset, self.splits.test, self.config)
+
     def untrained_model(self) -> nn.Module:
         """The model exactly as training started (same seed, same initialisation)."""
         return build_model(self.config).to(self.device)
 
     def trained_model(self) -> nn.Module:
         return best_model(self.run_dir, self.config, self.device)[0]
+
+
+def opened(run: str | Path | Run) -> Run:
+    """``run`` itself when it is already open, else the run in that directory, opened."""
+    return run if isinstance(run, Run) else Run.open(run)
 
 
 def trained_dataset(run_dir: Path, config: config_module.Config, record: dict[str, Any]) -> ImageDataset:
@@ -170,6 +196,9 @@ def trained_dataset(run_dir: Path, config: config_module.Config, record: dict[st
 
 def best_model(run_dir: Path, config: config_module.Config, device: torch.device) -> tuple[nn.Module, int]:
     """The run's model with its validation-selected checkpoint loaded, and that checkpoint's epoch."""
+    if "frozen_trunk" in records.require_run_dir(run_dir):
+        raise UserInputError(f"run {run_dir} trained only a head on cached trunk features (protocol.frozen_trunk): "
+                             "its checkpoints hold no trunk to embed images with")
     model = build_model(config).to(device)
     state = torch.load(run_dir / records.BEST_CHECKPOINT, map_location=device, weights_only=False)
     model.load_state_dict(state["model"])

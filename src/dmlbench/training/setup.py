@@ -165,6 +165,17 @@ def build_model(config: Config) -> models.EmbeddingModel | models.EnsembleModel:
     )
 
 
+def check_input_channels(config: Config, model: nn.Module, dataset: ImageDataset) -> None:
+    """Refuse, before any step, a trunk whose first convolution takes another number of channels than
+    the dataset's images have (a grey trunk on RGB emoji would fail every step with a shape error)."""
+    first = next((module for module in model.modules() if isinstance(module, nn.Conv2d)), None)
+    if first is None or first.in_channels == dataset.num_channels:
+        return
+    raise UserInputError(
+        f"model.trunk {config.model.trunk!r} takes {first.in_channels}-channel images but data {config.data.name!r} "
+        f"has {dataset.num_channels}-channel images: set model.options.in_channels={dataset.num_channels}")
+
+
 def build_sampler(config: Config, train_labels: np.ndarray) -> Sampler[list[int]]:
     return sampling.build(
         config.sampler.name,
@@ -205,6 +216,7 @@ def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
     try:
         sampler = build_sampler(config, to_class_index[labels[splits.train]].numpy())
         components = build_components(config, int((to_class_index >= 0).sum()), device)
+        check_input_channels(config, components.model, full_dataset)
     except Exception as error:
         # A plugin's constructor that raises: one line naming it and its frame (no run directory exists yet).
         in_plugin = plugins.failure(error)

@@ -1,22 +1,31 @@
-"""What every way of training shares: the loss of one batch (mining, then the loss; seed 001 §2's
-miner-to-loss order), the validation-only selection of the best epoch, the result and the run
-record's end. ``training.loop`` trains on image batches, ``training.features`` heads on cached
-trunk features, ``protocol.cost`` times a few steps; all three go through these."""
+"""What every way of training shares: where batches come from (``BatchSource``), the loss of one
+batch (mining, then the loss; seed 001 §2's miner-to-loss order), the backward pass and the one
+optimiser step (``apply_gradients``), the validation-only selection of the best epoch, the result
+and the run record's end. ``training.loop`` runs the epochs over a source of image batches or of
+cached trunk features (``training.features``); ``protocol.cost`` times steps through that loop; the
+toy experiment (``toy.experiment``) keeps its own loop of stacked networks and steps through
+``apply_gradients``."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch.utils.data import Sampler
 
 from dmlbench import files, plugins, provenance
 from dmlbench.errors import PluginFailed
 from dmlbench.losses.base import MetricLoss
 from dmlbench.mining.base import Miner
 from dmlbench.training import records
+from dmlbench.training.distributed import ProcessGroup
+from dmlbench.training.setup import Components
+
+# Steps an optimiser without loss scaling: a disabled scaler's ``step`` is the optimiser's own.
+_UNSCALED = torch.amp.GradScaler("cpu", enabled=False)
 
 
 class TrainingDiverged(RuntimeError):
@@ -34,6 +43,34 @@ class TrainResult:
     already_complete: bool = False
 
 
+class BatchSource(Protocol):
+    """Where a run's batches come from, the one thing the ways of training differ in (as
+    pytorch-metric-learning's trainers differ only in how they fetch a batch): image batches of the
+    training view (``training.loop.ImageBatches``) or rows of cached trunk features
+    (``training.features.FeatureBatches``). ``components.model`` maps a batch's inputs to embeddings."""
+
+    sampler: Sampler[list[int]]
+    components: Components
+
+    def batch(self, indices: list[int], epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(inputs, targets, items)`` of the sampler's ``indices``: the model's inputs, the training
+        class indices ``0 .. C-1`` and the items' indices (for an embedded sampler's memory bank)."""
+        ...
+
+    def train_embeddings(self, device: torch.device, group: ProcessGroup) -> torch.Tensor:
+        """Every training item's embedding in evaluation mode (an embedded sampler's first memory bank)."""
+        ...
+
+    def validation_embeddings(self, device: torch.device, group: ProcessGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """The validation items' embeddings (float32, CPU) and labels, in evaluation mode."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run.json`` records of the data: ``dataset`` (name, content hash), ``split_sizes``,
+        ``train_classes``, ``val_classes``, ``unreadable_images`` and anything particular to the source."""
+        ...
+
+
 def batch_loss(loss_fn: MetricLoss, miner: Miner | None, embeddings: torch.Tensor, targets: torch.Tensor,
                *, epoch: int, step: int) -> torch.Tensor:
     """The batch's loss: the miner's index tuples (when the loss takes tuples), then the loss;
@@ -48,6 +85,22 @@ def batch_loss(loss_fn: MetricLoss, miner: Miner | None, embeddings: torch.Tenso
     if not torch.isfinite(loss):
         raise TrainingDiverged(f"loss is {loss.item()} at epoch {epoch}, step {step}")
     return loss
+
+
+def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler, accumulation: int) -> None:
+    """Add the batch's gradients: the loss divided by the ``accumulation`` steps of its window, scaled
+    by the fp16 gradient scaler (a disabled scaler leaves it as it is)."""
+    scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+
+
+def apply_gradients(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+    """Step ``optimizer`` on the gradients gathered since the last step (through the fp16 gradient
+    ``scaler`` when given, which skips a step with infinite gradients) and clear them. The one place
+    in the package that steps an optimiser (``tests/test_architecture.py`` checks it)."""
+    scaler = _UNSCALED if scaler is None else scaler
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
 
 
 class SelectionState:

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.config import TrackingConfig
-
-TENSORBOARD_DIR = "tensorboard"  # in the run directory
+from dmlbench.training.records import TENSORBOARD_DIR
 
 
 def default_mlflow_uri() -> str:
@@ -156,15 +155,14 @@ class MLflowTracker(_Guarded):
     def _finish(self, status: str) -> None:
         self.client().set_terminated(self.run_id, status={"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
 
-    def report(self, output_dir: Path, files: list[Path], benchmark: Mapping[str, Any]) -> None:
+    def report(self, output_dir: Path, files: list[Path], config_hash: str) -> None:
         """The benchmark's report files as artifacts of a parent run, which every training run
         tagged with the benchmark's config hash (whichever worker ran it) becomes a child of."""
-        self._guard("report", self._report, output_dir, files, benchmark)
+        self._guard("report", self._report, output_dir, files, config_hash)
 
-    def _report(self, output_dir: Path, files: list[Path], benchmark: Mapping[str, Any]) -> None:
+    def _report(self, output_dir: Path, files: list[Path], config_hash: str) -> None:
         client = self.client()
         experiment = self.experiment_id()
-        config_hash = str(benchmark.get("config_hash"))
         parent = client.create_run(experiment, run_name=f"benchmark {output_dir.name}",
                                    tags={"dmlbench.config_hash": config_hash, "dmlbench.role": "benchmark",
                                          "dmlbench.output_dir": str(output_dir)})

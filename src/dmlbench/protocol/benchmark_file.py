@@ -1,0 +1,199 @@
+"""``benchmark.json`` as a typed record: what a benchmark recorded when it started (its description,
+storage, config hash, commit, machine) and the changes accepted on purpose since. Every reader (the
+protocol, the audit, ``dmlbench status``, the report) goes through ``read_benchmark``, the writer
+(``protocol.record``) through ``write_benchmark``.
+
+The file is versioned by ``format``. A file without one was written before the field existed and is
+format 1, which this one is too: the fields are the same, so every benchmark directory written so far
+opens and continues. A file of a newer format, one that is not JSON or one that does not hold these
+fields is refused with one line, and nothing is written over it.
+
+Only the keys a file holds are written back (``exclude_unset``): a benchmark started before a key
+existed keeps its description, so its config hash and the comparison of ``protocol.prepare`` stay as
+they were. Keys this version does not know are kept too (``extra="allow"``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from dmlbench import files
+from dmlbench.errors import UserInputError
+from dmlbench.protocol.benchmark import AnalysisSpec, ProtocolSpec
+from dmlbench.protocol.layout import BENCHMARK_FILE
+
+# The format this version writes; it reads this one and the older ones. Raise it when a field changes
+# meaning or a new field must not be ignored by an older dmlbench.
+BENCHMARK_FORMAT = 1
+
+
+class _Stored(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StoredMethod(_Stored):
+    """A method of the stored spec: its overrides of the base config and its search space."""
+
+    name: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    search: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoredSpec(_Stored):
+    """The benchmark YAML as recorded: without its analysis and tracking settings, and without the
+    protocol keys left at the defaults they had before they existed (``prepare.Prepared.description``)."""
+
+    plugins: list[str] = Field(default_factory=list)
+    base: dict[str, Any] = Field(default_factory=dict)
+    methods: list[StoredMethod] = Field(default_factory=list)
+    protocol: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoredProtocol(ProtocolSpec):
+    """The protocol settings; a key a benchmark started before it existed reads as its default."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StoredAnalysis(AnalysisSpec):
+    """An analysis (declared, or accepted later); a key missing from an old file reads as its default."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StoredFold(_Stored):
+    index: int
+    train_classes: list[int]
+    val_classes: list[int]
+
+
+class StoredFoldLayout(_Stored):
+    """``folds.FoldLayout.as_dict()``: the development classes cut into folds, and the test classes."""
+
+    k: int
+    mode: str
+    development_classes: list[int] = Field(default_factory=list)
+    test_classes: list[int]
+    folds: list[StoredFold] = Field(default_factory=list)
+
+
+class StoredDataset(_Stored):
+    name: str
+    content_hash: str
+
+
+class AnalysisChange(_Stored):
+    """An analysis change accepted with ``--accept-analysis-change``: when, which keys, the analysis now in force."""
+
+    time: str
+    changed: list[str]
+    analysis: StoredAnalysis
+
+
+class PluginChange(_Stored):
+    """A plugin code change accepted with ``--accept-plugin-changes``: when, what changed, the plugins' identities."""
+
+    time: str
+    changes: list[str]
+    plugins: list[dict[str, Any]]
+
+
+class BenchmarkRecord(_Stored):
+    """The contents of ``benchmark.json``, in the order they are written."""
+
+    format: StrictInt = Field(BENCHMARK_FORMAT, ge=1)
+    spec: StoredSpec = Field(default_factory=StoredSpec)  # absent from the first benchmarks
+    overrides: list[str] = Field(default_factory=list)
+    protocol: StoredProtocol
+    methods: list[str]
+    metrics: list[str] = Field(default_factory=list)
+    fold_layout: StoredFoldLayout | None = None  # absent from the first benchmarks
+    fold_layout_hash: str = ""
+    dataset: StoredDataset
+    plugins: list[dict[str, Any]] = Field(default_factory=list)  # ``plugins.identity``; absent: none
+    analysis: StoredAnalysis | None = None  # the declared analysis
+    analysis_in_hash: bool = False  # absent: started before the analysis entered the config hash
+    storage: str
+    config_hash: str | None = None
+    git_commit: str | None = None
+    created: str | None = None
+    environment: dict[str, Any] | None = None  # the machine of the worker that started it
+    analysis_changes_accepted: list[AnalysisChange] = Field(default_factory=list)
+    plugin_changes_accepted: list[PluginChange] = Field(default_factory=list)
+
+    def stored(self) -> dict[str, Any]:
+        """The record as JSON values, with only the keys the file holds (or was created with)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def declared_analysis(self) -> dict[str, Any]:
+        """The analysis declared when the benchmark started, as stored (``{}``: none recorded)."""
+        return {} if self.analysis is None else self.analysis.model_dump(mode="json", exclude_unset=True)
+
+    def analysis_in_force(self) -> dict[str, Any]:
+        """The analysis the benchmark is read with, as stored: the last change accepted with
+        ``--accept-analysis-change``, else the declared one (``{}``: none recorded)."""
+        if self.analysis_changes_accepted:
+            return self.analysis_changes_accepted[-1].analysis.model_dump(mode="json", exclude_unset=True)
+        return self.declared_analysis()
+
+    @property
+    def references(self) -> list[str]:
+        """The declared analysis's reference methods (none: ``[]``)."""
+        return [] if self.analysis is None else list(self.analysis.references)
+
+
+def benchmark_path(output_dir: Path) -> Path:
+    return Path(output_dir) / BENCHMARK_FILE
+
+
+def read_benchmark(output_dir: Path) -> BenchmarkRecord:
+    """The record of the benchmark in ``output_dir``; a one-line ``UserInputError`` when there is none,
+    or when its file is of a newer format, not JSON, or not a benchmark record."""
+    record = read_benchmark_if_any(output_dir)
+    if record is None:
+        raise UserInputError(f"{output_dir} holds no benchmark study (no {BENCHMARK_FILE})")
+    return record
+
+
+def read_benchmark_if_any(output_dir: Path) -> BenchmarkRecord | None:
+    """As ``read_benchmark``, ``None`` where ``output_dir`` holds no ``benchmark.json``."""
+    path = benchmark_path(output_dir)
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise UserInputError(f"{path} is not valid JSON ({error}); restore it from a copy, or use a new output "
+                             "directory") from None
+    except OSError as error:
+        raise UserInputError(f"{path} cannot be read: {error.strerror or error}") from None
+    if isinstance(raw, dict):
+        written = raw.get("format", BENCHMARK_FORMAT)
+        if isinstance(written, int) and not isinstance(written, bool) and written > BENCHMARK_FORMAT:
+            raise UserInputError(f"{path} was written by a newer dmlbench (format {written}; this one reads format "
+                                 f"{BENCHMARK_FORMAT} and older): upgrade dmlbench to continue or report on it")
+    try:
+        return BenchmarkRecord.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(map(str, first["loc"]))
+        where = f"key {key!r}: " if key else ""
+        raise UserInputError(f"{path} is not a benchmark record ({where}{first['msg']}); restore it from a copy, "
+                             "or use a new output directory") from None
+
+
+def new_benchmark(contents: dict[str, Any]) -> BenchmarkRecord:
+    """The record of a benchmark starting now, from what it describes and records (``record.write_benchmark_file``)."""
+    return BenchmarkRecord.model_validate({"format": BENCHMARK_FORMAT, **contents})
+
+
+def write_benchmark(output_dir: Path, record: BenchmarkRecord) -> Path:
+    """Write ``record`` as ``benchmark.json`` in ``output_dir`` (atomically), in the current format."""
+    record.format = BENCHMARK_FORMAT  # assigned, so that a file that had no format is written with one
+    path = benchmark_path(output_dir)
+    files.write_json(path, record.stored())
+    return path

@@ -1,0 +1,77 @@
+"""``benchmark.json`` through its typed record (``protocol.benchmark_file``): every file written so far
+reads back to the same JSON, and a file of a newer format, a corrupt one or one that is not a
+benchmark record is one line and exit 2 from every command that reads it, with nothing written over it."""
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+
+from dmlbench.errors import UserInputError
+from dmlbench.protocol.benchmark_file import BENCHMARK_FORMAT, read_benchmark, write_benchmark
+
+REPO = Path(__file__).resolve().parent.parent
+COMMITTED = sorted(REPO.glob("results/*/benchmark.json"))
+SMOKE = REPO / "configs" / "smoke.yaml"
+
+
+def test_every_committed_benchmark_file_reads_back_to_its_own_json() -> None:
+    """Written before the record existed (no ``format``, no ``analysis_in_hash``): the same keys in the
+    same order with the same values, so a continued benchmark keeps its description and config hash."""
+    assert COMMITTED
+    for path in COMMITTED:
+        stored = json.loads(path.read_text())
+        record = read_benchmark(path.parent)
+        assert "format" not in stored and record.format == BENCHMARK_FORMAT
+        assert list(record.stored().items()) == list(stored.items()), path
+        assert record.methods == stored["methods"] and record.protocol.trials == stored["protocol"]["trials"]
+        assert record.fold_layout is not None and record.fold_layout.test_classes == stored["fold_layout"]["test_classes"]
+        assert record.analysis_in_force() == stored["analysis"] and not record.analysis_in_hash
+
+
+def test_an_old_file_is_written_back_with_a_format_and_nothing_else_changed(tmp_path: Path) -> None:
+    source = COMMITTED[0]
+    (tmp_path / "benchmark.json").write_text(source.read_text())
+    write_benchmark(tmp_path, read_benchmark(tmp_path))
+    written = json.loads((tmp_path / "benchmark.json").read_text())
+    assert written == {"format": BENCHMARK_FORMAT, **json.loads(source.read_text())}
+    assert list(written) == ["format", *json.loads(source.read_text())]
+
+
+def _planted(directory: Path, text: str) -> bytes:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "benchmark.json").write_text(text)
+    return (directory / "benchmark.json").read_bytes()
+
+
+def _newer() -> str:
+    return json.dumps({**json.loads(COMMITTED[0].read_text()), "format": BENCHMARK_FORMAT + 1})
+
+
+def _without_methods() -> str:
+    return json.dumps({key: value for key, value in json.loads(COMMITTED[0].read_text()).items() if key != "methods"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_newer(), f"was written by a newer dmlbench (format {BENCHMARK_FORMAT + 1}; this one reads format {BENCHMARK_FORMAT}"),
+        ('{"spec": {"base": ', "is not valid JSON"),
+        (_without_methods(), "is not a benchmark record (key 'methods': Field required)"),
+        ('["a", "list"]', "is not a benchmark record"),
+        (json.dumps({**json.loads(COMMITTED[0].read_text()), "protocol": {"folds": "four"}}), "key 'protocol.folds'"),
+    ],
+)
+def test_a_newer_corrupt_or_foreign_file_is_one_line_exit_2_and_left_as_it_is(
+        text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "out"
+    before = _planted(directory, text)
+    with pytest.raises(UserInputError, match="benchmark.json"):
+        read_benchmark(directory)
+    for argv in (["report", str(directory)], ["audit", str(directory)], ["status", str(directory)],
+                 ["benchmark", str(SMOKE), "-o", str(directory), "-q"]):
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (argv, err)
+        assert (directory / "benchmark.json").read_bytes() == before, argv
+    assert sorted(path.name for path in directory.iterdir()) == ["benchmark.json"]  # nothing else written either
