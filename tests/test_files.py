@@ -40,7 +40,10 @@ def test_ctrl_c_during_a_write_is_delivered_after_the_file_is_complete(tmp_path:
 
     def interrupted_midway(stream) -> None:
         stream.write(b"first half, ")
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the file is being written
+        # Ctrl-C while the file is being written. raise_signal, not kill(getpid()): a process-directed
+        # signal may be taken by another thread (torch's, after other tests in this process), whose C
+        # handler can run only once the write is over on a loaded machine; this one is taken here, now.
+        signal.raise_signal(signal.SIGINT)
         stream.write(b"second half")
 
     with pytest.raises(KeyboardInterrupt):
@@ -51,4 +54,4 @@ def test_ctrl_c_during_a_write_is_delivered_after_the_file_is_complete(tmp_path:
     # still raises KeyboardInterrupt, as Python's own handler does.
     assert signal.getsignal(signal.SIGINT) in (handler, files._on_signal)
     with pytest.raises(KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
