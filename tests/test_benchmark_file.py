@@ -75,3 +75,27 @@ def test_a_newer_corrupt_or_foreign_file_is_one_line_exit_2_and_left_as_it_is(
         assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (argv, err)
         assert (directory / "benchmark.json").read_bytes() == before, argv
     assert sorted(path.name for path in directory.iterdir()) == ["benchmark.json"]  # nothing else written either
+
+
+def test_a_benchmark_of_one_reproduction_started_before_the_rule_opens_and_its_report_says_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``protocol.reproductions`` below 2 is refused in a config, but a stored benchmark that an older dmlbench
+    ran with one reproduction still reads: its report says why it has no intervals or verdicts, instead of
+    calling its ``benchmark.json`` damaged; continuing it with its config is the config's one-line refusal."""
+    import dmlbench.protocol.benchmark as benchmark_module
+
+    output = tmp_path / "one"
+    with monkeypatch.context() as older:  # the dmlbench of before the rule
+        older.setattr(benchmark_module, "MIN_REPRODUCTIONS", 1)
+        code, _, err = run_cli(["benchmark", str(SMOKE), "protocol.reproductions=1", "-o", str(output), "-q"], capsys)
+        assert code == 0, err
+    assert read_benchmark(output).protocol.reproductions == 1
+    code, _, err = run_cli(["report", str(output), "-o", str(tmp_path / "report")], capsys)
+    assert code == 0, err
+    summary = (tmp_path / "report" / "report.md").read_text().split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "One reproduction per method: no 95% intervals, paired tests, verdicts or power" in summary
+    assert "interval above" not in summary and "Primary endpoint" not in summary
+    stored = (output / "benchmark.json").read_bytes()
+    code, _, err = run_cli(["benchmark", str(SMOKE), "protocol.reproductions=1", "-o", str(output), "-q"], capsys)
+    assert code == 2 and "1 is too few" in err and len(err.strip().splitlines()) == 1, err
+    assert (output / "benchmark.json").read_bytes() == stored

@@ -9,7 +9,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from protocol_fixtures import benchmark_record
 from scipy import stats
+
+from dmlbench.protocol.benchmark_file import write_benchmark
 
 
 def _script(name: str) -> ModuleType:
@@ -52,3 +55,63 @@ def test_convergence_counts_early_stops_best_evaluations_and_late_gains(tmp_path
     (row,) = list(csv.DictReader(output.open()))
     assert (row["runs"], row["stopped_early"], row["evaluations_mean"], row["best_evaluation_mean"]) == ("2", "1", "2.5", "2.0")
     assert (row["gain_after_mean"], row["gain_after_max"]) == ("5.00", "10.00")
+
+
+def _holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment, written out: the i-th smallest p times (m - i), made monotone."""
+    order = sorted(range(len(pvalues)), key=lambda index: pvalues[index])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for step, index in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - step) * pvalues[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def _study(folder: Path, analysis: dict, scores: dict[str, list[float]]) -> None:
+    folder.mkdir()
+    write_benchmark(folder, benchmark_record(methods=list(scores), analysis=analysis))
+    rows = ["method,reproduction,mode,metric,value"]
+    rows += [f"{name},{r},concatenated,map_at_r,{value}" for name, values in scores.items() for r, value in enumerate(values)]
+    (folder / "runs.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_transfer_rejudges_both_studies_by_one_family_and_names_what_holds(tmp_path: Path) -> None:
+    """Each study's declared family re-judged from its runs (scipy's paired t-test, Holm by hand), the
+    second study's comparison turned to the first's orientation, and each verdict's transfer named."""
+    noise = [0.001, -0.002, 0.0015, -0.0005, 0.0, 0.002, -0.001, 0.0005]
+    first = {"ref": [0.50 + e for e in noise], "up": [0.56 + 2 * e for e in noise], "down": [0.45 - e for e in noise],
+             "same": [0.5005 - e for e in noise], "untrained": [0.1] * 8}
+    second = {"ref": [0.40 + e for e in noise], "up": [0.47 - e for e in noise], "down": [0.46 + 3 * e for e in noise],
+              "same": [0.41 + 2 * e for e in noise], "untrained": [0.1] * 8}
+    _study(tmp_path / "first", {"references": ["ref"], "equivalence_margin": 0.01}, first)
+    # The second declares the pair the other way round and one more comparison the first lacks.
+    _study(tmp_path / "second", {"references": [], "pairs": [["ref", "up"], ["down", "ref"], ["same", "ref"], ["up", "down"]],
+                                 "equivalence_margin": 0.01}, second)
+    output = tmp_path / "transfer.csv"
+    assert _script("transfer").main([str(tmp_path / "first"), str(tmp_path / "second"), "-o", str(output)]) == 0
+    rows = {row["a"]: row for row in csv.DictReader(output.open())}
+    assert set(rows) == {"up", "down", "same"} and {row["b"] for row in rows.values()} == {"ref"}
+    names = ["up", "down", "same"]
+    expected_first = _holm([stats.ttest_rel(first[name], first["ref"]).pvalue for name in names])
+    expected_second = _holm([stats.ttest_rel(second[a], second[b]).pvalue for a, b in
+                             [("ref", "up"), ("down", "ref"), ("same", "ref"), ("up", "down")]])
+    for index, name in enumerate(names):
+        row = rows[name]
+        assert float(row["first_t_pvalue_holm"]) == pytest.approx(expected_first[index], rel=1e-9)
+        assert float(row["second_t_pvalue_holm"]) == pytest.approx(expected_second[index], rel=1e-9)
+        assert float(row["second_mean_difference"]) == pytest.approx(sum(second[name]) / 8 - sum(second["ref"]) / 8)
+        assert float(row["second_ci_low"]) < float(row["second_mean_difference"]) < float(row["second_ci_high"])
+        assert row["family_size_first"] == "3" and row["family_size_second"] == "4"
+    assert (rows["up"]["first_outcome"], rows["up"]["second_outcome"], rows["up"]["transfer"]) == ("better", "better", "holds")
+    assert (rows["down"]["first_outcome"], rows["down"]["second_outcome"], rows["down"]["transfer"]) == ("worse", "better", "reversed")
+    assert (rows["same"]["first_outcome"], rows["same"]["transfer"]) == ("equivalent", "not confirmed")
+    assert rows["same"]["second_outcome"] == "better"
+
+
+def test_the_committed_transfer_table_is_what_the_script_writes(tmp_path: Path) -> None:
+    """results/README.md cites results/converged_glyphs/transfer_from_short_study.csv: it must still follow
+    from the two committed studies by the committed script."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    output = tmp_path / "transfer.csv"
+    assert _script("transfer").main([str(results / "reality_check_glyphs"), str(results / "converged_glyphs"), "-o", str(output)]) == 0
+    assert output.read_bytes() == (results / "converged_glyphs" / "transfer_from_short_study.csv").read_bytes()

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from dmlbench import files
 from dmlbench.errors import UserInputError
@@ -57,6 +57,15 @@ class StoredProtocol(ProtocolSpec):
     """The protocol settings; a key a benchmark started before it existed reads as its default."""
 
     model_config = ConfigDict(extra="allow")
+
+    @field_validator("reproductions")
+    @classmethod
+    def _enough_reproductions(cls, value: int) -> int:
+        # Replaces the config's rule (at least 2): a benchmark started before that rule with one
+        # reproduction still opens, and its report says why it has no intervals.
+        if value < 1:
+            raise ValueError(f"{value} reproductions: a benchmark has at least one")
+        return value
 
 
 class StoredAnalysis(AnalysisSpec):

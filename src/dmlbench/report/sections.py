@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dmlbench.evaluation.metrics import metric_title
+from dmlbench.protocol.benchmark import MIN_REPRODUCTIONS
 from dmlbench.protocol.correlations import Correlation
 from dmlbench.protocol.layout import CLAIM_COMPARISONS_CSV, RAW_PIXELS, UNTRAINED, VALIDATION_CURVES_CSV
 from dmlbench.protocol.power import MAX_REPRODUCTIONS, TARGET_POWER
@@ -198,6 +199,13 @@ def summary_section(data: ReportData) -> Section | None:
     scored = scored_methods(data.results)
     if not scored:
         return None
+    if data.benchmark.protocol.reproductions < MIN_REPRODUCTIONS:
+        # Only a benchmark started before fewer were refused gets here: say why the usual verdicts are missing.
+        return Section("Summary", [
+            f"One reproduction per method: no 95% intervals, paired tests, verdicts or power (they need at least "
+            f"{MIN_REPRODUCTIONS} reproductions; this benchmark was started before dmlbench refused fewer). Each mean "
+            "below is a single run's score; run a new benchmark with `protocol.reproductions` of 2 or more to "
+            "compare methods."])
     paragraphs = [sentence for sentence in (_baseline_sentence(data), _primary_sentence(data)) if sentence]
     bullets = []
     for r in [r for r in claims.references if (r.mode, r.metric) == claims.primary and r.comparisons]:

@@ -1,0 +1,125 @@
+"""Does a study's verdict transfer to another study (another dataset, budget or search)? Both studies'
+declared comparisons, re-judged from their ``runs.csv`` by today's rules, side by side.
+
+    python results/transfer.py results/reality_check_glyphs results/reality_check_emoji \
+        -o results/reality_check_emoji/transfer_from_glyphs.csv
+
+Each folder's verdicts are recomputed from its ``runs.csv`` and the analysis its ``benchmark.json``
+holds in force (``BenchmarkRecord.analysis_in_force``) (references, pairs, equivalence margin), by the rules the report applies today: one
+Holm family per mode and metric holding every declared comparison (``benchmark.declared_comparisons``),
+reproductions paired by number (each reproduction number is one seed for every method), better / worse
+from the Holm-adjusted paired t-test, equivalent from the Holm-adjusted TOST
+(``statistics.compare_pairs``, ``PairedComparison.outcome``). So studies committed before those rules
+(whose ``claim_comparisons.csv`` used other families) are judged like a new one.
+
+Writes one row per comparison that both studies declare (either orientation, written as the first
+study's), per mode and metric: each study's reproductions, mean difference, 95% interval, Holm-adjusted
+p-values and verdict, and ``transfer``:
+
+- ``holds``: the first study's verdict is better, worse or equivalent and the second's is the same;
+- ``reversed``: better in one and worse in the other;
+- ``not confirmed``: the first study decided, the second did not reach that verdict (another or none);
+- ``nothing to transfer``: the first study's verdict was inconclusive (the second's is shown, new).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from dmlbench.protocol.benchmark import declared_comparisons
+from dmlbench.protocol.benchmark_file import read_benchmark
+from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE, RUNS_CSV
+from dmlbench.protocol.statistics import PairedComparison, compare_pairs
+
+STUDY_COLUMNS = ["n", "mean_difference", "ci_low", "ci_high", "t_pvalue_holm", "tost_pvalue_holm", "outcome"]
+COLUMNS = ["mode", "metric", "a", "b",
+           *[f"first_{name}" for name in STUDY_COLUMNS], *[f"second_{name}" for name in STUDY_COLUMNS],
+           "family_size_first", "family_size_second", "transfer"]
+DECIDED = ("better", "worse", "equivalent")
+
+
+def study_scores(folder: Path) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
+    """``(mode, metric) -> method -> reproduction -> value`` from ``folder/runs.csv``, baselines left out."""
+    table: dict[tuple[str, str], dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    with (folder / RUNS_CSV).open(newline="") as stream:
+        for row in csv.DictReader(stream):
+            if row["method"] not in BASELINES:
+                table[row["mode"], row["metric"]][row["method"]][int(row["reproduction"])] = float(row["value"])
+    return table
+
+
+def verdicts(folder: Path) -> dict[tuple[str, str], tuple[int, dict[frozenset[str], PairedComparison]]]:
+    """``(mode, metric) -> (family size, {frozenset({a, b}): comparison})``: the study's declared family,
+    re-judged by today's rules."""
+    analysis = read_benchmark(folder).analysis_in_force()
+    margin = float(analysis.get("equivalence_margin", 0.01))
+    families = {}
+    for endpoint, scores in sorted(study_scores(folder).items()):
+        declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scores))
+        family = compare_pairs(scores, declared, margin) if declared else []
+        families[endpoint] = (len(family), {frozenset((c.a, c.b)): c for c in family})
+    return families
+
+
+def oriented(comparison: PairedComparison, a: str) -> list[object]:
+    """``STUDY_COLUMNS`` of ``comparison`` written as ``a - other``."""
+    sign = 1.0 if comparison.a == a else -1.0
+    low, high = sorted((sign * comparison.difference_low, sign * comparison.difference_high))
+    outcome = comparison.outcome()
+    if sign < 0 and outcome in ("better", "worse"):
+        outcome = "worse" if outcome == "better" else "better"
+    return [comparison.n, sign * comparison.mean_difference, low, high, comparison.t_pvalue_holm,
+            comparison.tost_pvalue_holm, outcome]
+
+
+def transfer(first: str, second: str) -> str:
+    if first not in DECIDED:
+        return "nothing to transfer"
+    if first == second:
+        return "holds"
+    return "reversed" if {first, second} == {"better", "worse"} else "not confirmed"
+
+
+def transfer_rows(first: Path, second: Path) -> list[list[object]]:
+    first_families, second_families = verdicts(first), verdicts(second)
+    rows = []
+    for endpoint, (first_size, first_family) in first_families.items():
+        second_size, second_family = second_families.get(endpoint, (0, {}))
+        for key, comparison in first_family.items():
+            if key in second_family:
+                a, b = comparison.a, comparison.b
+                left, right = oriented(comparison, a), oriented(second_family[key], a)
+                rows.append([*endpoint, a, b, *left, *right, first_size, second_size, transfer(str(left[-1]), str(right[-1]))])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("first", type=Path, help="the study whose verdicts are tested (a report or benchmark folder)")
+    parser.add_argument("second", type=Path, help="the study they are tested on")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV to write")
+    args = parser.parse_args(argv)
+    for folder in (args.first, args.second):
+        for name in (RUNS_CSV, BENCHMARK_FILE):
+            if not (folder / name).is_file():
+                parser.error(f"{folder} holds no {name}")
+    rows = transfer_rows(args.first, args.second)
+    if not rows:
+        parser.error(f"{args.first} and {args.second} declare no comparison in common")
+    with args.output.open("w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+    counts = defaultdict(int)
+    for row in rows:
+        counts[row[-1]] += 1
+    print(f"{len(rows)} comparisons in common: " + ", ".join(f"{name} {count}" for name, count in sorted(counts.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
