@@ -7,11 +7,14 @@ and the load average before each. The estimate should land within 30 % of the me
 quiet machine; other jobs on the machine slow the two commands differently, so a ratio taken under
 load says little.
 
+``--repeat N`` takes N such pairs one after the other and prints each ratio and their median.
+
 ``--one-run`` compares, in this process, the estimate of one training run (the first method's fold
 0, default parameters) with that run trained for real right after: the part of the estimate that
 dominates a long benchmark, in a minute.
 
     python benchmarks/dry_run.py configs/smoke.yaml
+    python benchmarks/dry_run.py configs/smoke.yaml --repeat 5
     python benchmarks/dry_run.py            # the built-in benchmark: minutes
     python benchmarks/dry_run.py --one-run  # one run of the built-in benchmark
 """
@@ -22,6 +25,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,11 +75,23 @@ def main() -> None:
     parser.add_argument("--one-run", action="store_true", help="compare the estimate of one training run with that run")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="copy the benchmark's results.csv and runs.csv here (e.g. for a byte-identity check)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="estimate and run N times; print each ratio and their median")
     arguments = parser.parse_args()
     config = arguments.config
     if arguments.one_run:
         one_run(config)
         return
+    print(f"config: {config or 'the built-in benchmark'} ({os.cpu_count()} cores)")
+    ratios = [compare(config, arguments.keep) for _ in range(max(arguments.repeat, 1))]
+    if len(ratios) > 1:
+        print(f"estimate / measured over {len(ratios)} pairs: {', '.join(f'{ratio:.2f}' for ratio in ratios)}; "
+              f"median {statistics.median(ratios):.2f}, {sum(0.7 <= ratio <= 1.3 for ratio in ratios)} within 30 %")
+
+
+def compare(config: Path | None, keep: Path | None) -> float:
+    """One dry run and one real run of the benchmark, each as its own process: prints both and returns
+    the estimate / measured ratio."""
     given = [str(config.resolve())] if config else []
     with tempfile.TemporaryDirectory() as scratch:
         output = str(Path(scratch) / "benchmark")
@@ -88,15 +104,15 @@ def main() -> None:
         estimate = 3600 * hours + 60 * minutes + seconds
         load_before_run = os.getloadavg()[0]
         measured, _ = dmlbench(["benchmark", *given, "-o", output, "-q"])
-        if arguments.keep is not None:
-            arguments.keep.mkdir(parents=True, exist_ok=True)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
             for name in (RESULTS_CSV, RUNS_CSV):
-                shutil.copyfile(Path(output) / name, arguments.keep / name)
-    print(f"config: {config or 'the built-in benchmark'} ({os.cpu_count()} cores)")
+                shutil.copyfile(Path(output) / name, keep / name)
     print(next(line for line in printed.splitlines() if line.startswith("measured here")))
     print(f"estimate {estimate:.0f} s (load average {load_before_estimate:.1f} before it), "
           f"measured {measured:.1f} s (load average {load_before_run:.1f} before it): "
-          f"estimate / measured = {estimate / measured:.2f}")
+          f"estimate / measured = {estimate / measured:.2f}", flush=True)
+    return estimate / measured
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ scheduler's real amount of work."""
 
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -15,11 +16,14 @@ import yaml
 from cli_runner import run_cli
 from test_cli_process import console_script, run
 
-from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
-from dmlbench.protocol import cost, work
+from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, process_started, report_summary
+from dmlbench.protocol import cost, layout, work
 from dmlbench.protocol.benchmark import DEFAULT_BENCHMARK, load_spec
 from dmlbench.protocol.prepare import prepare
+from dmlbench.protocol.rehearsal import SplitSize, rehearse
+from dmlbench.report import write_report
 
+IMPORTED = time.monotonic()  # after this process started, before any test ran
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "configs" / "smoke.yaml"
 TOO_FEW = "'protocol.reproductions': 1 is too few: intervals and paired tests need at least 2 reproductions"
@@ -91,8 +95,9 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One real (small) benchmark: the output folder is the first line on stderr, stdout ends with the
-    report's summary and its paths, not the whole report.md; and the dry run's counts of units, looks at
-    finished studies and studies are exactly the scheduler's claims and studies in that run."""
+    report's summary and its paths, not the whole report.md; the dry run's counts of units, looks at
+    finished studies and studies are exactly the scheduler's claims and studies in that run; and the
+    rehearsal it times the report on stores what that run stored."""
     claims: dict[str, int] = {"worked": 0, "looks": 0}
     real_claim = work.claim
 
@@ -126,6 +131,45 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     epochs = next(iter(prepared.configs.values())).training.epochs
     stepped = cost.Measured(**{**zero, "step": 1.0, "steps_per_epoch": 1, "method_steps": {second: 3.0}})
     assert cost.estimate(prepared, stepped) == 3 * folds * epochs * (1.0 + 3.0)
+    # Once each: the storage's creation and the report; per reproduction its per-class sums, per fold run of one
+    # its opening and embedding-space analysis.
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "storage_setup": 1.0})) == 1.0
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "report": 1.0})) == 1.0
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "class_sums": 1.0})) == methods * 2
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "fold_run": 1.0})) == methods * 2 * folds
+
+    # The rehearsal the dry run times the report on stores what this real run stored: the same studies, trials
+    # (slot, state) and attributes, and the report made from it has the same files and sections.
+    rehearsed = rehearse(prepared, tmp_path / "rehearsal", SplitSize(images=50, classes=10, width=8))
+    assert _stored(rehearsed.storage) == _stored(f"sqlite:///{output / layout.SQLITE_FILE}")
+    written = write_report(rehearsed.output_dir, rehearsed.storage)
+    assert {"forest.png", "class_bootstrap.csv"} <= set(written) and all((output / name).is_file() for name in written)
+    headings = [[line for line in (directory / "report.md").read_text().splitlines() if line.startswith("#")]
+                for directory in (rehearsed.output_dir, output)]
+    assert headings[0] == headings[1] and len(headings[0]) > 5
+
+
+def _stored(url: str) -> dict[str, tuple[list[str], list[tuple[int, str, object]]]]:
+    """Per study of a storage: its attributes' names (less the worker's and the report's marks) and, per
+    trial, its slot, state and the shape of its attributes (``_shape``)."""
+    import optuna
+
+    stored = {}
+    for summary in optuna.get_all_study_summaries(url):
+        study = optuna.load_study(study_name=summary.study_name, storage=url)
+        names = sorted(name for name in study.user_attrs if not name.startswith("worker:") and name != "report")
+        stored[summary.study_name] = (names, [(work.slot_of(trial), trial.state.name, _shape(trial.user_attrs))
+                                              for trial in study.get_trials()])
+    return stored
+
+
+def _shape(value: object) -> object:
+    """A stored value's keys and types, lists by their first item (their lengths depend on the test split)."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items() if key not in ("worker", "started")}
+    if isinstance(value, list):
+        return ["list", _shape(value[0]) if value else None]
+    return "number" if isinstance(value, (int, float)) else type(value).__name__
 
 
 def test_the_step_timing_runs_the_training_loops_steps_across_epochs(tmp_path: Path) -> None:
@@ -159,7 +203,41 @@ def test_the_dry_run_prints_its_pieces_and_an_estimate(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     measured = next(line for line in result.stdout.splitlines() if line.startswith("measured here"))
     assert f"median of {cost.TIMED_STEPS} after {cost.WARMUP_STEPS} warm-up steps" in measured and "s to start" in measured
+    assert "s for the report (" in measured and "s to create it" in measured and "per-class sums" in measured
     assert "estimate: 0 h " in result.stdout and not (tmp_path / "out").exists()
+
+
+def test_the_dry_run_times_the_report_writer_it_is_given_once_on_a_stored_benchmark(tmp_path: Path) -> None:
+    """The CLI hands the dry run its report writer (``protocol`` never imports ``report``): called once,
+    on a benchmark stored in a throw-away folder, the time inside it is the report's piece, and nothing
+    is stored where the benchmark would be."""
+    prepared = prepare(load_spec(SMOKE), tmp_path / "out", ["protocol.trials=1"])
+    calls: list[tuple[Path, float, list[str]]] = []
+
+    def writer(output_dir: Path, storage: str) -> dict[str, Path]:
+        started = time.perf_counter()
+        written = write_report(output_dir, storage)
+        calls.append((output_dir, time.perf_counter() - started, sorted(written)))
+        return written
+
+    measured = cost.measure(prepared, 0.0, report=writer)
+    assert len(calls) == 1, calls
+    output_dir, inside, written = calls[0]
+    assert {"report.md", "report.html", "results.csv", "comparisons.csv"} <= set(written)
+    assert measured.report >= inside > 0 and output_dir != prepared.output_dir
+    assert not output_dir.exists() and not prepared.output_dir.exists()  # the rehearsal was thrown away
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the process's start time is read from /proc")
+def test_the_dry_run_counts_from_the_process_start_not_the_command_start() -> None:
+    """The estimate's start is the interpreter's (this test process started before this module was
+    imported), not the moment the command began."""
+    started = process_started()
+    assert started <= IMPORTED < time.monotonic()
+    # A process started now is younger than this one: its start is later.
+    child = subprocess.run([sys.executable, "-c", "import time; from dmlbench.cli.benchmark import process_started; "
+                            "print(time.monotonic() - process_started())"], capture_output=True, text=True, check=True)
+    assert 0.0 < float(child.stdout) < time.monotonic() - started
 
 
 def test_a_stopped_dry_run_is_repeated_as_one() -> None:

@@ -1,4 +1,7 @@
-"""The installed ``dmlbench`` console script, run as a user runs it: a separate process, real exit codes."""
+"""The ``dmlbench`` command's exit codes and one-line errors. The installed console script runs as a
+separate process, as a user runs it, where the process is the subject (usage errors before the
+library loads, ``--help``, Ctrl-C); the other commands run in-process, which gives the same exit code
+and output without a new interpreter importing torch each time."""
 
 import json
 import os
@@ -13,6 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
+from cli_runner import run_in_process
 from training_fixtures import TINY
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,14 +108,15 @@ def test_building_the_cli_imports_no_heavy_library() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_diverged_training_exits_1_with_its_reason(tmp_path: Path) -> None:
+def test_diverged_training_exits_1_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    result = run("train", GLYPHS_CONFIG, *TINY, "optimizer.name=sgd", "optimizer.lr=1e30", "-o", str(run_dir), "-q")
+    result = run_in_process(["train", GLYPHS_CONFIG, *TINY, "optimizer.name=sgd", "optimizer.lr=1e30",
+                             "-o", str(run_dir), "-q"], capsys)
     assert_one_line_error(result, 1, "training diverged")
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
 
 
-def test_a_benchmark_whose_methods_fail_exits_1_naming_them(tmp_path: Path) -> None:
+def test_a_benchmark_whose_methods_fail_exits_1_naming_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = {
         # A learning rate that makes every loss NaN: each method's trials fail (the batch itself is fine:
         # a batch the sampler cannot fill is refused before training, exit 2).
@@ -126,13 +131,13 @@ def test_a_benchmark_whose_methods_fail_exits_1_naming_them(tmp_path: Path) -> N
     spec_path = tmp_path / "bench.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     tiny = [override for override in TINY if not override.startswith(("training.epochs", "training.batch_size"))]
-    result = run("benchmark", str(spec_path), *tiny, "-o", str(tmp_path / "out"), "-q")
+    result = run_in_process(["benchmark", str(spec_path), *tiny, "-o", str(tmp_path / "out"), "-q"], capsys)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     for name in ("triplet", "contrastive"):
         assert f"method {name} failed" in result.stderr
 
 
-def test_ctrl_c_exits_130_and_the_run_resumes(tmp_path: Path) -> None:
+def test_ctrl_c_exits_130_and_the_run_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
     # Far more epochs than a run can finish before the signal: under load the tiny run once completed
     # 50 epochs between the test seeing epoch 1 and sending SIGINT, and exited 0.
@@ -158,65 +163,70 @@ def test_ctrl_c_exits_130_and_the_run_resumes(tmp_path: Path) -> None:
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     config["training"]["epochs"] = 2
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-    resumed = run("train", "--resume", "-o", str(run_dir), "-q")
+    resumed = run_in_process(["train", "--resume", "-o", str(run_dir), "-q"], capsys)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"
 
 
-def test_resume_of_a_completed_run_says_so_and_changes_nothing(tmp_path: Path) -> None:
+def test_resume_of_a_completed_run_says_so_and_changes_nothing(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    assert run("train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(run_dir), "-q").returncode == 0
+    trained = run_in_process(["train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(run_dir), "-q"], capsys)
+    assert trained.returncode == 0, trained.stderr
     before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
-    result = run("train", "--resume", "-o", str(run_dir), "-q")
+    result = run_in_process(["train", "--resume", "-o", str(run_dir), "-q"], capsys)
     assert result.returncode == 0 and "already complete" in result.stdout
     assert {path.name: path.read_bytes() for path in run_dir.iterdir()} == before
 
 
-def test_output_paths_that_cannot_be_written_are_one_line_errors(tmp_path: Path) -> None:
+def test_output_paths_that_cannot_be_written_are_one_line_errors(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     existing_file = tmp_path / "file"
     existing_file.write_text("keep me")
-    result = run("train", GLYPHS_CONFIG, *TINY, "-o", str(existing_file), "-q")
+    result = run_in_process(["train", GLYPHS_CONFIG, *TINY, "-o", str(existing_file), "-q"], capsys)
     assert_one_line_error(result, 2, str(existing_file))
     assert existing_file.read_text() == "keep me"
 
     read_only = read_only_directory(tmp_path)
-    result = run("train", GLYPHS_CONFIG, *TINY, "-o", str(read_only / "run"), "-q")
+    result = run_in_process(["train", GLYPHS_CONFIG, *TINY, "-o", str(read_only / "run"), "-q"], capsys)
     assert_one_line_error(result, 2, str(read_only / "run"))
 
     embeddings, labels = tmp_path / "e.npy", tmp_path / "l.npy"
     np.save(embeddings, np.eye(4, dtype=np.float32))
     np.save(labels, np.array([0, 0, 1, 1]))
-    result = run("evaluate", "--embeddings", str(embeddings), "--labels", str(labels), "--json", str(read_only / "x.json"))
+    result = run_in_process(["evaluate", "--embeddings", str(embeddings), "--labels", str(labels),
+                             "--json", str(read_only / "x.json")], capsys)
     assert_one_line_error(result, 2, str(read_only / "x.json"))
 
 
-def test_a_device_this_machine_lacks_is_a_one_line_error(tmp_path: Path) -> None:
+def test_a_device_this_machine_lacks_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    result = run("train", GLYPHS_CONFIG, *TINY, "training.device=cuda", "-o", str(tmp_path / "run"), "-q")
+    result = run_in_process(["train", GLYPHS_CONFIG, *TINY, "training.device=cuda", "-o", str(tmp_path / "run"), "-q"],
+                            capsys)
     assert_one_line_error(result, 2, "no CUDA device")
     assert not (tmp_path / "run").exists()
 
 
-def test_bad_files_are_named_in_one_line(tmp_path: Path) -> None:
+def test_bad_files_are_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing here\n")
-    assert_one_line_error(run("train", str(empty), "-o", str(tmp_path / "run")), 2, "is empty")
+    assert_one_line_error(run_in_process(["train", str(empty), "-o", str(tmp_path / "run")], capsys), 2, "is empty")
 
     noise = tmp_path / "noise.npy"
     noise.write_bytes(np.random.default_rng(0).bytes(256))
     labels = tmp_path / "l.npy"
     np.save(labels, np.arange(4))
-    result = run("evaluate", "--embeddings", str(noise), "--labels", str(labels))
+    result = run_in_process(["evaluate", "--embeddings", str(noise), "--labels", str(labels)], capsys)
     assert_one_line_error(result, 2, "is not a .npy array")
     assert "pickled" not in result.stderr
 
 
-def test_data_check_of_a_config_checks_what_it_trains_on(tmp_path: Path) -> None:
-    by_config = run("data", "check", GLYPHS_CONFIG, "data.options.max_classes=24", "--json", "-")
-    by_name = run("data", "check", "glyphs", "max_classes=24", "--json", "-")
+def test_data_check_of_a_config_checks_what_it_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
+    by_config = run_in_process(["data", "check", GLYPHS_CONFIG, "data.options.max_classes=24", "--json", "-"], capsys)
+    by_name = run_in_process(["data", "check", "glyphs", "max_classes=24", "--json", "-"], capsys)
     assert by_config.returncode == 0 and by_name.returncode == 0, by_config.stderr + by_name.stderr
     checked = json.loads(by_config.stdout)
     assert checked == json.loads(by_name.stdout)  # one source of defaults: the dataset's own

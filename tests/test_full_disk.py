@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_runner import run_in_process
 from test_cli_process import GLYPHS_CONFIG, console_script
 from training_fixtures import TINY
 
@@ -51,6 +52,8 @@ def small_disk() -> Iterator[SmallDisk]:
 
 
 def dmlbench(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """The console script in a process of its own: the command that meets the full disk (a process
+    that maps a file on a full tmpfs can die of SIGBUS, which must not take pytest with it)."""
     return subprocess.run([console_script(), *arguments], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
@@ -65,10 +68,11 @@ def strip(path: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in path.read_text().splitlines()]
 
 
-def test_train_on_a_full_disk_stops_with_one_line_and_resumes_to_the_same_run(small_disk: SmallDisk,
-                                                                             tmp_path: Path) -> None:
+def test_train_on_a_full_disk_stops_with_one_line_and_resumes_to_the_same_run(
+        small_disk: SmallDisk, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     reference = tmp_path / "reference"
-    assert dmlbench("train", GLYPHS_CONFIG, *TINY, "training.epochs=3", "-o", str(reference), "-q").returncode == 0
+    trained = run_in_process(["train", GLYPHS_CONFIG, *TINY, "training.epochs=3", "-o", str(reference), "-q"], capsys)
+    assert trained.returncode == 0, trained.stderr
     run_dir = small_disk.path / "run"
     small_disk.fill(leave=300_000)  # room for the start of the run, not for its three epochs
     result = dmlbench("train", GLYPHS_CONFIG, *TINY, "training.epochs=3", "-o", str(run_dir), "-q")
@@ -78,7 +82,7 @@ def test_train_on_a_full_disk_stops_with_one_line_and_resumes_to_the_same_run(sm
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] != "failed"
     small_disk.free()
-    resumed = dmlbench("train", "--resume", "-o", str(run_dir), "-q")
+    resumed = run_in_process(["train", "--resume", "-o", str(run_dir), "-q"], capsys)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"
     assert strip(run_dir / "metrics.jsonl") == strip(reference / "metrics.jsonl")
@@ -104,15 +108,17 @@ def test_benchmark_on_a_full_disk_stores_no_failure_writes_no_report_and_finishe
         assert (output / name).read_bytes() == (reference / name).read_bytes(), name
 
 
-def test_embed_on_a_full_disk_stops_with_one_line_not_sigbus(small_disk: SmallDisk, tmp_path: Path) -> None:
+def test_embed_on_a_full_disk_stops_with_one_line_not_sigbus(small_disk: SmallDisk, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
-    assert dmlbench("train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(run_dir), "-q").returncode == 0
+    trained = run_in_process(["train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(run_dir), "-q"], capsys)
+    assert trained.returncode == 0, trained.stderr
     target = small_disk.path / "emb"
     small_disk.fill(leave=20_000)  # the embeddings of the test split need more
     result = dmlbench("embed", str(run_dir), "--data", "glyphs", "-o", str(target), "-q")
     assert_disk_full_line(result, small_disk.path)
     small_disk.free()
-    again = dmlbench("embed", str(run_dir), "--data", "glyphs", "-o", str(target), "-q")
+    again = run_in_process(["embed", str(run_dir), "--data", "glyphs", "-o", str(target), "-q"], capsys)
     assert again.returncode == 0, again.stderr
     rows = np.load(str(target) + ".npy")
     assert rows.ndim == 2 and np.isfinite(rows).all()

@@ -1,5 +1,8 @@
-"""What a new user runs into, through the installed console script: one line naming the cause, the
-right exit code, and nothing created before the input is known to be good."""
+"""What a new user runs into: one line naming the cause, the right exit code, and nothing created
+before the input is known to be good. The commands run in-process (the same exit code and output as
+the console script, without a new interpreter importing torch each time); the installed console
+script runs where the lines a user sees are the subject (Python warnings reach stderr only in a
+process of its own)."""
 
 import json
 import subprocess
@@ -8,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import replicas
+from cli_runner import cli_exit_code, run_in_process
 from test_cli_process import GLYPHS_CONFIG, assert_one_line_error, console_script, run
 from training_fixtures import TINY
 
@@ -18,25 +22,26 @@ RGB = ["data.options={}", "model.options={in_channels: 3, width: 8}", "data.imag
 
 
 @pytest.mark.parametrize("command", ["train", "benchmark"])
-def test_a_config_that_is_not_utf8_is_one_line(command: str, tmp_path: Path) -> None:
+def test_a_config_that_is_not_utf8_is_one_line(command: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "latin1.yaml"
     config.write_bytes("# entraîné\nseed: 0\n".encode("latin-1"))
-    result = run(command, str(config), "-o", str(tmp_path / "out"))
+    result = run_in_process([command, str(config), "-o", str(tmp_path / "out")], capsys)
     assert_one_line_error(result, 2, str(config), "is not UTF-8")
     assert not (tmp_path / "out").exists()
 
 
-def test_a_benchmark_yaml_that_is_a_list_is_one_line(tmp_path: Path) -> None:
+def test_a_benchmark_yaml_that_is_a_list_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "list.yaml"
     config.write_text("- name: contrastive\n- name: triplet\n")
-    result = run("benchmark", str(config), "-o", str(tmp_path / "out"))
+    result = run_in_process(["benchmark", str(config), "-o", str(tmp_path / "out")], capsys)
     assert_one_line_error(result, 2, str(config), "must be a mapping", "not a list")
     assert "BenchmarkSpec" not in result.stderr
 
 
-def test_protocol_keys_are_benchmark_overrides(tmp_path: Path) -> None:
-    result = run("benchmark", SMOKE, "protocol.trials=1", "protocol.reproductions=3", "-o", str(tmp_path / "out"),
-                 "--dry-run")
+def test_protocol_keys_are_benchmark_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_in_process(["benchmark", SMOKE, "protocol.trials=1", "protocol.reproductions=3",
+                             "-o", str(tmp_path / "out"), "--dry-run"], capsys)
     assert result.returncode == 0, result.stderr
     assert "(1 search trials + 3 reproductions) x 2 folds = 16 training runs" in result.stdout
 
@@ -46,37 +51,42 @@ def test_protocol_keys_are_benchmark_overrides(tmp_path: Path) -> None:
     ("protocol.trails=8", "unknown key 'protocol.trails'"),
     ("analysis.references=[nobody]", "'nobody', which is not a method"),
 ])
-def test_bad_protocol_overrides_are_one_line(override: str, message: str, tmp_path: Path) -> None:
-    result = run("benchmark", SMOKE, override, "-o", str(tmp_path / "out"), "--dry-run")
+def test_bad_protocol_overrides_are_one_line(override: str, message: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_in_process(["benchmark", SMOKE, override, "-o", str(tmp_path / "out"), "--dry-run"], capsys)
     assert_one_line_error(result, 2, message)
 
 
-def test_a_batch_the_sampler_cannot_fill_stops_the_benchmark_before_training(tmp_path: Path) -> None:
-    trained = run("train", GLYPHS_CONFIG, *TINY, "training.batch_size=6", "-o", str(tmp_path / "run"))
-    benchmark = run("benchmark", SMOKE, "training.batch_size=6", "-o", str(tmp_path / "out"))
+def test_a_batch_the_sampler_cannot_fill_stops_the_benchmark_before_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trained = run_in_process(["train", GLYPHS_CONFIG, *TINY, "training.batch_size=6", "-o", str(tmp_path / "run")],
+                             capsys)
+    benchmark = run_in_process(["benchmark", SMOKE, "training.batch_size=6", "-o", str(tmp_path / "out")], capsys)
     assert_one_line_error(trained, 2, "batch_size=6 is not divisible by samples_per_class=4")
     assert_one_line_error(benchmark, 2, "batch_size=6 is not divisible by samples_per_class=4")
     assert not (tmp_path / "out").exists()
 
 
-def test_train_of_a_directory_says_so(tmp_path: Path) -> None:
-    assert run("train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(tmp_path / "run"), "-q").returncode == 0
-    result = run("train", str(tmp_path / "run"))
+def test_train_of_a_directory_says_so(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_in_process(["train", str(tiny_run)], capsys)
     assert_one_line_error(result, 2, "is a directory", "dmlbench train --resume -o")
 
 
-def test_a_dataset_whose_validation_split_has_one_class_is_named_before_the_run(tmp_path: Path) -> None:
+def test_a_dataset_whose_validation_split_has_one_class_is_named_before_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = replicas.folder(tmp_path, classes=12, per_class=4)
     run_dir = tmp_path / "run"
-    result = run("train", GLYPHS_CONFIG, "data.name=folder", f"data.root={root}", *RGB, "-o", str(run_dir))
+    result = run_in_process(["train", GLYPHS_CONFIG, "data.name=folder", f"data.root={root}", *RGB,
+                             "-o", str(run_dir)], capsys)
     assert_one_line_error(result, 2, "the validation split has 1 class", "data.validation_fraction")
     assert not run_dir.exists()
 
 
-def test_a_csv_whose_paths_are_all_missing_is_one_line(tmp_path: Path) -> None:
+def test_a_csv_whose_paths_are_all_missing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     table = tmp_path / "images.csv"
     table.write_text("path,label\nmissing1.png,1\nmissing2.png,2\nmissing3.png,3\n")
-    result = run("train", GLYPHS_CONFIG, "data.name=csv", f"data.root={table}", *RGB, "-o", str(tmp_path / "run"))
+    result = run_in_process(["train", GLYPHS_CONFIG, "data.name=csv", f"data.root={table}", *RGB,
+                             "-o", str(tmp_path / "run")], capsys)
     assert_one_line_error(result, 2, "none of its 2 training and validation images can be read", "data check csv")
     assert not (tmp_path / "run").exists()
 
@@ -112,8 +122,9 @@ def test_the_continue_command_of_a_benchmark_names_its_output_directory() -> Non
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A completed one-epoch run, trained in-process; the tests read it and leave it unchanged."""
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
-    assert run("train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(run_dir), "-q").returncode == 0
+    assert cli_exit_code(["train", GLYPHS_CONFIG, *TINY, "training.epochs=1", "-o", str(run_dir), "-q"]) == 0
     return run_dir
 
 
@@ -133,21 +144,22 @@ def test_embed_images_skips_unreadable_files_lists_them_and_counts_them(tiny_run
     assert (tmp_path / "emb.paths.txt").read_text().splitlines() == [str(folder / f"{i}.png") for i in range(3)]
 
 
-def test_evaluate_per_query_into_a_read_only_folder_names_per_query(tiny_run: Path, tmp_path: Path) -> None:
+def test_evaluate_per_query_into_a_read_only_folder_names_per_query(tiny_run: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "read-only"
     folder.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip("cannot mount a read-only tmpfs here (needs root)")
     try:
-        result = run("evaluate", str(tiny_run), "--per-query", str(folder / "q.csv"))
+        result = run_in_process(["evaluate", str(tiny_run), "--per-query", str(folder / "q.csv")], capsys)
     finally:
         subprocess.run(["umount", str(folder)], check=True)
     assert_one_line_error(result, 2, "cannot write --per-query", str(folder / "q.csv"), "Read-only file system")
 
 
-def test_evaluate_verification_says_which_pairs_it_used(tiny_run: Path) -> None:
-    result = run("evaluate", str(tiny_run), "--verification")
+def test_evaluate_verification_says_which_pairs_it_used(tiny_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_in_process(["evaluate", str(tiny_run), "--verification"], capsys)
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("equal error rate"))
     assert " over all " in line and " positive pairs and all " in line and "negative pairs" in line

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli_runner import run_cli
+from cli_runner import run_cli, run_in_process
 from dmlbench import ownership
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
@@ -69,18 +69,17 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
 
 
-def test_a_second_process_on_a_run_in_training_is_refused_naming_the_owner(tmp_path: Path) -> None:
+def test_a_second_process_on_a_run_in_training_is_refused_naming_the_owner(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
     owner = endless_training(run_dir)
     wait_for(lambda: (run_dir / records.METRICS_FILE).is_file() and len(logged_epochs(run_dir)) >= 2, owner,
              "training did not reach epoch 1")
-    # The resume of the issue, and a new run into the same directory, both while the owner trains.
-    others = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for command in (
-        [console_script(), "train", "--resume", "-o", str(run_dir), "-q"],
-        [console_script(), "train", GLYPHS_CONFIG, *TINY, "-o", str(run_dir), "-q"])]
-    for other in others:
-        out, err = other.communicate(timeout=300)
-        assert_one_line_error(subprocess.CompletedProcess(other.args, other.returncode, out, err), 2,
+    # The resume of the issue, and a new run into the same directory, both while the owner trains; this
+    # test's process is the second one (the lock is the owner process's, whoever asks).
+    for command in (["train", "--resume", "-o", str(run_dir), "-q"],
+                    ["train", GLYPHS_CONFIG, *TINY, "-o", str(run_dir), "-q"]):
+        assert_one_line_error(run_in_process(command, capsys), 2,
                               f"run directory {run_dir} is in use by pid {owner.pid}@", "kill", "dmlbench train")
     assert owner.poll() is None, "the owner must train on undisturbed"
     owner.send_signal(signal.SIGTERM)
@@ -91,7 +90,8 @@ def test_a_second_process_on_a_run_in_training_is_refused_naming_the_owner(tmp_p
     assert epochs == list(range(len(epochs)))  # each epoch once: nobody else wrote metrics.jsonl
 
 
-def test_a_lock_left_by_a_process_killed_with_sigkill_is_taken_over(tmp_path: Path) -> None:
+def test_a_lock_left_by_a_process_killed_with_sigkill_is_taken_over(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
     owner = endless_training(run_dir)
     wait_for(lambda: (run_dir / records.METRICS_FILE).is_file() and len(logged_epochs(run_dir)) >= 2, owner,
@@ -104,7 +104,7 @@ def test_a_lock_left_by_a_process_killed_with_sigkill_is_taken_over(tmp_path: Pa
     config = yaml.safe_load((run_dir / records.CONFIG_FILE).read_text())
     config["training"]["epochs"] = last + 1
     (run_dir / records.CONFIG_FILE).write_text(yaml.safe_dump(config))
-    resumed = run("train", "--resume", "-o", str(run_dir), "-q")
+    resumed = run_in_process(["train", "--resume", "-o", str(run_dir), "-q"], capsys)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run_dir / records.RUN_FILE).read_text())["status"] == "completed"
     assert logged_epochs(run_dir) == list(range(last + 2))

@@ -228,3 +228,14 @@ def test_the_saturation_counts_add_up_to_the_methods_that_are_not_references() -
         # fastap and margin, not the other reference (its outcome is in its own column)
         assert row[header.index("methods")] == "2" and sum(int(row[i]) for i in outcomes) == 2, row
         assert row[header.index("the other references")].split(":")[0] in ("contrastive", "triplet")
+
+
+def test_figures_of_methods_that_all_failed_draw_no_empty_legend() -> None:
+    """Every trial and curve failed: the figures are still drawn, without matplotlib's warning about a
+    legend with nothing in it (which the CLI would print as a warning line)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.search_figure(["a", "b"], {"a": [{"number": 0, "value": None, "state": "FAIL"}], "b": []})
+        plots.curves_figure(["a", "b"], {"a": [[]], "b": []})

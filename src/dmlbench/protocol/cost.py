@@ -13,18 +13,20 @@ the first fold, in this process (one worker):
   misjudge the others';
 - per run: a validation pass (embedding and scoring the validation classes, at epoch 0 and on the
   ``eval_every`` schedule), a checkpoint per epoch (and per improving validation), and what else a
-  run costs (set-up, records, provenance): a real one-step run in a temporary directory, less its
-  step, validation passes and checkpoints;
-- per reproduction: its fold models' test embeddings and scores, and the training classes embedded
-  for the embedding-space analysis; the same for the untrained baseline. The test data is never
-  opened here: an embedding's time is the validation pass's per image, the scoring is timed on
-  random embeddings of the test split's size;
+  run costs (set-up, records, provenance): real one-step runs in a temporary directory (the median
+  of three), less their step, validation passes and checkpoints;
+- per reproduction: each fold run opened and its embedding-space analysis (its training classes
+  embedded; timed on the one-step run), the fold models' test embeddings, their scores and per-class
+  sums; the test embeddings and scores for the untrained baseline. The test data is never opened
+  here: an embedding's time is the validation pass's per image, the scoring is timed on random
+  embeddings of the test split's size;
 - per unit of work (a search trial, a reproduction): the protocol's bookkeeping in the storage,
-  timed on a throw-away SQLite storage;
-- once: the command's start (imports, checks, the dataset, and what the first set-up of a process
-  pays beyond the others), the report's figures and its statistics
-  (every pair of methods per mode and metric, the declared comparisons at three margins and their
-  power), timed on random scores of the benchmark's methods and reproductions.
+  timed on a throw-away storage of the kind the workers default to, which is created once;
+- once: the command's start (from the process's start: imports, checks, the dataset, and what the
+  first set-up, step, validation pass and run of a process pay beyond the others), and the report: the
+  real report writer the command is given (``report.write_report``, so its reading of the storage,
+  statistics, figures, files and first imports), timed on a benchmark of the same methods, trials,
+  reproductions and folds stored with made-up results (``protocol.rehearsal``).
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.protocol.prepare import Prepared
+from dmlbench.protocol.record import ReportWriter
+from dmlbench.protocol.rehearsal import SplitSize, rehearse
 from dmlbench.training.threads import resolve_threads
 
 WARMUP_STEPS = 3
 TIMED_STEPS = 10
-REPORT_FIGURES = 4  # search, validation curves, forest plot, embedding space (report.build)
+ONE_STEP_RUNS = 3  # one run's overhead (a fraction of a second) varies several times on a busy machine
 
 
 @dataclass(frozen=True)
@@ -57,26 +61,28 @@ class Measured:
     run_overhead: float
     embed_per_image: float
     test_scoring: float
+    class_sums: float
+    fold_run: float
     unit: float
     look: float
     study: float
+    storage_setup: float
     report: float
-    statistics: float
     test_images: int
-    train_images: int
     # Each method's step where it differs from ``step`` (the first method's).
     method_steps: dict[str, float] = field(default_factory=dict)
 
 
-def dry_run(prepared: Prepared, started: float | None = None) -> str:
-    """The lines ``--dry-run`` prints; ``started``: ``time.monotonic()`` when the command began (its
-    imports and checks are part of the real run's time too)."""
+def dry_run(prepared: Prepared, started: float | None = None, report: ReportWriter | None = None) -> str:
+    """The lines ``--dry-run`` prints; ``started``: ``time.monotonic()`` when the command's process
+    began (its imports and checks are part of the real run's time too); ``report``: the report writer
+    the real run is given, timed here (``None``: no report is counted)."""
     protocol = prepared.spec.protocol
     methods = len(prepared.configs)
     runs = methods * (protocol.trials + protocol.reproductions) * protocol.folds
     config = next(iter(prepared.configs.values()))
     epochs = config.training.epochs
-    measured = measure(prepared, 0.0 if started is None else time.monotonic() - started)
+    measured = measure(prepared, 0.0 if started is None else time.monotonic() - started, report)
     total = estimate(prepared, measured)
     return "\n".join([
         f"{methods} methods x ({protocol.trials} search trials + {protocol.reproductions} reproductions) x "
@@ -88,30 +94,34 @@ def dry_run(prepared: Prepared, started: float | None = None) -> str:
         f"{measured.setup:.2f} s to set up a model, "
         f"{measured.validation:.2f} s per validation pass, {measured.checkpoint:.3f} s per checkpoint, "
         f"{measured.run_overhead:.2f} s more per run (set-up, records), "
-        f"{measured.test_scoring:.2f} s to score the test split, {measured.unit:.2f} s of storage per unit of work "
-        f"({measured.look:.2f} s per look at a finished one), "
-        f"{measured.startup:.1f} s to start, {measured.report:.1f} s for the report's figures, "
-        f"{measured.statistics:.1f} s for its statistics",
+        f"{measured.test_scoring:.2f} s to score the test split ({measured.class_sums:.2f} s for its per-class sums), "
+        f"{measured.fold_run:.2f} s to open a fold run and analyse its embedding space, "
+        f"{measured.unit:.2f} s of storage per unit of work ({measured.look:.2f} s per look at a finished one, "
+        f"{measured.storage_setup:.2f} s to create it), "
+        f"{measured.startup:.1f} s to start (imports, checks, the data, first calls), "
+        f"{measured.report:.1f} s for the report (its reading, statistics, figures and files, and their imports; "
+        f"timed on a benchmark of this size stored with made-up results)",
         f"estimate: {_hours(total)} of wall time for one worker at this speed (early stopping can only shorten it; "
         f"a machine busy with other work makes it longer); with N workers about 1/N of the training",
-        "this is an estimate: nothing was stored (the measured steps and the one-step run used a temporary directory)",
+        "this is an estimate: nothing was stored (the measured steps, the one-step runs and the report's rehearsal "
+        "used a temporary directory)",
     ])
 
 
 def estimate(prepared: Prepared, measured: Measured) -> float:
     """Seconds the whole benchmark takes one worker: every run's set-up, steps, validation passes and
     checkpoints, the reproductions' and the baseline's test embeddings and scores, the storage's work
-    per unit, the command's start and the report."""
+    per unit, the command's start and the report (which reads every study back)."""
     protocol = prepared.spec.protocol
     methods, folds = len(prepared.plans), protocol.folds
     runs_per_method = (protocol.trials + protocol.reproductions) * folds
     training = sum(runs_per_method * run_seconds(prepared, measured, method) for method in prepared.plans)
-    # A reproduction embeds the test split with each fold model (and, for its embedding-space analysis,
-    # the fold's training classes), then scores it concatenated and per fold; each baseline likewise, untrained.
+    # A reproduction opens each fold run (its embedding-space analysis embeds the training classes) and embeds
+    # the test split with it, then scores them concatenated and per fold; each baseline likewise, untrained.
     test_embedding = measured.embed_per_image * measured.test_images
-    trained_reproduction = folds * (test_embedding + measured.embed_per_image * measured.train_images)
+    trained_reproduction = folds * (measured.fold_run + test_embedding)
     scoring = (1 + folds) * measured.test_scoring
-    reproductions = methods * protocol.reproductions * (trained_reproduction + scoring)
+    reproductions = methods * protocol.reproductions * (trained_reproduction + scoring + measured.class_sums)
     baselines = len(protocol.baselines)
     baseline = baselines * protocol.reproductions * (folds * (measured.setup + test_embedding) + scoring)
     units = methods * (protocol.trials + protocol.reproductions) + baselines * protocol.reproductions
@@ -120,10 +130,8 @@ def estimate(prepared: Prepared, measured: Measured) -> float:
     # (searches, then reproductions, then the baseline) first looks at the k - 1 before it.
     looks = (protocol.trials * methods * (methods - 1) // 2
              + protocol.reproductions * (methods * methods + methods * (methods - 1) // 2 + 2 * methods) + studies)
-    storage = units * measured.unit + looks * measured.look + studies * measured.study
-    # The report reads every study back and draws its figures.
-    return (measured.startup + training + reproductions + baseline + storage
-            + studies * measured.study + measured.report + measured.statistics)
+    storage = measured.storage_setup + units * measured.unit + looks * measured.look + studies * measured.study
+    return measured.startup + training + reproductions + baseline + storage + measured.report
 
 
 def run_seconds(prepared: Prepared, measured: Measured, method: str | None = None) -> float:
@@ -139,9 +147,9 @@ def run_seconds(prepared: Prepared, measured: Measured, method: str | None = Non
             + validations * measured.validation + (validations - 1) * measured.checkpoint)
 
 
-def measure(prepared: Prepared, startup: float = 0.0) -> Measured:
+def measure(prepared: Prepared, startup: float = 0.0, report: ReportWriter | None = None) -> Measured:
     """The pieces of ``Measured`` on the first method's first fold; ``startup``: seconds the command
-    took to get here."""
+    took to get here; ``report``: the report writer to time (``None``: the report counts 0 s)."""
     import torch
 
     from dmlbench.training.embed import resolve_device
@@ -159,21 +167,24 @@ def measure(prepared: Prepared, startup: float = 0.0) -> Measured:
     # What only the first set-up of a process pays (reading the data, torch's lazy imports on the first
     # optimiser) is part of the command's start: seconds on a small benchmark.
     startup += max(first_setup - setup_seconds, 0.0)
-    step, steps_per_epoch = _step_seconds(config, setup, device)
+    step, steps_per_epoch, first_step = _step_seconds(config, setup, device)
     method_steps = _method_steps(prepared, device)
-    validation, embed_per_image, width = _validation_seconds(config, setup, device)
-    test_images = len(setup.full_splits.test)
+    validation, embed_per_image, width, first_validation = _validation_seconds(config, setup, device)
+    startup += first_step + first_validation  # likewise once: what the process's first step and pass pay more
+    test = SplitSize(len(setup.full_splits.test), len(prepared.layout.test_classes), width)
+    test_scoring, class_sums = _scoring_seconds(config, test, prepared.spec.protocol.folds)
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = _checkpoint_seconds(setup, Path(directory))
-        run_overhead = _run_overhead(config, Path(directory), step, validation, checkpoint)
-        unit, look, study = _storage_seconds(prepared, Path(directory))
+        run_overhead, first_run = _run_overhead(config, Path(directory), step, validation, checkpoint)
+        fold_run = _fold_run_seconds(Path(directory) / "run")
+        unit, look, study, storage_setup = _storage_seconds(prepared, Path(directory))
+        rehearsal = Path(directory) / "rehearsal"
+        report_seconds = 0.0 if report is None else _report_seconds(prepared, rehearsal, test, report)
     return Measured(
-        startup=startup, setup=setup_seconds, step=step, steps_per_epoch=steps_per_epoch, validation=validation,
-        checkpoint=checkpoint, run_overhead=run_overhead, embed_per_image=embed_per_image,
-        test_scoring=_scoring_seconds(config, test_images, len(prepared.layout.test_classes), width), unit=unit,
-        look=look, study=study, report=_report_seconds(), statistics=_statistics_seconds(prepared),
-        test_images=test_images, train_images=len(setup.splits.train),
-        method_steps=method_steps,
+        startup=startup + first_run, setup=setup_seconds, step=step, steps_per_epoch=steps_per_epoch,
+        validation=validation, checkpoint=checkpoint, run_overhead=run_overhead, embed_per_image=embed_per_image, test_scoring=test_scoring,
+        class_sums=class_sums, fold_run=fold_run, unit=unit, look=look, study=study, storage_setup=storage_setup,
+        report=report_seconds, test_images=test.images, method_steps=method_steps,
     )
 
 
@@ -200,8 +211,9 @@ def _training_identity(config: Any) -> str:
     return repr([dumped.get(key) for key in ("loss", "miner", "sampler", "optimizer", "model", "training")])
 
 
-def _step_seconds(config: Any, setup: Any, device: Any) -> tuple[float, int]:
-    """The median seconds of a training step after the warm-up, and the steps of an epoch."""
+def _step_seconds(config: Any, setup: Any, device: Any) -> tuple[float, int, float]:
+    """The median seconds of a training step after the warm-up, the steps of an epoch, and what the
+    first step took more than the median."""
     from dmlbench.training.loop import ImageBatches, time_steps
 
     steps_per_epoch = len(setup.sampler)
@@ -209,41 +221,61 @@ def _step_seconds(config: Any, setup: Any, device: Any) -> tuple[float, int]:
         steps_per_epoch = min(steps_per_epoch, config.training.max_steps_per_epoch)
     timings = time_steps(config, ImageBatches(config, setup), device, WARMUP_STEPS + TIMED_STEPS)
     timed = timings[WARMUP_STEPS:] or timings
-    return (statistics.median(timed) if timed else 0.0), steps_per_epoch
+    median = statistics.median(timed) if timed else 0.0
+    return median, steps_per_epoch, max(timings[0] - median, 0.0) if timings else 0.0
 
 
-def _validation_seconds(config: Any, setup: Any, device: Any) -> tuple[float, float, int]:
-    """Seconds of a warm validation pass (embedding and scoring), seconds to embed one image, and the
-    embedding's width."""
+def _validation_seconds(config: Any, setup: Any, device: Any) -> tuple[float, float, int, float]:
+    """Seconds of a warm validation pass (embedding and scoring), seconds to embed one image, the
+    embedding's width, and what the first pass (its embedding at the evaluation's batch shapes, its
+    scoring's first calls) took more."""
     from dmlbench.evaluation import evaluate
     from dmlbench.training.embed import embed
 
     model, validation_set, batch_size = setup.components.model, setup.validation_set, config.evaluation.batch_size
-    embed(model, validation_set, batch_size, device)  # warm-up: the first pass at the evaluation's batch shapes
-    started = time.perf_counter()
-    embeddings, labels = embed(model, validation_set, batch_size, device)
-    embedded = time.perf_counter()
-    evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed, rerank=config.evaluation.rerank.method())
-    scored = time.perf_counter()
-    return scored - started, (embedded - started) / max(len(validation_set), 1), int(embeddings.shape[1])
+    passes = []
+    for _ in range(2):  # the first is a warm-up
+        started = time.perf_counter()
+        embeddings, labels = embed(model, validation_set, batch_size, device)
+        embedded = time.perf_counter()
+        evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed,
+                 rerank=config.evaluation.rerank.method())
+        passes.append((time.perf_counter() - started, embedded - started))
+    (first, _), (warm, embedding) = passes
+    return warm, embedding / max(len(validation_set), 1), int(embeddings.shape[1]), max(first - warm, 0.0)
 
 
-def _scoring_seconds(config: Any, images: int, classes: int, width: int) -> float:
-    """Seconds to score a test split of ``images`` images of ``classes`` classes, timed on random unit
-    vectors (the test data itself is opened only by the reproductions)."""
+def _scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, float]:
+    """Seconds to score the test split and to sum a reproduction's per-class scores of its ``folds``
+    fold models (``class_bootstrap.class_sums``), timed on random unit vectors (the test data itself
+    is opened only by the reproductions)."""
     import torch
 
     from dmlbench.evaluation import evaluate
+    from dmlbench.protocol.class_bootstrap import class_sums
 
-    if images == 0:
-        return 0.0
+    if test.images == 0:
+        return 0.0, 0.0
     generator = torch.Generator().manual_seed(config.seed)
-    embeddings = torch.nn.functional.normalize(torch.randn(images, width, generator=generator), dim=1)
-    labels = torch.arange(images) % max(classes, 1)
+    embeddings = torch.nn.functional.normalize(torch.randn(test.images, test.width, generator=generator), dim=1)
+    labels = torch.arange(test.images) % max(test.classes, 1)
     started = time.perf_counter()
     evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed)
     if config.evaluation.rerank.kind != "none":  # the test split is scored raw and re-ranked
         evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed, rerank=config.evaluation.rerank.method())
+    scored = time.perf_counter()
+    class_sums({f"fold {fold}": embeddings for fold in range(folds)}, labels, config.evaluation.metrics)
+    return scored - started, time.perf_counter() - scored
+
+
+def _fold_run_seconds(run_dir: Path) -> float:
+    """Seconds a reproduction spends on a fold run besides its test embedding: opening it (record,
+    config, dataset, best checkpoint) and its embedding-space analysis on its training classes."""
+    from dmlbench.protocol.reproductions import training_space
+    from dmlbench.training.runs import Run
+
+    started = time.perf_counter()
+    training_space(Run.open(run_dir))
     return time.perf_counter() - started
 
 
@@ -259,31 +291,38 @@ def _checkpoint_seconds(setup: Any, directory: Path) -> float:
     return time.perf_counter() - started
 
 
-def _run_overhead(config: Any, directory: Path, step: float, validation: float, checkpoint: float) -> float:
+def _run_overhead(config: Any, directory: Path, step: float, validation: float, checkpoint: float) -> tuple[float, float]:
     """Seconds a run costs besides its steps, validation passes and checkpoints (set-up, records,
-    provenance): a real run of one step (untracked), less those pieces."""
+    provenance): the median of ``ONE_STEP_RUNS`` real runs of one step (untracked; the first in
+    ``directory / "run"``), less those pieces; and what the process's first run took more."""
     from dmlbench import config as config_module
     from dmlbench.training import train
 
     one_step = config_module.from_dict(config_module.assign(config.model_dump(mode="json"), {
         "training.epochs": 1, "training.max_steps_per_epoch": 1, "training.early_stopping_patience": None,
         "tracking.backend": "none"}))
-    started = time.perf_counter()
-    train(one_step, directory / "run", progress=False)
-    return max(time.perf_counter() - started - step - 2 * validation - 2 * checkpoint, 0.0)
+    seconds = []
+    for index in range(ONE_STEP_RUNS):
+        started = time.perf_counter()
+        train(one_step, directory / ("run" if index == 0 else f"run {index}"), progress=False)
+        seconds.append(time.perf_counter() - started)
+    median = statistics.median(seconds)
+    return max(median - step - 2 * validation - 2 * checkpoint, 0.0), max(seconds[0] - median, 0.0)
 
 
-def _storage_seconds(prepared: Prepared, directory: Path) -> tuple[float, float, float]:
+def _storage_seconds(prepared: Prepared, directory: Path) -> tuple[float, float, float, float]:
     """Seconds of the storage's work, on a throw-away storage of the kind the benchmark's workers
-    default to: one unit (claim it, record its start, heartbeat and end; the second of two, the first
-    also creates the tables), a look at a finished study (a claim that finds nothing left) and
-    opening a study."""
+    default to: one unit (claim it, record its start, heartbeat and end; the second of two), a look
+    at a finished study (a claim that finds nothing left), opening a study, and creating the storage
+    (its tables, with the first study, in the process's first call)."""
     from dmlbench.protocol import storage, work
     from dmlbench.protocol.units import claim_reproduction, open_unit_study
 
+    started = time.perf_counter()
     worker = work.Worker(storage.default_url(directory, prepared.jobs))
     settings = replace(prepared.reproduction, reproductions=2)
     open_unit_study(worker, "tables", {"method": "tables"})
+    creation = time.perf_counter() - started
     started = time.perf_counter()
     study = open_unit_study(worker, "cost", {"method": "cost"})
     opening = time.perf_counter() - started
@@ -296,57 +335,15 @@ def _storage_seconds(prepared: Prepared, directory: Path) -> tuple[float, float,
         unit = time.perf_counter() - started
     started = time.perf_counter()
     assert claim_reproduction(study, worker, settings) == work.DONE
-    return unit, time.perf_counter() - started, opening
+    return unit, time.perf_counter() - started, opening, max(creation - opening, 0.0)
 
 
-def _statistics_seconds(prepared: Prepared) -> float:
-    """Seconds of the report's statistics on random scores of the benchmark's methods and
-    reproductions (the scores' values do not change the work): every pair of methods per mode and
-    metric, the declared comparisons at half, once and twice the margin, and their power."""
-    import warnings
-
-    import numpy as np
-
-    from dmlbench.protocol.power import comparison_power, comparisons_of
-    from dmlbench.protocol.results import MODES
-    from dmlbench.protocol.statistics import compare_methods, compare_pairs
-
-    protocol, margin = prepared.spec.protocol, prepared.spec.analysis.equivalence_margin
-    metrics = next(iter(prepared.configs.values())).evaluation.metrics
-    generator = np.random.default_rng(0)
-    scores = {name: dict(enumerate(generator.random(protocol.reproductions).tolist())) for name in prepared.plans}
-    declared = comparisons_of(prepared.spec)
+def _report_seconds(prepared: Prepared, directory: Path, test: SplitSize, report: ReportWriter) -> float:
+    """Seconds of ``report`` on the benchmark stored in ``directory`` with made-up results: the first
+    call of this process, as the real run's is, so it pays the report's first imports too."""
+    rehearsed = rehearse(prepared, directory, test)
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for _ in range(len(MODES) * len(metrics)):
-            compare_methods(scores, margin)
-        for factor in (0.5, 1.0, 2.0):
-            compare_pairs(scores, declared, factor * margin)
-        for a, b in declared:
-            comparison_power(a, b, protocol.reproductions, 0.01, margin, len(declared), 0.05)
-    return time.perf_counter() - started
-
-
-def _report_seconds() -> float:
-    """Seconds to draw the report's figures: pyplot's import (once) and ``REPORT_FIGURES`` figures of
-    two panels of a few lines (the report's have one to four), saved as PNG as the report saves them."""
-    import io
-
-    started = time.perf_counter()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    for _ in range(REPORT_FIGURES):
-        figure, panels = pyplot.subplots(1, 2, figsize=(9, 4))
-        for axes in panels:
-            for line in range(5):
-                axes.plot(range(10), [line + step / 10 for step in range(10)], marker="o", label=f"method {line}")
-            axes.legend()
-        figure.savefig(io.BytesIO(), format="png", dpi=80)
-        pyplot.close(figure)
+    report(rehearsed.output_dir, rehearsed.storage)
     return time.perf_counter() - started
 
 

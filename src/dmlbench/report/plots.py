@@ -57,7 +57,7 @@ def draw_search(axes: Any, methods: Sequence[str], trials: Mapping[str, list[dic
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("trial")
     axes.set_ylabel("fold-mean validation MAP@R")
-    _legend(axes, len(methods))
+    _legend(axes)
 
 
 def curves_figure(methods: Sequence[str], curves: Mapping[str, list[list[float]]]) -> Figure:
@@ -74,7 +74,7 @@ def curves_figure(methods: Sequence[str], curves: Mapping[str, list[list[float]]
             axes.plot(range(length), mean, color=colour, marker=marker, markersize=4, label=method)
     axes.set_xlabel("evaluation (0 = untrained)")
     axes.set_ylabel("validation MAP@R (mean over reproduction runs)")
-    _legend(axes, len(methods))
+    _legend(axes)
     return "Validation curves of the reproductions", VALIDATION_CURVES_FIGURE, _png(figure, pyplot)
 
 
@@ -144,7 +144,10 @@ def _pyplot() -> Any:
     return pyplot
 
 
-def _legend(axes: Any, entries: int) -> None:
+def _legend(axes: Any) -> None:
+    """A legend of the methods drawn; none when nothing was (every method failed), instead of
+    matplotlib's warning about an empty legend."""
+    entries = len(axes.get_legend_handles_labels()[0])
     if entries:
         axes.legend(fontsize="x-small", ncol=1 if entries <= 8 else 2, loc="best")
 
