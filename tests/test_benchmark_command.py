@@ -16,7 +16,8 @@ import yaml
 from cli_runner import run_cli
 from test_cli_process import console_script, run
 
-from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, process_started, report_summary
+from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
+from dmlbench.cli.common import process_started
 from dmlbench.protocol import cost, layout, work
 from dmlbench.protocol.benchmark import DEFAULT_BENCHMARK, load_spec
 from dmlbench.protocol.prepare import prepare
@@ -235,9 +236,30 @@ def test_the_dry_run_counts_from_the_process_start_not_the_command_start() -> No
     started = process_started()
     assert started <= IMPORTED < time.monotonic()
     # A process started now is younger than this one: its start is later.
-    child = subprocess.run([sys.executable, "-c", "import time; from dmlbench.cli.benchmark import process_started; "
+    child = subprocess.run([sys.executable, "-c", "import time; from dmlbench.cli.common import process_started; "
                             "print(time.monotonic() - process_started())"], capture_output=True, text=True, check=True)
     assert 0.0 < float(child.stdout) < time.monotonic() - started
+
+
+def test_only_the_console_script_counts_from_the_process_start(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A call from Python (a notebook, a test) may come hours after its process started: its dry run
+    counts from the call; the console script's process runs only this command and counts from its start."""
+    import dmlbench.cli as cli
+
+    calls: list[float] = []
+
+    def recorded() -> float:
+        calls.append(time.monotonic())
+        return calls[-1]
+
+    monkeypatch.setattr(cli, "process_started", recorded)
+    assert run_cli(["--version"], capsys)[0] == 0 and calls == []
+    monkeypatch.setattr(sys, "argv", ["dmlbench", "--version"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code in (0, None) and len(calls) == 1
+    capsys.readouterr()
 
 
 def test_a_stopped_dry_run_is_repeated_as_one() -> None:

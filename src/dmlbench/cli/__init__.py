@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import warnings
 from typing import Annotated, Any, Optional
 
@@ -21,7 +22,7 @@ import typer
 import typer.core
 
 from dmlbench import __version__, plugins
-from dmlbench.cli.common import PLUGIN_HELP, PLUGIN_SPECS
+from dmlbench.cli.common import COMMAND_STARTED, PLUGIN_HELP, PLUGIN_SPECS, process_started
 from dmlbench.errors import PluginFailed, RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 
@@ -81,6 +82,8 @@ def _register_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script and of ``python -m dmlbench``."""
+    # A console script's process runs this one command, so its start counts; a call from Python starts now.
+    started = process_started() if argv is None else time.monotonic()
     _prefer_passive_waits()
     _register_commands()
     # The format, not the display: whoever records warnings (pytest, a caller) still receives them.
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         argv, specs = _take_plugins(list(sys.argv[1:] if argv is None else argv))
         # The command imports them (and installed packages' plugins, so that every command, `list`
         # included, sees the same components) once its arguments parsed: `--help` answers at once.
-        app(args=argv, prog_name="dmlbench", obj={PLUGIN_SPECS: specs})
+        app(args=argv, prog_name="dmlbench", obj={PLUGIN_SPECS: specs, COMMAND_STARTED: started})
     except UserInputError as error:
         _fail(f"error: {error}", 2)
     except (StorageFailed, PluginFailed) as error:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import time
@@ -15,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from dmlbench.cli.common import OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
+from dmlbench.cli.common import COMMAND_STARTED, OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed
 from dmlbench.protocol import layout
 from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS, redact
@@ -48,6 +47,7 @@ def register(app: typer.Typer) -> None:
 
 
 def benchmark_command(
+    ctx: typer.Context,
     config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help="Benchmark YAML (default: the built-in glyphs benchmark).", show_default=False)] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help=OVERRIDES_HELP + " Applied to every method.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="DIR", help="Output directory (default: runs/benchmark-<time>); an existing one is resumed.", show_default=False)] = None,
@@ -69,7 +69,8 @@ def benchmark_command(
     input, 130 interrupted by Ctrl-C and 143 by SIGTERM (the message prints the command that continues
     it; finished trials and runs are kept).
     """
-    started = process_started()  # the dry run counts this process's start in its estimate
+    # The dry run counts the command's start in its estimate: the process's, when it runs this one command.
+    started = ctx.obj.get(COMMAND_STARTED, time.monotonic()) if isinstance(ctx.obj, dict) else time.monotonic()
     config_path, overrides = config_and_overrides(config_path, overrides)
     if config_path is not None:
         require_yaml(config_path, "benchmark config")
@@ -111,17 +112,6 @@ def benchmark_command(
         print(f"dmlbench: error: method {name} failed: {reason}", file=sys.stderr)
     if outcome.failed:
         raise typer.Exit(1)
-
-
-def process_started() -> float:
-    """``time.monotonic()`` when this process started (Linux: from ``/proc/self/stat``, to the clock's
-    tick), so that the interpreter's start and the CLI's imports count; elsewhere now."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.monotonic()
-    return time.monotonic() - max(age, 0.0)
 
 
 def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str], quiet: bool, write_report: Any) -> Any:

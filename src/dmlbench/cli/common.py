@@ -4,6 +4,7 @@ arguments parsed, and the cheap checks of paths that run before any heavy import
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ QUIET_SILENT_HELP = "No progress output (this command shows none)."
 # main() takes --plugin out of the arguments (it may come before or after the command's name) and
 # hands the specs on in the context object; Command imports them once the arguments parsed.
 PLUGIN_SPECS = "dmlbench.plugin_specs"
+# ... and when the command started (``process_started`` for the console script, the call otherwise),
+# which ``benchmark --dry-run`` counts in its estimate.
+COMMAND_STARTED = "dmlbench.command_started"
 PLUGIN_OPTION = "--plugin MODULE_OR_FILE"
 PLUGIN_HELP = ("Import your own losses, miners, samplers, trunks or datasets from this module or .py file first "
                "(repeatable; docs/your-method.md).")
@@ -144,3 +148,14 @@ def require_creatable_directory(path: Path, option: str) -> None:
         raise UserInputError(f"{option} {path}: {ancestor} is a file, not a directory")
     if not os.access(ancestor, os.W_OK):
         raise UserInputError(f"{option} {path}: {ancestor} is not writable")
+
+
+def process_started() -> float:
+    """``time.monotonic()`` when this process started (Linux: from ``/proc/self/stat``, to the clock's
+    tick), so that the interpreter's start and the CLI's imports count; elsewhere now."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic()
+    return time.monotonic() - max(age, 0.0)
