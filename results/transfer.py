@@ -67,13 +67,8 @@ def verdicts(folder: Path) -> dict[tuple[str, str], tuple[int, dict[frozenset[st
 
 def oriented(comparison: PairedComparison, a: str) -> list[object]:
     """``STUDY_COLUMNS`` of ``comparison`` written as ``a - other``."""
-    sign = 1.0 if comparison.a == a else -1.0
-    low, high = sorted((sign * comparison.difference_low, sign * comparison.difference_high))
-    outcome = comparison.outcome()
-    if sign < 0 and outcome in ("better", "worse"):
-        outcome = "worse" if outcome == "better" else "better"
-    return [comparison.n, sign * comparison.mean_difference, low, high, comparison.t_pvalue_holm,
-            comparison.tost_pvalue_holm, outcome]
+    c = comparison if comparison.a == a else comparison.swapped()
+    return [c.n, c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue_holm, c.tost_pvalue_holm, c.outcome()]
 
 
 def transfer(first: str, second: str) -> str:

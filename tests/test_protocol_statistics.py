@@ -250,3 +250,16 @@ def test_kendall_correlation_is_scipys_tau_b_and_its_bootstrap(seed: int) -> Non
     assert result.low <= result.estimate <= result.high
     with pytest.raises(UserInputError, match="pearson or spearman"):
         within_group_correlation(x, y, ["a"] * 5 + ["b"] * 4, "kendall")
+
+
+def test_a_swapped_comparison_is_the_comparison_of_the_other_order() -> None:
+    """``swapped()`` reads ``a - b`` as ``b - a``: exactly what comparing in the other order computes."""
+    scores = {"x": {0: 0.50, 1: 0.53, 2: 0.51, 3: 0.56}, "y": {0: 0.47, 1: 0.49, 2: 0.50, 3: 0.50}}
+    (forward,) = compare_pairs(scores, [("x", "y")])
+    (backward,) = compare_pairs(scores, [("y", "x")])
+    turned = forward.swapped()
+    assert (turned.a, turned.b, turned.n) == ("y", "x", 4)
+    for name in ("mean_difference", "t_statistic", "cohen_dz", "difference_low", "difference_high", "t_pvalue",
+                 "t_pvalue_holm", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm"):
+        assert getattr(turned, name) == pytest.approx(getattr(backward, name), rel=1e-12, abs=1e-15), name
+    assert forward.outcome() == "better" and turned.outcome() == backward.outcome() == "worse"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats
@@ -70,6 +70,11 @@ class PairedComparison:
     margin: float = DEFAULT_EQUIVALENCE_MARGIN
     tost_pvalue: float = math.nan
     tost_pvalue_holm: float = math.nan
+
+    def swapped(self) -> "PairedComparison":
+        """The same comparison read as ``b - a``: the same tests and p-values, the signs and the interval turned."""
+        return replace(self, a=self.b, b=self.a, mean_difference=-self.mean_difference, t_statistic=-self.t_statistic,
+                       cohen_dz=-self.cohen_dz, difference_low=-self.difference_high, difference_high=-self.difference_low)
 
     def outcome(self, alpha: float = DEFAULT_ALPHA) -> str:
         """``better`` / ``worse`` (Holm-adjusted paired t-test below ``alpha``), else ``equivalent`` (Holm-adjusted

@@ -175,11 +175,7 @@ def scored_methods(results: Mapping[str, MethodReproductions]) -> dict[str, Meth
 
 def _oriented(comparison: PairedComparison, control: str) -> PairedComparison:
     """The comparison as ``other - control`` (the same test and p-values, the signs turned where needed)."""
-    if comparison.b == control:
-        return comparison
-    return replace(comparison, a=comparison.b, b=comparison.a, mean_difference=-comparison.mean_difference,
-                   t_statistic=-comparison.t_statistic, cohen_dz=-comparison.cohen_dz,
-                   difference_low=-comparison.difference_high, difference_high=-comparison.difference_low)
+    return comparison if comparison.b == control else comparison.swapped()
 
 
 def _sensitivity_and_power(claims: Claims, scored: Mapping[str, MethodReproductions], declared: list[tuple[str, str]]) -> None:
