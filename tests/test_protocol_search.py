@@ -211,6 +211,47 @@ def test_samplers_are_seeded(sampler: str) -> None:
     assert isinstance(make_sampler(SearchSettings.of(ProtocolSpec(), "sqlite://")), optuna.samplers.GPSampler)
 
 
+_GP_PROPOSALS = """
+import importlib.util, sys
+if sys.argv[1] == "blocked":
+    sys.modules["greenlet"] = None  # as on a machine without the package
+import logging, math, optuna
+from dmlbench.protocol.benchmark import ProtocolSpec
+from dmlbench.protocol.plan import SearchSettings
+from dmlbench.protocol.search import make_sampler
+optuna.logging.set_verbosity(logging.ERROR)
+print("greenlet", importlib.util.find_spec("greenlet") is not None and sys.modules.get("greenlet", 0) is not None)
+settings = SearchSettings.of(ProtocolSpec(sampler="gp", search_seed=0, startup_trials=4), "sqlite://")
+def score(trial):
+    lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
+    margin = trial.suggest_float("margin", 0.5, 1.5)
+    return -(math.log10(lr) + 2.7) ** 2 - (margin - 0.9) ** 2 + 0.01 * math.sin(37e3 * lr + margin)
+searched = optuna.create_study(direction="maximize", sampler=make_sampler(settings))
+searched.optimize(score, n_trials=6)
+for trial in searched.trials:
+    print(repr(trial.params["lr"]), repr(trial.params["margin"]))
+"""
+
+
+def test_gp_proposals_are_the_same_with_and_without_greenlet() -> None:
+    """Optuna's GP sampler takes a batched optimiser when ``greenlet`` imports (it is a test
+    dependency, so it does here), which rounds differently (proposals 5 and 6 differed in the 14th
+    digit before ``make_sampler`` chose one path); every proposal must be the same bits either way."""
+    import subprocess
+    import sys
+
+    def proposals(greenlet: str) -> list[str]:
+        completed = subprocess.run([sys.executable, "-c", _GP_PROPOSALS, greenlet],
+                                   capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr
+        return completed.stdout.splitlines()
+
+    importable, blocked = proposals("importable"), proposals("blocked")
+    assert importable[0] == "greenlet True", "greenlet (a test dependency) is not installed"
+    assert blocked[0] == "greenlet False"
+    assert len(importable) == 7 and importable[1:] == blocked[1:]
+
+
 def test_storage_is_the_given_url_else_sqlite_for_one_worker_and_a_journal_for_several(tmp_path: Path) -> None:
     assert resolve_storage(tmp_path, "postgresql://user@host/db", 1) == "postgresql://user@host/db"
     assert resolve_storage(tmp_path, None, 1) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"

@@ -75,8 +75,30 @@ def make_sampler(settings: SearchSettings, seed: int | None = None) -> optuna.sa
     seed = settings.seed if seed is None else seed
     startup = {} if settings.startup_trials is None else {"n_startup_trials": settings.startup_trials}
     if settings.sampler == "gp":
+        _one_acquisition_optimiser()
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False, **startup)
     return optuna.samplers.TPESampler(seed=seed, **startup)
+
+
+class _GreenletUnused:
+    """Stands in for Optuna's record of whether ``greenlet`` imported: it never did."""
+
+    @staticmethod
+    def is_successful() -> bool:
+        return False
+
+
+def _one_acquisition_optimiser() -> None:
+    """Make the GP sampler's proposals independent of whether ``greenlet`` is installed.
+
+    Optuna's GP sampler maximises its acquisition function from several start points; with the
+    ``greenlet`` package importable (other packages install it) it evaluates them in batches, without
+    it one at a time. The two round differently: the proposals differ in the 14th digit, the runs
+    they train differ, and so do the trials proposed after them. One path, the one-at-a-time one (the
+    committed studies took it), keeps a search the same on every machine and across a resume."""
+    from optuna._gp import batched_lbfgsb
+
+    batched_lbfgsb._greenlet_imports = _GreenletUnused()  # type: ignore[assignment]
 
 
 def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
