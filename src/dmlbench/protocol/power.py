@@ -21,6 +21,7 @@ one after Holm (the *strictest Holm threshold*: the planning numbers use it and 
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -142,13 +143,19 @@ class ComparisonPower:
 def comparison_power(a: str, b: str, n: int, sd: float, margin: float, comparisons: int,
                      alpha: float = 0.05) -> ComparisonPower:
     """``ComparisonPower`` of one comparison in a Holm family of ``comparisons`` tests."""
+    return ComparisonPower(a, b, n, sd, margin, comparisons, *_powers(n, sd, margin, comparisons, alpha))
+
+
+@functools.lru_cache(maxsize=256)
+def _powers(n: int, sd: float, margin: float, comparisons: int, alpha: float) -> tuple[float, float, float, float, int | None, float]:
+    """The numbers of ``ComparisonPower`` after its names; cached, since a stated SD (``plan --sd``)
+    gives every comparison of a family the same ones and each takes about half a second."""
     strict = holm_strictest_alpha(alpha, comparisons)
     needed_t = reproductions_needed(lambda k: ttest_power(k, margin, sd, strict))
     needed_tost = reproductions_needed(lambda k: tost_power(k, 0.0, margin, sd, strict))
     needed = None if needed_t is None or needed_tost is None else max(needed_t, needed_tost)
-    return ComparisonPower(a, b, n, sd, margin, comparisons, ttest_power(n, margin, sd, alpha), ttest_power(n, margin, sd, strict),
-                           tost_power(n, 0.0, margin, sd, alpha), tost_power(n, 0.0, margin, sd, strict), needed,
-                           minimal_detectable_difference(n, sd, strict))
+    return (ttest_power(n, margin, sd, alpha), ttest_power(n, margin, sd, strict), tost_power(n, 0.0, margin, sd, alpha),
+            tost_power(n, 0.0, margin, sd, strict), needed, minimal_detectable_difference(n, sd, strict))
 
 
 def paired_sd(differences: np.ndarray | list[float]) -> float:
