@@ -115,3 +115,46 @@ def test_the_committed_transfer_table_is_what_the_script_writes(tmp_path: Path) 
     output = tmp_path / "transfer.csv"
     assert _script("transfer").main([str(results / "reality_check_glyphs"), str(results / "converged_glyphs"), "-o", str(output)]) == 0
     assert output.read_bytes() == (results / "converged_glyphs" / "transfer_from_short_study.csv").read_bytes()
+
+
+def test_domain_errors_match_brute_force_loops_and_evaluate() -> None:
+    """Nearest neighbours by float64 loops over every pair (ties to the lower index), per query domain."""
+    import numpy as np
+
+    script = _script("domain_errors")
+    generator = np.random.default_rng(3)
+    labels = np.repeat(np.arange(6), 3)  # six classes, each drawn once by each of three domains
+    domains = np.array(["a", "b", "c"] * 6)
+    embeddings = generator.normal(size=(18, 4))
+    # Equal directions, ties after normalisation: query 5 (class 1) has 4 (class 1) and 7 (class 2) at
+    # distance 0 and must take 4, the lower index, in both lists.
+    embeddings[5], embeddings[7] = embeddings[4] * 2.0, embeddings[4] * 3.0
+    rows = script.error_rows("m", embeddings, labels, domains)
+
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+
+    def first_nearest(i: int, allowed) -> int:
+        best, best_distance = -1, np.inf
+        for j in range(18):
+            if j != i and allowed(j):
+                distance = float(np.sqrt(((unit[i] - unit[j]) ** 2).sum()))
+                if distance < best_distance:
+                    best, best_distance = j, distance
+        return best
+
+    any_other = [first_nearest(i, lambda j: True) for i in range(18)]
+    assert any_other[5] == 4
+    cross = [first_nearest(i, lambda j, i=i: domains[j] != domains[i]) for i in range(18)]
+    for row, domain in zip(rows, ["a", "b", "c", "all"]):
+        queries = [i for i in range(18) if domain in ("all", domains[i])]
+        wrong = [i for i in queries if labels[any_other[i]] != labels[i]]
+        assert row[:6] == ["m", domain, len(queries),
+                           round(np.mean([labels[any_other[i]] == labels[i] for i in queries]), 6),
+                           round(np.mean([labels[cross[i]] == labels[i] for i in queries]), 6), len(wrong)]
+        assert row[6] == round(np.mean([domains[any_other[i]] == domains[i] for i in wrong]), 6)
+        # by chance: 5 of a query's 15 candidates of other classes are of its own domain
+        assert row[7] == round(5 / 15, 6)
+        assert row[8] == round(np.mean([labels[cross[i]] == labels[i] for i in wrong]), 6)
+    script.check_against_evaluate(rows[-1], embeddings, labels, domains)
+    with pytest.raises(SystemExit, match="differs from dmlbench.evaluate"):
+        script.check_against_evaluate(["m", "all", 18, rows[-1][3] + 0.01, *rows[-1][4:]], embeddings, labels, domains)

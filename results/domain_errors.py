@@ -1,0 +1,145 @@
+"""Where a model's nearest-neighbour errors fall on a dataset whose images carry a domain (emoji: the
+vendor that drew the image), so that the gap between all-versus-all and cross-domain P@1 can be read:
+
+    python results/domain_errors.py RUN [RUN ...] [--untrained] -o CSV
+
+Each RUN is a training run directory (its best checkpoint embeds the test split) or a benchmark's
+reproduction directory (``METHOD/reproduction_NN``: its fold models' test embeddings, each
+L2-normalised, concatenated, as the protocol's concatenated mode scores them). ``--untrained`` adds
+each run's model as initialised (a single run only). The test split is read after the study: this
+chooses nothing.
+
+Per model and query domain (and ``all``): the queries, all-versus-all P@1 (every other test image is
+a candidate), cross-domain P@1 (only the other domains' images are), the all-versus-all top-1
+errors, the share of those whose wrong neighbour has the query's own domain, what that share would
+be by chance (the share of the query's own domain among its candidates of other classes, averaged
+over the erring queries), and the share of the errors that the cross-domain list answers right. Distances are Euclidean on L2-normalised float64
+embeddings, ties broken by index, as ``dmlbench.evaluate`` ranks; both P@1 values are checked against
+``dmlbench.evaluate`` before anything is written. Columns: model, domain, queries,
+precision_at_1_all, precision_at_1_cross_domain, wrong_top1, wrong_top1_own_domain,
+own_domain_among_wrong_candidates, wrong_top1_right_cross_domain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+COLUMNS = ["model", "domain", "queries", "precision_at_1_all", "precision_at_1_cross_domain", "wrong_top1",
+           "wrong_top1_own_domain", "own_domain_among_wrong_candidates", "wrong_top1_right_cross_domain"]
+BLOCK = 1024  # query rows per distance block: 1024 x N float64 distances at a time
+
+
+def nearest(embeddings: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's nearest other row, and its nearest row of another domain (-1 when there is none);
+    float64 Euclidean on L2-normalised rows, the lowest index among equal distances."""
+    points = torch.nn.functional.normalize(torch.as_tensor(embeddings, dtype=torch.float64), dim=1)
+    domain = torch.as_tensor(codes)
+    any_other = np.empty(len(points), dtype=np.int64)
+    other_domain = np.empty(len(points), dtype=np.int64)
+    for start in range(0, len(points), BLOCK):
+        rows = torch.arange(start, min(start + BLOCK, len(points)))
+        distances = torch.cdist(points[rows], points)
+        distances[torch.arange(len(rows)), rows] = torch.inf
+        any_other[rows.numpy()] = distances.argmin(dim=1).numpy()  # argmin returns the first minimum
+        distances[domain[rows][:, None] == domain[None, :]] = torch.inf
+        best = distances.min(dim=1)
+        other_domain[rows.numpy()] = torch.where(torch.isfinite(best.values), distances.argmin(dim=1), -1).numpy()
+    return any_other, other_domain
+
+
+def error_rows(model: str, embeddings: np.ndarray, labels: np.ndarray, domains: np.ndarray) -> list[list[object]]:
+    """One row per query domain and one for ``all`` (``COLUMNS``); queries without another-domain
+    neighbour count as wrong cross-domain (the emoji test split has none)."""
+    names, codes = np.unique(domains, return_inverse=True)
+    any_other, other_domain = nearest(embeddings, codes)
+    right_all = labels[any_other] == labels
+    right_cross = (other_domain >= 0) & (labels[np.maximum(other_domain, 0)] == labels)
+    own = codes[any_other] == codes
+    # By chance: of a query's candidates of other classes, the share drawn in its own domain.
+    pair_counts = np.zeros((codes.max() + 1, labels.max() + 1), dtype=np.int64)
+    np.add.at(pair_counts, (codes, labels), 1)
+    candidates = len(labels) - pair_counts.sum(axis=0)[labels]
+    own_candidates = pair_counts.sum(axis=1)[codes] - pair_counts[codes, labels]
+    chance = own_candidates / np.maximum(candidates, 1)
+    rows = []
+    for name, members in [*((str(n), codes == c) for c, n in enumerate(names)), ("all", np.ones(len(labels), bool))]:
+        wrong = members & ~right_all
+        shares = [round(float(own[wrong].mean()), 6), round(float(chance[wrong].mean()), 6),
+                  round(float(right_cross[wrong].mean()), 6)] if wrong.any() else ["", "", ""]
+        rows.append([model, name, int(members.sum()), round(float(right_all[members].mean()), 6),
+                     round(float(right_cross[members].mean()), 6), int(wrong.sum()), *shares])
+    return rows
+
+
+def test_embeddings(directory: Path, untrained: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Embeddings, labels and domains of the test split for a run directory or a reproduction directory."""
+    from dmlbench.training.runs import embed_test_split, run_test_domains
+
+    if (directory / "run.json").is_file():
+        embeddings, labels = embed_test_split(directory, untrained=untrained)
+        return embeddings.numpy(), labels.numpy(), np.asarray(run_test_domains(directory))
+    folds = sorted(path for path in directory.glob("fold_*") if (path / "run.json").is_file())
+    if not folds or untrained:
+        raise SystemExit(f"{directory}: not a run directory{'' if untrained else ' nor a reproduction with fold runs'}"
+                         f"{' (--untrained takes run directories)' if untrained and folds else ''}")
+    parts, labels = [], None
+    for fold in folds:
+        embeddings, fold_labels = embed_test_split(fold)
+        if labels is not None and not bool((fold_labels == labels).all()):
+            raise SystemExit(f"{fold}: test labels differ between the folds of one reproduction")
+        parts.append(torch.nn.functional.normalize(embeddings, dim=1))
+        labels = fold_labels
+    return torch.cat(parts, dim=1).numpy(), labels.numpy(), np.asarray(run_test_domains(folds[0]))
+
+
+def check_against_evaluate(row: list[object], embeddings: np.ndarray, labels: np.ndarray, domains: np.ndarray) -> None:
+    """The ``all`` row's two P@1 values are ``dmlbench.evaluate``'s, to the rounding of the CSV."""
+    from dmlbench import evaluate
+
+    codes = np.unique(domains, return_inverse=True)[1]
+    expected = (evaluate(embeddings, labels, metrics=["precision_at_1"])["precision_at_1"],
+                evaluate(embeddings, labels, metrics=["precision_at_1"], domains=codes)["precision_at_1"])
+    if abs(row[3] - expected[0]) > 1e-6 or abs(row[4] - expected[1]) > 1e-6:
+        raise SystemExit(f"{row[0]}: P@1 {row[3]} / {row[4]} differs from dmlbench.evaluate's {expected}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
+    parser.add_argument("--untrained", action="store_true", help="also each run's model as initialised")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="CSV")
+    args = parser.parse_args(argv)
+    from dmlbench.errors import UserInputError
+
+    rows: list[list[object]] = []
+    for directory in args.runs:
+        for untrained in (False, True) if args.untrained else (False,):
+            try:
+                embeddings, labels, domains = test_embeddings(directory, untrained)
+            except UserInputError as error:  # e.g. the run's data.root, relative to this folder, is not here
+                print(f"domain_errors.py: error: {directory}: {error}", file=sys.stderr)
+                return 2
+            model = f"{directory}{' (untrained)' if untrained else ''}"
+            model_rows = error_rows(model, embeddings, labels, domains)
+            check_against_evaluate(model_rows[-1], embeddings, labels, domains)
+            rows += model_rows
+    with args.output.open("w", newline="") as stream:
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+    for row in rows:
+        if row[1] == "all":
+            print(f"{row[0]}: P@1 {100 * row[3]:.2f} all vs all, {100 * row[4]:.2f} cross-domain; "
+                  f"{row[5]} wrong top-1, {100 * float(row[6] or 0):.1f}% of them of the query's own domain "
+                  f"({100 * float(row[7] or 0):.1f}% by chance)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
