@@ -158,3 +158,61 @@ def test_domain_errors_match_brute_force_loops_and_evaluate() -> None:
     script.check_against_evaluate(rows[-1], embeddings, labels, domains)
     with pytest.raises(SystemExit, match="differs from dmlbench.evaluate"):
         script.check_against_evaluate(["m", "all", 18, rows[-1][3] + 0.01, *rows[-1][4:]], embeddings, labels, domains)
+
+
+def test_confound_separates_two_changes_with_welch_intervals(tmp_path: Path) -> None:
+    """Cell gaps are paired t intervals; a two-cell effect is Welch's t-test (scipy); the interaction's
+    four-term Satterthwaite interval is written out by hand; Holm over the five effects."""
+    import numpy as np
+
+    script = _script("confound")
+    generator = np.random.default_rng(5)
+    shift = {"neither": 0.00, "lr": 0.03, "budget": 0.01, "both": 0.02}
+    gaps = {}
+    for cell, offset in shift.items():
+        n = 20 if cell != "budget" else 12  # unequal sizes: Welch's degrees of freedom matter
+        a = 0.5 + offset + generator.normal(0, 0.01 * (1 + len(cell) % 3), n)
+        b = 0.5 + generator.normal(0, 0.01, n)
+        gaps[cell] = a - b
+        rows = ["method,reproduction,mode,metric,value"]
+        rows += [f"{name},{r},concatenated,map_at_r,{float(value)!r}" for name, values in (("A", a), ("B", b))
+                 for r, value in enumerate(values)]
+        (tmp_path / cell).mkdir()
+        (tmp_path / cell / "runs.csv").write_text("\n".join(rows) + "\n")
+    output = tmp_path / "confound.csv"
+    arguments = [item for cell in script.CELLS for item in (f"--{cell}", str(tmp_path / cell))]
+    assert script.main([*arguments, "--a", "A", "--b", "B", "-o", str(output)]) == 0
+    table = {(row["quantity"], row["name"]): row for row in csv.DictReader(output.open())}
+
+    low, high = stats.t.interval(0.95, 19, loc=gaps["lr"].mean(), scale=stats.sem(gaps["lr"]))
+    row = table["gap", "lr"]
+    assert float(row["estimate"]) == pytest.approx(gaps["lr"].mean(), abs=1e-12)
+    assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx((low, high), abs=1e-12)
+
+    welch = stats.ttest_ind(gaps["budget"], gaps["neither"], equal_var=False)
+    row = table["effect", "budget at fixed lr"]
+    interval = welch.confidence_interval(0.95)
+    assert float(row["pvalue"]) == pytest.approx(welch.pvalue, rel=1e-9)
+    assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx((interval.low, interval.high), abs=1e-12)
+    assert float(row["df"]) == pytest.approx(welch.df, rel=1e-9)
+
+    terms = [(1, gaps["both"]), (-1, gaps["budget"]), (-1, gaps["lr"]), (1, gaps["neither"])]
+    estimate = sum(c * sum(v) / len(v) for c, v in terms)
+    pieces = [sum((x - sum(v) / len(v)) ** 2 for x in v) / (len(v) - 1) / len(v) for _, v in terms]
+    freedom = sum(pieces) ** 2 / sum(p ** 2 / (len(v) - 1) for p, (_, v) in zip(pieces, terms))
+    half = stats.t.ppf(0.975, freedom) * sum(pieces) ** 0.5
+    row = table["effect", "interaction"]
+    assert float(row["estimate"]) == pytest.approx(estimate, abs=1e-12)
+    assert (float(row["ci_low"]), float(row["ci_high"])) == pytest.approx((estimate - half, estimate + half), abs=1e-12)
+    assert row["n"] == "20+12+20+20"
+
+    raw = [float(table["effect", name]["pvalue"]) for name in script.EFFECTS]
+    order = sorted(range(5), key=lambda i: raw[i])
+    expected, running = [0.0] * 5, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (5 - rank) * raw[i]))
+        expected[i] = running
+    assert [float(table["effect", name]["pvalue_holm"]) for name in script.EFFECTS] == pytest.approx(expected, rel=1e-12)
+
+    with pytest.raises(SystemExit, match="no C in runs.csv"):
+        script.main([*arguments, "--a", "C", "--b", "B", "-o", str(output)])
