@@ -90,3 +90,15 @@ def test_builtin_benchmark_spec_is_valid() -> None:
     configs = {method.name: MethodPlan.build(spec, method.name, []).config for method in spec.methods}
     assert len(configs) >= 4
     assert len({config.loss.name for config in configs.values()}) == len(configs)
+
+
+def test_main_called_again_registers_no_command_twice(capsys: pytest.CaptureFixture[str]) -> None:
+    """A notebook or a test calls ``main`` many times in one process: each command is registered once,
+    so a call does not rebuild the parameters of every earlier call's copies (each call grew slower)."""
+    from dmlbench.cli import app
+
+    for _ in range(3):
+        assert run_cli(["list", "losses"], capsys)[0] == 0
+        names = [command.name for command in app.registered_commands]
+        assert len(names) == len(set(names)) and "train" in names
+        assert [group.name for group in app.registered_groups] == ["data"]

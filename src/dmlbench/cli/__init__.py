@@ -74,6 +74,11 @@ def _root(
 
 
 def _register_commands() -> None:
+    """Add every command to ``app``, once per process: ``main`` called again from Python (a notebook,
+    the tests) would otherwise append them again, and the CLI library rebuilds every registered
+    command's parameters on each call, so each call grew slower than the one before."""
+    if app.registered_commands or app.registered_groups:
+        return
     from dmlbench.cli import benchmark, calibrate, catalog, data, deploy, evaluate, report, status, toy, train
 
     for module in (data, train, evaluate, calibrate, benchmark, report, status, toy, deploy, catalog):
