@@ -352,6 +352,30 @@ def test_status_counts_every_method(reference: Path, capsys: pytest.CaptureFixtu
     assert "untrained baseline: 2/2 scored" in out
 
 
+def test_status_counts_the_reproductions_of_methods_still_searching(reference: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Before a method's search ends its reproduction stage is not stored; the time left must still
+    count it (it once said "none, every search trial and reproduction is done")."""
+    copy = tmp_path / "copy"
+    shutil.copytree(reference, copy)
+    record = json.loads((copy / "benchmark.json").read_text())
+    record["storage"] = f"sqlite:///{copy.resolve() / 'study.db'}"
+    (copy / "benchmark.json").write_text(json.dumps(record))
+    optuna.delete_study(study_name="reproductions:triplet_semihard", storage=record["storage"])
+    code, out, err = run_cli(["status", str(copy)], capsys)
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["triplet_semihard"], ["normalized_softmax"])}
+    assert rows["triplet_semihard"][1:] == ["2", "0", "0", "0", "0/2"] and rows["normalized_softmax"][-1] == "2/2"
+    assert "(estimate: 2 units left x mean" in out and "time left: none" not in out
+    # --storage alone: the stages already started say how many reproductions every method gets.
+    code, out, err = run_cli(["status", "--storage", record["storage"]], capsys)
+    assert code == 0 and "0/2" in out and "(estimate: 2 units left x mean" in out, err
+    for name in ("reproductions:normalized_softmax", "reproductions:untrained"):
+        optuna.delete_study(study_name=name, storage=record["storage"])
+    code, out, err = run_cli(["status", "--storage", record["storage"]], capsys)
+    assert code == 0 and "the reproductions of 2 method(s) not counted" in out and "time left: none" not in out, err
+
+
 def test_the_dashboard_serves_the_smoke_study(reference: Path) -> None:
     dashboard = Path(sys.executable).parent / "optuna-dashboard"
     if not dashboard.is_file():

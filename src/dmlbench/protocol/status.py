@@ -3,6 +3,8 @@
 Per method: search trials done / running / failed / left, reproductions done, then the workers seen
 in the last ``RECENT_SECONDS`` (each claim and each heartbeat records one) and an estimate of the
 time left: the mean wall time of the finished units times the units left, shared by the workers seen.
+The units left include the reproductions of methods still searching (the benchmark's
+``protocol.reproductions``; with ``--storage`` alone, the number the started stages stored).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    planned: int | None = None  # reproductions per method, counted before a method's stage starts
     if storage is None:
         if directory is None:
             raise UserInputError("give a benchmark directory or --storage URL")
-        storage = read_benchmark(Path(directory)).storage
+        record = read_benchmark(Path(directory))
+        storage, planned = record.storage, record.spec.protocol.get("reproductions")
     storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
     if not names:
@@ -54,6 +58,11 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
             if trial.state == TrialState.RUNNING and owner and "heartbeat" in trial.user_attrs:
                 workers[owner["id"]] = max(workers.get(owner["id"], 0.0), float(trial.user_attrs["heartbeat"]))
         durations += [t.user_attrs["cost"]["wall_seconds"] for t in work.counted(study) if t.user_attrs.get("cost")]
+    if planned is None:  # --storage alone: the stages already started say how many every method gets
+        started = [int(study.user_attrs["reproductions"]) for name, study in studies.items()
+                   if name.startswith(PREFIX) and name[len(PREFIX):] not in BASELINES and "reproductions" in study.user_attrs]
+        planned = max(started, default=None)
+    unplanned = 0  # methods whose reproductions no estimate can count yet
     for name, study in studies.items():
         if name.startswith(PREFIX):
             continue
@@ -63,10 +72,11 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         failed = sum(1 for t in counted if t.state == TrialState.FAIL)
         left = max(budget - len(counted), 0)
         reproductions = studies.get(reproduction_study(name))
-        wanted = int((reproductions.user_attrs.get("reproductions") if reproductions else None) or 0)
+        wanted = int((reproductions.user_attrs.get("reproductions") if reproductions else planned) or 0)
         done_reproductions = len(work.counted(reproductions)) if reproductions is not None else 0
+        unplanned += reproductions is None and planned is None
         left_units += left + max(wanted - done_reproductions, 0)
-        shown = f"{done_reproductions}/{wanted}" if reproductions is not None else "not started"
+        shown = f"{done_reproductions}/{wanted}" if reproductions is not None or planned else "not started"
         lines.append(f"{name:<28} {len(counted):>5} {running:>7} {failed:>6} {left:>5} {shown:>13}")
     for name in BASELINES:
         baseline = studies.get(reproduction_study(name))
@@ -75,14 +85,15 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     recent = sorted(worker for worker, seen in workers.items() if now - seen <= RECENT_SECONDS)
     lines.append(f"workers seen in the last {RECENT_SECONDS // 60} minutes: {len(recent)}"
                  + (f" ({', '.join(recent)})" if recent else ""))
-    if left_units == 0:
+    uncounted = f"; the reproductions of {unplanned} method(s) not counted: their number is not stored yet" if unplanned else ""
+    if left_units == 0 and not unplanned:
         lines.append("time left: none, every search trial and reproduction is done")
     elif durations:
         seconds = sum(durations) / len(durations) * left_units / max(len(recent), 1)
         lines.append(f"time left: about {_clock(seconds)} (estimate: {left_units} units left x mean "
-                     f"{sum(durations) / len(durations):.1f} s per finished unit / {max(len(recent), 1)} worker(s))")
+                     f"{sum(durations) / len(durations):.1f} s per finished unit / {max(len(recent), 1)} worker(s){uncounted})")
     else:
-        lines.append(f"time left: unknown until a unit finishes ({left_units} units left)")
+        lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
     return lines
 
 
