@@ -33,6 +33,7 @@ Every run directory is ``OUTPUT_DIR/METHOD/trial_SSSS/fold_I`` (``SSSS``: the sl
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -97,12 +98,21 @@ def _one_acquisition_optimiser() -> None:
     they train differ, and so do the trials proposed after them. One path, the one-at-a-time one (the
     committed studies took it), keeps a search the same on every machine and across a resume. An
     Optuna without that module has no batched path to avoid (tests/test_protocol_search.py runs the
-    search with and without greenlet, so a renamed one is caught there)."""
+    search with and without greenlet, so a renamed one is caught there). The module's warning on
+    import without greenlet ("may lead to slower suggestions") is held back: the path is chosen."""
+    logger = logging.getLogger("optuna._gp.batched_lbfgsb")
+    logger.addFilter(_without_greenlet_warning)
     try:
         from optuna._gp import batched_lbfgsb
     except ImportError:
         return
+    finally:
+        logger.removeFilter(_without_greenlet_warning)
     batched_lbfgsb._greenlet_imports = _GreenletUnused()  # type: ignore[assignment]
+
+
+def _without_greenlet_warning(record: logging.LogRecord) -> bool:
+    return "'greenlet' package is unavailable" not in record.getMessage()
 
 
 def make_pruner(settings: SearchSettings) -> optuna.pruners.BasePruner:
