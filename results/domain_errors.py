@@ -13,8 +13,9 @@ Per model and query domain (and ``all``): the queries, all-versus-all P@1 (every
 a candidate), cross-domain P@1 (only the other domains' images are), the all-versus-all top-1
 errors, the share of those whose wrong neighbour has the query's own domain, what that share would
 be by chance (the share of the query's own domain among its candidates of other classes, averaged
-over the erring queries), and the share of the errors that the cross-domain list answers right. Distances are Euclidean on L2-normalised float64
-embeddings, ties broken by index, as ``dmlbench.evaluate`` ranks; both P@1 values are checked against
+over the erring queries), and the share of the errors that the cross-domain list answers right.
+Neighbours come from the exact search ``dmlbench.evaluate`` uses (``evaluation.neighbors``: float64
+distance on L2-normalised embeddings, ties broken by index); both P@1 values are checked against
 ``dmlbench.evaluate`` before anything is written. Columns: model, domain, queries,
 precision_at_1_all, precision_at_1_cross_domain, wrong_top1, wrong_top1_own_domain,
 own_domain_among_wrong_candidates, wrong_top1_right_cross_domain.
@@ -32,24 +33,21 @@ import torch
 
 COLUMNS = ["model", "domain", "queries", "precision_at_1_all", "precision_at_1_cross_domain", "wrong_top1",
            "wrong_top1_own_domain", "own_domain_among_wrong_candidates", "wrong_top1_right_cross_domain"]
-BLOCK = 1024  # query rows per distance block: 1024 x N float64 distances at a time
 
 
 def nearest(embeddings: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's nearest other row, and its nearest row of another domain (-1 when there is none);
-    float64 Euclidean on L2-normalised rows, the lowest index among equal distances."""
-    points = torch.nn.functional.normalize(torch.as_tensor(embeddings, dtype=torch.float64), dim=1)
-    domain = torch.as_tensor(codes)
-    any_other = np.empty(len(points), dtype=np.int64)
-    other_domain = np.empty(len(points), dtype=np.int64)
-    for start in range(0, len(points), BLOCK):
-        rows = torch.arange(start, min(start + BLOCK, len(points)))
-        distances = torch.cdist(points[rows], points)
-        distances[torch.arange(len(rows)), rows] = torch.inf
-        any_other[rows.numpy()] = distances.argmin(dim=1).numpy()  # argmin returns the first minimum
-        distances[domain[rows][:, None] == domain[None, :]] = torch.inf
-        best = distances.min(dim=1)
-        other_domain[rows.numpy()] = torch.where(torch.isfinite(best.values), distances.argmin(dim=1), -1).numpy()
+    """Each row's nearest other row, and its nearest row of another domain (-1 when there is none),
+    by the exact search ``dmlbench.evaluate`` uses (float64 distance on L2-normalised rows, then index)."""
+    from dmlbench.evaluation.knn_index import prepare
+    from dmlbench.evaluation.neighbors import nearest_neighbors
+
+    space = prepare(torch.as_tensor(embeddings, dtype=torch.float64), normalize=True, binarize=False)
+    everyone = torch.arange(space.num_rows)
+    any_other = nearest_neighbors(space, everyone, everyone, 1, exclude_self=True).ids[:, 0].numpy()
+    if len(np.unique(codes)) < 2:
+        return any_other, np.full(len(any_other), -1)
+    domains = torch.as_tensor(codes, dtype=torch.int64)
+    other_domain = nearest_neighbors(space, everyone, everyone, 1, exclude_self=True, domains=domains).ids[:, 0].numpy()
     return any_other, other_domain
 
 
