@@ -21,24 +21,20 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 from dmlbench.protocol.correlations import correlation, rank_agreement, study_agreement
-from dmlbench.protocol.layout import BASELINES
+from dmlbench.protocol.layout import BASELINES, RUNS_CSV
+from dmlbench.protocol.results import read_runs
 
 COLUMNS = ["mode", "metric", "methods", "kendall_tau", "ci_low", "ci_high", "pvalue", "first_ranking", "second_ranking",
            "repro_ci_low", "repro_ci_high", "first_split_half", "second_split_half"]
 
 
 def scores(folder: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """``(mode, metric) -> method -> the reproductions' scores`` from ``folder/runs.csv``."""
-    table: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    with (folder / "runs.csv").open(newline="") as stream:
-        for row in csv.DictReader(stream):
-            if row["method"] not in BASELINES:
-                table[row["mode"], row["metric"]][row["method"]].append(float(row["value"]))
-    return table
+    """``(mode, metric) -> method -> the reproductions' scores`` from ``folder/runs.csv``, baselines left out."""
+    return {endpoint: {method: list(values.values()) for method, values in by_method.items() if method not in BASELINES}
+            for endpoint, by_method in read_runs(folder).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=9999)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    for folder in (args.first, args.second):
+        if not (folder / RUNS_CSV).is_file():
+            parser.error(f"{folder} holds no {RUNS_CSV}")
     first, second = scores(args.first), scores(args.second)
     rows = []
     for key in sorted(set(first) & set(second)):

@@ -34,6 +34,7 @@ import numpy as np
 from scipy import stats
 
 from dmlbench.protocol.layout import RUNS_CSV
+from dmlbench.protocol.results import read_runs
 from dmlbench.protocol.statistics import holm, mean_interval
 
 CELLS = ("neither", "lr", "budget", "both")
@@ -45,15 +46,6 @@ EFFECTS = {  # name -> {cell: coefficient} of a contrast of the cells' gaps
     "interaction": {"both": 1, "budget": -1, "lr": -1, "neither": 1},
 }
 COLUMNS = ["mode", "metric", "quantity", "name", "estimate", "ci_low", "ci_high", "df", "pvalue", "pvalue_holm", "n"]
-
-
-def method_scores(folder: Path) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
-    """``(mode, metric) -> method -> reproduction -> value`` from ``folder/runs.csv``."""
-    table: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
-    with (folder / RUNS_CSV).open(newline="") as stream:
-        for row in csv.DictReader(stream):
-            table.setdefault((row["mode"], row["metric"]), {}).setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
-    return table
 
 
 def paired_gaps(scores: Mapping[str, Mapping[int, float]], a: str, b: str) -> np.ndarray:
@@ -77,7 +69,7 @@ def contrast(samples: Mapping[str, np.ndarray], coefficients: Mapping[str, int])
 
 def confound_rows(folders: Mapping[str, Path], a: str, b: str) -> list[list[object]]:
     """``COLUMNS`` rows for every mode and metric all four cells share."""
-    tables = {cell: method_scores(folders[cell]) for cell in CELLS}
+    tables = {cell: read_runs(folders[cell]) for cell in CELLS}
     endpoints = sorted(set.intersection(*(set(table) for table in tables.values())))
     rows: list[list[object]] = []
     for mode, metric in endpoints:

@@ -77,7 +77,9 @@ def error_rows(model: str, embeddings: np.ndarray, labels: np.ndarray, domains: 
 
 def test_embeddings(directory: Path, untrained: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Embeddings, labels and domains of the test split for a run directory or a reproduction directory."""
-    from dmlbench.training.runs import embed_test_split, run_test_domains
+    from dmlbench.evaluation import concatenate
+    from dmlbench.protocol.reproductions import fold_test_embeddings
+    from dmlbench.training.runs import Run, embed_test_split, run_test_domains
 
     if (directory / "run.json").is_file():
         embeddings, labels = embed_test_split(directory, untrained=untrained)
@@ -86,14 +88,8 @@ def test_embeddings(directory: Path, untrained: bool) -> tuple[np.ndarray, np.nd
     if not folds or untrained:
         raise SystemExit(f"{directory}: not a run directory{'' if untrained else ' nor a reproduction with fold runs'}"
                          f"{' (--untrained takes run directories)' if untrained and folds else ''}")
-    parts, labels = [], None
-    for fold in folds:
-        embeddings, fold_labels = embed_test_split(fold)
-        if labels is not None and not bool((fold_labels == labels).all()):
-            raise SystemExit(f"{fold}: test labels differ between the folds of one reproduction")
-        parts.append(torch.nn.functional.normalize(embeddings, dim=1))
-        labels = fold_labels
-    return torch.cat(parts, dim=1).numpy(), labels.numpy(), np.asarray(run_test_domains(folds[0]))
+    embeddings, labels = fold_test_embeddings([Run.open(fold) for fold in folds])
+    return concatenate(embeddings.values()).numpy(), labels.numpy(), np.asarray(run_test_domains(folds[0]))
 
 
 def check_against_evaluate(row: list[object], embeddings: np.ndarray, labels: np.ndarray, domains: np.ndarray) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from dmlbench.protocol.benchmark import declared_comparisons
 from dmlbench.protocol.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE, RUNS_CSV
+from dmlbench.protocol.results import read_runs
 from dmlbench.protocol.statistics import PairedComparison, compare_pairs
 
 STUDY_COLUMNS = ["n", "mean_difference", "ci_low", "ci_high", "t_pvalue_holm", "tost_pvalue_holm", "outcome"]
@@ -42,23 +43,14 @@ COLUMNS = ["mode", "metric", "a", "b",
 DECIDED = ("better", "worse", "equivalent")
 
 
-def study_scores(folder: Path) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
-    """``(mode, metric) -> method -> reproduction -> value`` from ``folder/runs.csv``, baselines left out."""
-    table: dict[tuple[str, str], dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    with (folder / RUNS_CSV).open(newline="") as stream:
-        for row in csv.DictReader(stream):
-            if row["method"] not in BASELINES:
-                table[row["mode"], row["metric"]][row["method"]][int(row["reproduction"])] = float(row["value"])
-    return table
-
-
 def verdicts(folder: Path) -> dict[tuple[str, str], tuple[int, dict[frozenset[str], PairedComparison]]]:
     """``(mode, metric) -> (family size, {frozenset({a, b}): comparison})``: the study's declared family,
     re-judged by today's rules."""
     analysis = read_benchmark(folder).analysis_in_force()
     margin = float(analysis.get("equivalence_margin", 0.01))
     families = {}
-    for endpoint, scores in sorted(study_scores(folder).items()):
+    for endpoint, scores in sorted(read_runs(folder).items()):
+        scores = {method: values for method, values in scores.items() if method not in BASELINES}
         declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scores))
         family = compare_pairs(scores, declared, margin) if declared else []
         families[endpoint] = (len(family), {frozenset((c.a, c.b)): c for c in family})

@@ -216,3 +216,33 @@ def test_confound_separates_two_changes_with_welch_intervals(tmp_path: Path) -> 
 
     with pytest.raises(SystemExit, match="no C in runs.csv"):
         script.main([*arguments, "--a", "C", "--b", "B", "-o", str(output)])
+
+
+def test_domain_errors_embeds_a_reproduction_as_the_protocol_scores_it(tmp_path: Path) -> None:
+    """A reproduction directory's fold models, concatenated by the script, score what ``score_modes``
+    gives the protocol's concatenated mode."""
+    import numpy as np
+    import torch
+
+    from dmlbench import config as config_module
+    from dmlbench import evaluate
+    from dmlbench.protocol.scoring import score_modes
+    from dmlbench.training import train
+    from dmlbench.training.runs import embed_test_split
+    from training_fixtures import TINY
+
+    script = _script("domain_errors")
+    reproduction = tmp_path / "m" / "reproduction_00"
+    for fold in (0, 1):
+        config = config_module.load(None, [*TINY, "training.epochs=1", f"seed={fold}"])
+        train(config, reproduction / f"fold_{fold}", progress=False)
+    embeddings, labels, domains = script.test_embeddings(reproduction, untrained=False)
+    folds = {name: embed_test_split(reproduction / name)[0] for name in ("fold_0", "fold_1")}
+    assert embeddings.shape[1] == sum(matrix.shape[1] for matrix in folds.values())
+    assert np.allclose(np.linalg.norm(embeddings[:, :16], axis=1), 1.0)
+    assert domains.item() is None  # glyphs carry no domain
+    expected = score_modes(folds, torch.as_tensor(labels), ["precision_at_1", "map_at_r"], 0, None)["concatenated"]
+    scored = evaluate(embeddings, labels, metrics=["precision_at_1", "map_at_r"])
+    assert {name: scored[name] for name in expected} == expected
+    with pytest.raises(SystemExit, match="--untrained takes run directories"):
+        script.test_embeddings(reproduction, untrained=True)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
+from dmlbench.evaluation.api import concatenate
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS, query_scores
 
 DEFAULT_SEED = 0
@@ -39,7 +40,7 @@ def class_sums(embeddings: Mapping[str, Tensor], labels: Tensor, metrics: Sequen
     if not names:
         return None
     matrices = [matrix.detach().cpu().to(torch.float64) for matrix in embeddings.values()]
-    concatenated = torch.cat([torch.nn.functional.normalize(matrix, dim=1) for matrix in matrices], dim=1)
+    concatenated = concatenate(matrices)
     query_labels, values = query_scores(concatenated, labels, names, query_mask=query_mask)
     per_mode = {"concatenated": values}
     separate = [query_scores(matrix, labels, names, query_mask=query_mask)[1] for matrix in matrices]

@@ -20,7 +20,6 @@ one after Holm (the *strictest Holm threshold*: the planning numbers use it and 
 
 from __future__ import annotations
 
-import csv
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -33,6 +32,7 @@ from scipy import integrate, optimize, stats
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark import BenchmarkSpec, declared_comparisons
+from dmlbench.protocol.results import read_runs
 
 TARGET_POWER = 0.8
 MAX_REPRODUCTIONS = 1000  # planning looks no further: beyond this the design, not n, must change
@@ -169,15 +169,10 @@ def paired_sd(differences: np.ndarray | list[float]) -> float:
 def pilot_sds(pilot_dir: Path, spec: BenchmarkSpec) -> dict[tuple[str, str], float]:
     """The SD of each declared comparison's paired differences on the primary endpoint in a stored benchmark's
     ``runs.csv`` (reproductions paired by number, i.e. by seed); comparisons the pilot lacks are left out."""
-    path = Path(pilot_dir) / layout.RUNS_CSV
-    if not path.is_file():
+    if not (Path(pilot_dir) / layout.RUNS_CSV).is_file():
         raise UserInputError(f"pilot {pilot_dir} holds no {layout.RUNS_CSV} (a finished benchmark directory)")
     primary = spec.analysis.primary
-    values: dict[str, dict[int, float]] = {}
-    with path.open(newline="") as stream:
-        for row in csv.DictReader(stream):
-            if row["mode"] == primary.mode and row["metric"] == primary.metric:
-                values.setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
+    values = read_runs(pilot_dir).get((primary.mode, primary.metric), {})
     sds = {}
     for a, b in comparisons_of(spec):
         if a in values and b in values:

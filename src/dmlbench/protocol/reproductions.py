@@ -16,9 +16,11 @@ tables; a reproduction whose training fails has no score and keeps its reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from dmlbench import files, provenance
 from dmlbench.evaluation import embedding_space
@@ -101,6 +103,20 @@ def training_space(run: Run) -> dict[str, float]:
     return {key: float(space[key]) for key in ("rho", "pi_intra", "pi_inter", "pi_ratio")}
 
 
+def fold_test_embeddings(runs: Sequence[Run]) -> tuple[dict[str, Tensor], Tensor]:
+    """The test split embedded by each fold model of one reproduction (``runs``, opened, in fold order),
+    keyed by run directory name, and the labels the folds share (seed 001 §3.3 combines these models)."""
+    embeddings, labels = {}, None
+    for run in runs:
+        fold_embeddings, fold_labels = embed_test_split(run)
+        if labels is not None and not bool((fold_labels == labels).all()):
+            raise RuntimeError(f"{run.run_dir}: test labels differ between the folds of one reproduction")
+        embeddings[run.run_dir.name], labels = fold_embeddings, fold_labels
+    if labels is None:
+        raise ValueError("fold_test_embeddings needs at least one fold run")
+    return embeddings, labels
+
+
 def _test_scores(
     output_dir: Path, directory: Path, runs: list[Run], seed: int, metrics: list[str]
 ) -> tuple[dict[str, dict[str, float]], dict[str, Any] | None]:
@@ -124,14 +140,8 @@ def _test_scores(
         "model": "best_checkpoint",
         "runs": [str(run.run_dir.resolve().relative_to(Path(output_dir).resolve())) for run in runs],
     })
-    embeddings, labels = {}, None
     directory.mkdir(parents=True, exist_ok=True)
-    for run in runs:
-        fold_embeddings, fold_labels = embed_test_split(run)
-        if labels is not None and not bool((fold_labels == labels).all()):
-            raise RuntimeError(f"{run.run_dir}: test labels differ between the folds of one reproduction")
-        embeddings[run.run_dir.name], labels = fold_embeddings, fold_labels
-    assert labels is not None
+    embeddings, labels = fold_test_embeddings(runs)
     # queries against the gallery for a dataset with roles
     query_mask = test_query_mask(runs[0])
     scores = score_modes(embeddings, labels, metrics, seed, query_mask, domains, rerank.method())

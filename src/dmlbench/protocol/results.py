@@ -181,6 +181,20 @@ def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) 
     return paths
 
 
+def read_runs(output_dir: str | Path) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
+    """Every score of a stored benchmark's ``runs.csv`` (baselines included), in the file's order:
+    ``(mode, metric) -> method -> reproduction -> value``."""
+    path = Path(output_dir) / layout.RUNS_CSV
+    if not path.is_file():
+        raise UserInputError(f"{output_dir} holds no {layout.RUNS_CSV} (a finished benchmark directory)")
+    table: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
+    with path.open(newline="") as stream:
+        for row in csv.DictReader(stream):
+            by_method = table.setdefault((row["mode"], row["metric"]), {})
+            by_method.setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
+    return table
+
+
 def _cell(value: Any) -> Any:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else repr(value)
