@@ -244,6 +244,12 @@ def test_audit_passes_then_names_a_planted_leak(finished: Path, tmp_path: Path, 
     code, out, err = run_cli(["audit", str(copy)], capsys)
     assert code == 1
     assert "triplet/trial_0001/fold_0: search-stage run saw test classes" in err
+    # A record that cannot be read is named, and the audit goes on to the others.
+    (copy / "triplet" / "trial_0000" / "fold_0" / "run.json").write_text("{ torn")
+    code, out, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 1
+    assert "triplet/trial_0000/fold_0: run.json cannot be read" in err
+    assert "triplet/trial_0001/fold_0: search-stage run saw test classes" in err
 
 
 def test_audit_reads_the_storage_given_with_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ line per problem (empty: the audit passed):
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +61,9 @@ def audit(output_dir: Path, storage: str | None = None) -> list[str]:
     repeats = [path.name for method in benchmark.methods for path in search_repeat_dirs(output_dir, method)]
     for method in [*benchmark.methods, *repeats]:
         epochs[method] = set()
-        run_files = [run_dir / records.RUN_FILE for run_dir in method_fold_dirs(output_dir, method)]
-        for run_file in (path for path in run_files if path.is_file()):
-            name = str(run_file.parent.relative_to(output_dir))
-            try:
-                record = files.read_json(run_file)
-            except (OSError, ValueError) as error:
-                problems.append(f"{name}: {records.RUN_FILE} cannot be read ({error})")
-                continue
+        for name, run_dir, record in _run_records(output_dir, method_fold_dirs(output_dir, method), problems):
             runs[name] = record
-            problems += _audit_run(name, run_file.parent, record, method, test_classes, epochs[method])
+            problems += _audit_run(name, run_dir, record, method, test_classes, epochs[method])
             problems += _audit_plugins(name, record, benchmark)
     problems += _audit_trunks(output_dir, benchmark.fold_layout, test_classes, runs)
     problems += _audit_test_access(output_dir / TEST_ACCESS_FILE, runs)
@@ -198,22 +192,31 @@ def _audit_budgets(benchmark: BenchmarkRecord, epochs: dict[str, set[int]], url:
     return problems
 
 
+def _run_records(output_dir: Path, run_dirs: Iterable[Path], problems: list[str]) -> Iterator[tuple[str, Path, dict[str, Any]]]:
+    """Each run directory that holds a record: its name (relative to the benchmark), the directory and the
+    record; a record that cannot be read is appended to ``problems`` and skipped."""
+    for run_dir in run_dirs:
+        run_file = run_dir / records.RUN_FILE
+        if not run_file.is_file():
+            continue
+        name = str(run_dir.relative_to(output_dir))
+        try:
+            record = files.read_json(run_file)
+        except (OSError, ValueError) as error:
+            problems.append(f"{name}: {records.RUN_FILE} cannot be read ({error})")
+            continue
+        yield name, run_dir, record
+
+
 def _audit_trunks(
     output_dir: Path, fold_layout: StoredFoldLayout, test_classes: set[int], runs: dict[str, dict[str, Any]]
 ) -> list[str]:
     """The frozen-trunk runs: each trained on exactly its fold's train classes, selected on its val classes."""
     problems: list[str] = []
     folds = {fold.index: fold for fold in fold_layout.folds}
-    run_files = [run_dir / records.RUN_FILE for run_dir in trunk_run_dirs(output_dir)]
-    for run_file in (path for path in run_files if path.is_file()):
-        name = str(run_file.parent.relative_to(output_dir))
-        try:
-            record = files.read_json(run_file)
-        except (OSError, ValueError) as error:
-            problems.append(f"{name}: {records.RUN_FILE} cannot be read ({error})")
-            continue
+    for name, run_dir, record in _run_records(output_dir, trunk_run_dirs(output_dir), problems):
         fold = folds.get(record.get("fold")) if isinstance(record.get("fold"), int) else None
-        if record.get("stage") != TRUNK_STAGE or fold is None or run_file.parent != fold_dir(trunks_dir(output_dir), fold.index):
+        if record.get("stage") != TRUNK_STAGE or fold is None or run_dir != fold_dir(trunks_dir(output_dir), fold.index):
             problems.append(f"{name}: not recorded as the trunk run of a fold (stage {record.get('stage')!r}, fold {record.get('fold')!r})")
             continue
         train, val = set(record.get("train_classes") or []), set(record.get("val_classes") or [])
