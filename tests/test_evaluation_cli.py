@@ -59,6 +59,23 @@ def test_analysis_writes_a_spectrum_plot(arrays, tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_several_models_are_analysed_concatenated_as_evaluated(arrays, tmp_path):
+    """Two models' embeddings: the analysis is of each L2-normalised, side by side (written out in float64)."""
+    from dmlbench.evaluation import embedding_space
+
+    paths, embeddings, labels = arrays
+    out = tmp_path / "out.json"
+    code, _, stderr = _run(["evaluate", "--embeddings", str(paths["embeddings"]), "--embeddings", str(paths["second"]),
+                            "--labels", str(paths["labels"]), "--metrics", "precision_at_1", "--analysis", "--json", str(out)])
+    assert code == 0, stderr
+    unit = [matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+            for matrix in (embeddings.astype(np.float64), np.load(paths["second"]))]
+    expected = embedding_space.analyze(np.concatenate(unit, axis=1), labels)
+    analysis = json.loads(out.read_text())["analysis"]
+    for key in ("rho", "pi_intra", "pi_inter", "pi_ratio"):
+        assert analysis[key] == pytest.approx(float(expected[key]), rel=1e-9)
+
+
 def test_several_models_concatenated_and_separated(arrays):
     paths, _, _ = arrays
     for mode in ("concatenated", "separated"):

@@ -38,11 +38,6 @@ def cosine_similarity(x: Tensor, y: Tensor | None = None, eps: float = 1e-12) ->
     return x_unit @ y_unit.T
 
 
-def dot_product(x: Tensor, y: Tensor | None = None) -> Tensor:
-    """``<x_i, y_j>`` for all pairs."""
-    return x @ (x if y is None else y).T
-
-
 def same_label_mask(labels: Tensor, other: Tensor | None = None) -> Tensor:
     """Boolean matrix ``labels_i == other_j``."""
     other = labels if other is None else other

@@ -13,8 +13,6 @@ from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write, load_array
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from dmlbench.training.runs import Run
 
 
@@ -74,9 +72,6 @@ def evaluate_command(
                        (query_mask, "query mask file"), (domains, "domains file")]:
         if path is not None:
             require_file(path, what)
-    from dmlbench import evaluation
-    from dmlbench.evaluation.table import format_table
-
     _check_open_set_options(run, open_set, calibration)
     for option, target in (("--json", json_path), ("--per-query", per_query), ("--html", html), ("--roc", roc)):
         _check_writable(option, target)
@@ -101,11 +96,13 @@ def evaluate_command(
     matrices = {str(path): load_array(path, "embeddings") for path in embeddings or []}
     results = _evaluate_arrays(matrices, label_array, mode, options, None if domains is None else load_array(domains, "domains"))
     if analysis:
-        import numpy as np
+        import torch
+
+        from dmlbench.evaluation import concatenate
 
         arrays = list(matrices.values())
         # Several models are analysed as evaluated: each L2-normalised, then concatenated.
-        combined = arrays[0] if len(arrays) == 1 else np.concatenate([_unit_rows(array) for array in arrays], axis=1)
+        combined = arrays[0] if len(arrays) == 1 else concatenate(torch.as_tensor(array) for array in arrays)
         results = {**results, "analysis": _analyze(combined, label_array, drop, center, normalize, plot, "analysis")}
     _write_json(json_path, results)
 
@@ -306,15 +303,6 @@ def _open_set(run: Run, open_set: bool, calibration: Path | None, seed: int | No
         typer.echo(f"  {at:>22}: threshold {point['threshold']:.4f}  DIR {point['dir']:.4f} {span(point['dir_ci'])}"
                    f"  FAR {point['far']:.4f} {span(point['far_ci'])}{unreachable}")
     return {"open_set": found}
-
-
-def _unit_rows(matrix: np.ndarray) -> np.ndarray:
-    import numpy as np
-
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if matrix.ndim != 2:
-        raise UserInputError(f"embeddings must have shape [N, D]; got {list(matrix.shape)}")
-    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
 
 
 def _check_writable(option: str, path: Path | None) -> None:
