@@ -345,6 +345,38 @@ def test_a_claim_that_fails_after_its_stamp_leaves_the_trial_to_this_workers_nex
     assert second.number == claimed.trial.number and second.user_attrs["retry_of"] == 0
 
 
+def test_a_connection_lost_inside_a_unit_interrupts_it_and_never_fails_the_method(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database server that goes away while a unit runs (seen in CI: a restart during a search trial,
+    the server back before the failure was told) is not the method's failure: the unit is marked
+    interrupted, so that its slot runs again with the same parameters, and the error goes on to the
+    worker's retry loop. Recorded as a failure, it took a trial from the search and changed its best."""
+    import sqlalchemy
+
+    from dmlbench.protocol import storage as storage_module
+
+    worker = work.Worker(f"sqlite:///{tmp_path / 'study.db'}")
+    # This worker's storage answers like a PostgreSQL one: the error below is a lost connection.
+    monkeypatch.setattr(worker.kind, "connection_lost", storage_module.PostgresStorage.connection_lost.__get__(worker.kind))
+    units = optuna.create_study(storage=worker.storage, study_name="units")
+    arguments = {"budget": 1, "ready": lambda slot, finished: True, "propose": lambda slot, finished: ({}, {})}
+    claimed = work.claim(units, worker, **arguments)
+    assert isinstance(claimed, work.Claim)
+    lost = sqlalchemy.exc.OperationalError("UPDATE trials", {}, RuntimeError("server closed the connection unexpectedly"))
+
+    def body(attributes: dict) -> float:
+        raise lost
+
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        work.execute(units, claimed, worker, body, lambda: work.Cost(0.0, 0.0, 0, 0))
+    (first,) = units.get_trials(deepcopy=False)
+    assert first.state == TrialState.FAIL and first.user_attrs["interrupted"] is True
+    assert "fail_reason" not in first.user_attrs
+    again = work.claim(units, worker, **arguments)
+    assert isinstance(again, work.Claim) and again.slot == 0 and again.trial.user_attrs["retry_of"] == 0
+
+
 def test_a_record_cut_off_part_way_is_completed_not_refused() -> None:
     # One attribute is written at a time: a connection lost after the first leaves a partial record,
     # which must not make every later worker refuse the study (seen with a restarting PostgreSQL).

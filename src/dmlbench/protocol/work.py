@@ -302,9 +302,10 @@ def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[
     returns, else what happened (``"pruned (...)"``, ``"failed (...)"``).
 
     ``body`` fills the attributes it has as it goes (kept with a failure). A stop (Ctrl-C, SIGTERM),
-    a failing disk or a run directory another process still trains (a worker taken for dead that is
-    not) is not the method's failure: the unit is marked interrupted, so that it is run again, and
-    the exception goes on. Any other exception fails the unit with its reason."""
+    a failing disk, a lost connection to a database server, or a run directory another process still
+    trains (a worker taken for dead that is not) is not the method's failure: the unit is marked
+    interrupted, so that it is run again, and the exception goes on. Any other exception fails the
+    unit with its reason."""
     attributes: dict[str, Any] = {}
     with Beating(study, claimed.trial, worker):
         try:
@@ -317,7 +318,10 @@ def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[
                    attributes={"pruned": str(pruned), "cost": asdict(cost())})
             return f"pruned ({pruned})"
         except Exception as error:
-            if storage_error(error) is not None or isinstance(error, DirectoryInUse):
+            # A database server that went away may be back before the failure would be told: its error
+            # is the storage's, never the method's (the worker's retry loop waits for the server).
+            if (storage_error(error) is not None or worker.kind.connection_lost(error) is not None
+                    or isinstance(error, DirectoryInUse)):
                 interrupt(study, claimed.trial)
                 raise
             # A plugin's failure is already one line naming the plugin, its frame and the run's error.log.
