@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -18,9 +19,14 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+@functools.cache
 def git_commit() -> str | None:
     """The commit of the dmlbench source tree, with ``+dirty`` if the package's own files have
-    uncommitted changes (edits elsewhere in the checkout, e.g. committed reports, change no result)."""
+    uncommitted changes (edits elsewhere in the checkout, e.g. committed reports, change no result).
+
+    Read once per process, at the first call (a benchmark's worker calls it as it starts): a worker
+    that trains for hours while the checkout moves on (new commits, edits) runs the code it imported,
+    so its records name that commit, not the checkout's later one."""
     source = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(

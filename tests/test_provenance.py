@@ -1,0 +1,44 @@
+"""Where a number came from: the source commit a process records."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dmlbench import provenance
+
+
+@pytest.fixture
+def fresh_commit() -> Iterator[None]:
+    provenance.git_commit.cache_clear()
+    yield
+    provenance.git_commit.cache_clear()
+
+
+def test_a_process_records_the_commit_it_started_with(fresh_commit: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkout moving on under a long-running worker (a commit, an edit) does not change the
+    commit its later runs record: git is asked once per process."""
+    answers = iter(["aaaa\n", "", "bbbb\n", " M src/dmlbench/x.py\n"])  # HEAD, status; then a commit and an edit
+    calls: list[list[str]] = []
+
+    def git(arguments: list[str], **options: object) -> subprocess.CompletedProcess[str]:
+        calls.append(arguments)
+        return subprocess.CompletedProcess(arguments, 0, stdout=next(answers), stderr="")
+
+    monkeypatch.setattr(provenance.subprocess, "run", git)
+    assert provenance.git_commit() == "aaaa"
+    assert provenance.git_commit() == "aaaa"
+    assert [call[:2] for call in calls] == [["git", "rev-parse"], ["git", "status"]]
+
+
+def test_the_commit_is_this_checkouts_head(fresh_commit: None) -> None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(provenance.__file__).parent, capture_output=True, text=True)
+    except OSError:
+        pytest.skip("no git")
+    if head.returncode != 0:
+        pytest.skip("not a git checkout (an installed package)")
+    assert provenance.git_commit().removesuffix("+dirty") == head.stdout.strip()
