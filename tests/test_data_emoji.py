@@ -95,6 +95,24 @@ def test_classes_follow_sort_order_and_domains_are_vendors(replica: Path, tmp_pa
     assert dataset.subset([0, 8]).domains.tolist() == ["apple", "twitter"]
 
 
+def test_a_benchmark_records_the_vendors_images_and_licences(replica: Path, tmp_path: Path) -> None:
+    """``benchmark.json``'s data source (``protocol.prepare.data_source``): images per vendor, each
+    vendor's licence, the images of the test classes; a vendor not chosen has no licence there."""
+    from dmlbench.data.emoji import LICENCES
+    from dmlbench.protocol.folds import fold_layout
+    from dmlbench.protocol.prepare import data_source
+
+    dataset = build(replica, tmp_path)
+    layout = fold_layout(dataset, k=2, mode="contiguous")
+    test_images = sum(int((dataset.labels == c).sum()) for c in layout.test_classes)
+    assert data_source(dataset, layout) == {
+        "test_images": test_images, "images_per_domain": {"apple": 5, "google": 6, "twitter": 7},
+        "licences": {vendor: LICENCES[vendor] for vendor in ("apple", "google", "twitter")}}
+    chosen = build(replica, tmp_path, vendors="google,twitter")
+    assert data_source(chosen, fold_layout(chosen, k=2, mode="contiguous"))["licences"] == {
+        vendor: LICENCES[vendor] for vendor in ("google", "twitter")}
+
+
 def test_skin_tone_modes(replica: Path, tmp_path: Path) -> None:
     dropped = build(replica, tmp_path, skin_tones="drop")
     assert np.bincount(dropped.labels.numpy()).tolist() == [3, 2, 3, 2, 2]

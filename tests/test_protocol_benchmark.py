@@ -75,6 +75,29 @@ def test_benchmark_writes_the_report_and_records_every_run(finished: Path) -> No
         assert not set(record["val_classes"]) & set(layout["test_classes"])
     accesses = (finished / "test_access.jsonl").read_text().splitlines()
     assert len(accesses) == 3 * PROTOCOL["reproductions"]  # two methods and the untrained baseline
+    # The data's source beside its hash: glyphs have no domains and state no licence.
+    source = json.loads((finished / "benchmark.json").read_text())["data_source"]
+    reproduction_run = json.loads(next(finished.glob("triplet/reproduction_*/fold_0/run.json")).read_text())
+    assert source == {"test_images": reproduction_run["split_sizes"]["test"]}
+    assert f"test classes of `fold_layout.test_classes` ({source['test_images']:,} images)" in report
+
+
+def test_a_benchmark_started_before_its_data_source_was_recorded_gets_it_when_continued(
+    finished: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy)
+    benchmark = json.loads((copy / "benchmark.json").read_text())
+    recorded = benchmark.pop("data_source")
+    benchmark["storage"] = f"sqlite:///{copy.resolve() / 'study.db'}"
+    (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    spec = write_spec(tmp_path / "bench.yaml", analysis=ANALYSIS)
+    result = subprocess.run([console_script(), "benchmark", str(spec), "-o", str(copy), "-q"],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((copy / "benchmark.json").read_text()) == {**benchmark, "data_source": recorded}
 
 
 def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:

@@ -206,6 +206,23 @@ def test_the_set_up_section_shows_search_ranges_base_config_and_test_set() -> No
     assert "## Set-up" in bare and "test set's size is unknown" in bare
 
 
+def test_the_set_up_section_gives_the_data_source_benchmark_json_records() -> None:
+    """Test images, images per domain and licences where recorded; the older sentence where not."""
+    data = _data()
+    page = render.markdown(sections(data, [FIGURE]))
+    assert "The number of test images is not stored in `benchmark.json` (data options: max_classes=160, image_size=24)." in page
+    assert "Images per domain" not in page and "Licences" not in page
+    data.benchmark.data_source = {"test_images": 3798, "images_per_domain": {"apple": 3783, "google": 3786},
+                                  "licences": {"apple": "not licensed for commercial use", "google": "Apache-2.0"}}
+    setup = render.markdown(sections(data, [FIGURE]))
+    setup = setup[setup.index("## Set-up"):]
+    assert "80 test classes of `fold_layout.test_classes` (3,798 images), which no search" in setup
+    assert "20 validation classes (data options: max_classes=160, image_size=24)." in setup
+    assert "not stored" not in setup
+    assert "Images per domain (the whole dataset): apple 3,783, google 3,786." in setup
+    assert "Licences, as the dataset's reader states them: apple: not licensed for commercial use; google: Apache-2.0." in setup
+
+
 def test_k_copies_of_one_embedding_score_alike_concatenated_and_separated() -> None:
     """What the set-up section says of the untrained row, on the evaluation the reproductions use."""
     from dmlbench.evaluation.api import evaluate_many

@@ -125,6 +125,19 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
             self._content_hash = content_hash(self.images, self.labels, self.domains)
         return self._content_hash
 
+    def images_per_domain(self) -> dict[str, int] | None:
+        """How many images each domain holds (``None`` for a dataset without domains)."""
+        if self.domains is None:
+            return None
+        names, counts = np.unique(self.domains, return_counts=True)
+        return {str(name): int(count) for name, count in zip(names, counts)}
+
+    def licences(self) -> dict[str, str] | None:
+        """The licences the dataset's reader states for its parts (emoji: per vendor), ``None`` when it states none."""
+        source = self.metadata.get("source_report")
+        found = source.get("licences") if isinstance(source, dict) else None
+        return dict(found) if isinstance(found, dict) and found else None
+
     @property
     def num_channels(self) -> int:
         return int(self.images.shape[1])

@@ -83,8 +83,7 @@ def summarize(
             }
     summary["problems"] = _problems(summary)
     if dataset.domains is not None:
-        names, counts = np.unique(dataset.domains, return_counts=True)
-        summary["images_per_domain"] = {str(name): int(count) for name, count in zip(names, counts)}
+        summary["images_per_domain"] = dataset.images_per_domain()
     # What the dataset's reader found on disk (emoji: per vendor and category, missing, unlisted, licences).
     source = dataset.metadata.get("source_report")
     if isinstance(source, dict):

@@ -131,6 +131,8 @@ class BenchmarkRecord(_Stored):
     git_commit: str | None = None
     created: str | None = None
     environment: dict[str, Any] | None = None  # the machine of the worker that started it
+    # ``prepare.data_source``: test images, images per domain, licences (absent: recorded before it existed)
+    data_source: dict[str, Any] | None = None
     analysis_changes_accepted: list[AnalysisChange] = Field(default_factory=list)
     plugin_changes_accepted: list[PluginChange] = Field(default_factory=list)
 

@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dmlbench import config as config_module
 from dmlbench import plugins
+from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
@@ -53,6 +56,8 @@ class Prepared:
     declared_analysis: dict[str, Any] | None = None
     analysis_in_hash: bool = True
     analysis_change: dict[str, Any] | None = None  # accepted on purpose by this worker (--accept-analysis-change)
+    # Where the images come from, for benchmark.json and the report's set-up (outside the config hash).
+    data_source: dict[str, Any] = field(default_factory=dict)
 
     @property
     def redacted(self) -> str:
@@ -101,6 +106,14 @@ class Prepared:
             **({"plugins": self.plugins} if self.plugins else {}),
             **({"analysis": self.declared_analysis or self.spec.analysis.model_dump(mode="json")} if self.analysis_in_hash else {}),
         }
+
+
+def data_source(dataset: ImageDataset, layout: FoldLayout) -> dict[str, Any]:
+    """What ``benchmark.json`` records about the data beside its content hash: the images of the test
+    classes, and where the dataset has them, its images per domain and the licences its reader states."""
+    test = int(torch.isin(dataset.labels, torch.as_tensor(list(layout.test_classes), dtype=torch.int64)).sum())
+    found = {"test_images": test, "images_per_domain": dataset.images_per_domain(), "licences": dataset.licences()}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def prepare(
@@ -152,7 +165,7 @@ def prepare(
     storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
-                        jobs, heartbeat, retry_seconds, plugin_identity(spec, plans))
+                        jobs, heartbeat, retry_seconds, plugin_identity(spec, plans), data_source=data_source(dataset, layout))
     record = read_benchmark_if_any(output_dir)
     if record is not None:
         _check_plugins(prepared, record.plugins, accept_plugin_changes)

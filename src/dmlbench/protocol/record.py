@@ -45,9 +45,10 @@ class BenchmarkOutcome:
 
 def write_benchmark_file(prepared: Prepared) -> None:
     """Create the output directory and ``benchmark.json`` (the description, the analysis, the storage
-    redacted, the config hash, the commit, the start time and the machine); for a benchmark already
-    started, record in it what this worker accepted on purpose (an analysis or plugin change) and,
-    for one started before the analysis was fixed, the analysis of this spec."""
+    redacted, the config hash, the commit, the start time, the machine and the data's source); for a
+    benchmark already started, record in it what this worker accepted on purpose (an analysis or
+    plugin change) and, for one started before the analysis was fixed or the data's source was
+    recorded, the analysis of this spec and the data's source."""
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
     analysis = prepared.spec.analysis.model_dump(mode="json")
     stored = read_benchmark_if_any(prepared.output_dir)
@@ -56,9 +57,11 @@ def write_benchmark_file(prepared: Prepared) -> None:
             **prepared.description(), "analysis": analysis, "analysis_in_hash": True, "storage": prepared.redacted,
             "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
             # the machine of the worker that started it (each run.json has its own)
-            "environment": provenance.environment()}))
+            "environment": provenance.environment(), "data_source": prepared.data_source}))
         return
     changed = False
+    if stored.data_source is None and prepared.data_source:  # started before it was recorded; the same data (hash checked)
+        stored.data_source, changed = prepared.data_source, True
     if not prepared.analysis_in_hash and stored.declared_analysis() != analysis:  # started before the analysis was fixed
         stored.analysis, changed = StoredAnalysis.model_validate(analysis), True
     if prepared.analysis_change and stored.analysis_in_force() != prepared.analysis_change["analysis"]:

@@ -85,6 +85,8 @@ def setup_section(data: ReportData) -> Section:
     """What the methods were trained with: the test set's size, why the untrained row does not depend
     on the mode, the shared base config and each method's settings and search ranges."""
     part = Section("Set-up", [tables.held_out_text(data)])
+    if (source := tables.data_source_text(data)) is not None:
+        part.paragraphs.append(source)
     if UNTRAINED in data.results:
         k = data.benchmark.protocol.folds
         part.paragraphs.append(

@@ -357,14 +357,31 @@ def held_out_text(data: ReportData) -> str:
     if fold_layout is None:
         return "The benchmark stores no fold layout, so the test set's size is unknown here."
     folds = fold_layout.folds
-    text = (f"Test set: the {len(fold_layout.test_classes)} test classes of `fold_layout.test_classes`, which no "
+    test_images = (data.benchmark.data_source or {}).get("test_images")
+    images = "" if test_images is None else f" ({test_images:,} images)"
+    text = (f"Test set: the {len(fold_layout.test_classes)} test classes of `fold_layout.test_classes`{images}, which no "
             "search or training run sees")
     if fold_layout.development_classes and folds:
         text += (f"; the search used the {len(fold_layout.development_classes)} development classes in {len(folds)} folds "
                  f"of {len(folds[0].train_classes)} training and {len(folds[0].val_classes)} validation classes")
     options = (data.benchmark.spec.base.get("data") or {}).get("options", {})
-    shown = f" (data options: {', '.join(f'{k}={_config_value(v)}' for k, v in options.items())})" if options else ""
-    return text + f". The number of test images is not stored in `{BENCHMARK_FILE}`{shown}."
+    shown = f"data options: {', '.join(f'{k}={_config_value(v)}' for k, v in options.items())}" if options else ""
+    if test_images is not None:
+        return text + (f" ({shown})." if shown else ".")
+    return text + f". The number of test images is not stored in `{BENCHMARK_FILE}`{f' ({shown})' if shown else ''}."
+
+
+def data_source_text(data: ReportData) -> str | None:
+    """The images per domain and the licences ``benchmark.json`` records for the data (``None``: neither)."""
+    source = data.benchmark.data_source or {}
+    parts = []
+    if source.get("images_per_domain"):
+        counts = ", ".join(f"{name} {count:,}" for name, count in source["images_per_domain"].items())
+        parts.append(f"Images per domain (the whole dataset): {counts}.")
+    if source.get("licences"):
+        licences = "; ".join(f"{name}: {licence}" for name, licence in source["licences"].items())
+        parts.append(f"Licences, as the dataset's reader states them: {licences}.")
+    return " ".join(parts) or None
 
 
 def latex(data: ReportData) -> str:
