@@ -153,6 +153,32 @@ def test_analyse_counts_methods_against_the_references_and_correlates_rho() -> N
         "better": (1, 1), "regularised": (2, 2), "worse": (6, 6)}
 
 
+def test_cross_domain_modes_get_families_of_their_own_and_re_ranked_modes_none() -> None:
+    """With ``evaluation.cross_domain`` each cross-domain mode is another retrieval task: its declared
+    comparisons form a Holm family of their own, beside the all-versus-all families (whose verdicts do
+    not change); a re-ranked mode is compared with its raw self, never in a family."""
+    shifts = {"contrastive": 0.60, "better": 0.70, "worse": 0.50}
+    plain = _results(shifts, {name: 0.5 for name in shifts})
+    crossed = _results(shifts, {name: 0.5 for name in shifts})
+    for name, result in crossed.items():
+        for outcome in result.outcomes:
+            for mode in ("concatenated", "separated"):
+                # Cross-domain, "better" and "worse" swap: the ranking of another task.
+                flipped = {"better": -0.2, "worse": 0.2}.get(name, 0.0)
+                outcome.scores[f"{mode}_cross_domain"] = {k: v + flipped for k, v in outcome.scores[mode].items()}
+                outcome.scores[f"{mode}_reranked"] = dict(outcome.scores[mode])
+    analysis = {"references": ["contrastive"]}
+    before = analyse(plain, analysis, {}, ["precision_at_1", "map_at_r"])
+    after = analyse(crossed, analysis, {}, ["precision_at_1", "map_at_r"])
+    assert list(after.families) == [(mode, metric) for mode in ("concatenated", "separated", "concatenated_cross_domain",
+                                                                "separated_cross_domain") for metric in ("precision_at_1", "map_at_r")]
+    for key, family in before.families.items():
+        assert after.families[key] == family
+    summary = next(r for r in after.references if (r.mode, r.metric) == ("concatenated_cross_domain", "precision_at_1"))
+    assert summary.methods("better") == ["worse"] and summary.methods("worse") == ["better"]
+    assert {mode for mode, _, _ in after.reranking} == {"concatenated", "separated"}
+
+
 def test_analyse_without_an_analysis_section_or_embedding_space_still_ranks() -> None:
     results = _results({"a": 0.5, "b": 0.6, "c": 0.7}, {"a": 0.1, "b": 0.2, "c": 0.3})
     for result in results.values():

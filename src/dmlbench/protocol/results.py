@@ -76,6 +76,13 @@ def scored_modes(results: Mapping[str, MethodReproductions]) -> list[str]:
     return [mode for mode in ALL_MODES if mode in MODES or mode in found]
 
 
+def compared_modes(results: Mapping[str, MethodReproductions]) -> list[str]:
+    """The modes whose declared comparisons form Holm families: ``MODES`` and, where scored, their
+    cross-domain versions (another retrieval task); a re-ranked mode is compared with its raw self
+    (``compare_reranking``) instead."""
+    return [mode for mode in scored_modes(results) if not mode.endswith(RERANKED_SUFFIX)]
+
+
 def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, Any], layout_hash: str,
                        output_dir: Path) -> MethodReproductions:
     """A method's reproductions as stored in its study: one outcome per done slot, in order."""

@@ -52,7 +52,14 @@ from dmlbench.protocol.benchmark import declared_comparisons
 from dmlbench.protocol.correlations import Correlation, RankAgreement, correlation, rank_agreement, within_group_correlation
 from dmlbench.protocol.layout import BASELINES
 from dmlbench.protocol.power import ComparisonPower, comparison_power, paired_sd
-from dmlbench.protocol.results import MODES, MethodReproductions, compare_reranking, result_rows, seed_scores
+from dmlbench.protocol.results import (
+    MODES,
+    MethodReproductions,
+    compare_reranking,
+    compared_modes,
+    result_rows,
+    seed_scores,
+)
 from dmlbench.protocol.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, OUTCOMES, PairedComparison, compare_pairs
 
 CLAIM_METRICS = ("precision_at_1", "map_at_r")
@@ -135,7 +142,7 @@ def analyse(
                     primary=(primary.get("mode", "concatenated"), primary.get("metric", "map_at_r")))
     declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scored))
     if len(scored) >= 2:
-        for mode in MODES:
+        for mode in compared_modes(scored):
             for metric in [m for m in FAMILY_METRICS if m in computed]:
                 family = _compared(seed_scores(scored, mode, metric), declared, claims)
                 claims.families[(mode, metric)] = family if family or not declared else claims.notes[-1]

@@ -23,7 +23,7 @@ from dmlbench.protocol import work
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark
 from dmlbench.protocol.correlations import mean_lag_one_autocorrelation
 from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction_study
-from dmlbench.protocol.results import MODES, MethodReproductions, read_reproductions
+from dmlbench.protocol.results import MethodReproductions, compared_modes, read_reproductions
 from dmlbench.protocol.statistics import PairedComparison
 from dmlbench.report.analysis import Claims, analyse
 
@@ -176,5 +176,5 @@ def _curve_statistics(data: ReportData, method: str) -> None:
 def _comparisons(data: ReportData) -> list[tuple[str, str, list[PairedComparison] | str]]:
     """The one Holm family of declared comparisons per mode and leaderboard metric (``report.analysis``),
     or why they cannot be compared."""
-    return [(mode, metric, data.claims.families[(mode, metric)]) for mode in MODES for metric in LEADERBOARD_METRICS
-            if (mode, metric) in data.claims.families]
+    return [(mode, metric, data.claims.families[(mode, metric)]) for mode in compared_modes(data.results)
+            for metric in LEADERBOARD_METRICS if (mode, metric) in data.claims.families]
