@@ -9,8 +9,9 @@ L2-normalised, concatenated, as the protocol's concatenated mode scores them). `
 each run's model as initialised (a single run only). The test split is read after the study: this
 chooses nothing.
 
-Per model and query domain (and ``all``): the queries, all-versus-all P@1 (every other test image is
-a candidate), cross-domain P@1 (only the other domains' images are), the all-versus-all top-1
+Reproductions of a method given together also get one row per domain of their means
+(``METHOD (mean of N reproductions)``). Per model and query domain (and ``all``): the queries,
+all-versus-all P@1 (every other test image is a candidate), cross-domain P@1 (only the other domains' images are), the all-versus-all top-1
 errors, the share of those whose wrong neighbour has the query's own domain, what that share would
 be by chance (the share of the query's own domain among its candidates of other classes, averaged
 over the erring queries), and the share of the errors that the cross-domain list answers right.
@@ -92,6 +93,25 @@ def test_embeddings(directory: Path, untrained: bool) -> tuple[np.ndarray, np.nd
     return concatenate(embeddings.values()).numpy(), labels.numpy(), np.asarray(run_test_domains(folds[0]))
 
 
+def method_means(rows: list[list[object]]) -> list[list[object]]:
+    """For the reproductions of a method (``METHOD/reproduction_NN``) given together, one row per domain
+    with each column's mean over them (``METHOD (mean of N reproductions)``; a share is averaged over
+    the reproductions that had an error to share)."""
+    groups: dict[tuple[str, str], list[list[object]]] = {}
+    for row in rows:
+        path = Path(str(row[0]))
+        if path.name.startswith("reproduction_"):
+            groups.setdefault((path.parent.name, str(row[1])), []).append(row)
+    means = []
+    for (method, domain), members in groups.items():
+        columns = []
+        for index in range(2, len(COLUMNS)):
+            values = [float(member[index]) for member in members if member[index] != ""]
+            columns.append(round(sum(values) / len(values), 6) if values else "")
+        means.append([f"{method} (mean of {len(members)} reproduction{'s' if len(members) != 1 else ''})", domain, *columns])
+    return means
+
+
 def check_against_evaluate(row: list[object], embeddings: np.ndarray, labels: np.ndarray, domains: np.ndarray) -> None:
     """The ``all`` row's two P@1 values are ``dmlbench.evaluate``'s, to the rounding of the CSV."""
     from dmlbench import evaluate
@@ -123,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             model_rows = error_rows(model, embeddings, labels, domains)
             check_against_evaluate(model_rows[-1], embeddings, labels, domains)
             rows += model_rows
+    rows += method_means(rows)
     with args.output.open("w", newline="") as stream:
         writer = csv.writer(stream, lineterminator="\n")
         writer.writerow(COLUMNS)

@@ -246,3 +246,14 @@ def test_domain_errors_embeds_a_reproduction_as_the_protocol_scores_it(tmp_path:
     assert {name: scored[name] for name in expected} == expected
     with pytest.raises(SystemExit, match="--untrained takes run directories"):
         script.test_embeddings(reproduction, untrained=True)
+
+
+def test_domain_errors_averages_the_reproductions_of_each_method() -> None:
+    script = _script("domain_errors")
+    rows = [["runs/b/m/reproduction_00", "all", 10, 0.5, 0.6, 5, 0.8, 0.25, 0.2],
+            ["runs/b/m/reproduction_01", "all", 10, 0.7, 0.9, 3, 0.6, 0.25, ""],
+            ["runs/b/m/reproduction_00", "apple", 4, 0.25, 0.5, 3, 1.0, 0.3, 0.0],
+            ["runs/deploy/emoji", "all", 10, 0.1, 0.2, 9, 0.5, 0.25, 0.1]]  # a run, not a reproduction: no mean
+    assert script.method_means(rows) == [
+        ["m (mean of 2 reproductions)", "all", 10.0, 0.6, 0.75, 4.0, 0.7, 0.25, 0.2],
+        ["m (mean of 1 reproduction)", "apple", 4.0, 0.25, 0.5, 3.0, 1.0, 0.3, 0.0]]
