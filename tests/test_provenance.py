@@ -42,3 +42,16 @@ def test_the_commit_is_this_checkouts_head(fresh_commit: None) -> None:
     if head.returncode != 0:
         pytest.skip("not a git checkout (an installed package)")
     assert provenance.git_commit().removesuffix("+dirty") == head.stdout.strip()
+
+
+def test_package_versions_are_read_once_and_handed_out_as_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    provenance._installed_versions.cache_clear()
+    try:
+        first = provenance.package_versions()
+        monkeypatch.setattr(provenance.metadata, "version", lambda package: "9.9.9")  # an upgrade meanwhile
+        first["torch"] = "changed by a caller"
+        again = provenance.package_versions()
+        assert again["torch"] != "9.9.9" and again["torch"] != "changed by a caller"
+        assert set(again) == {"python", *provenance.RECORDED_PACKAGES}
+    finally:
+        provenance._installed_versions.cache_clear()

@@ -42,6 +42,13 @@ def git_commit() -> str | None:
 
 
 def package_versions() -> dict[str, str | None]:
+    """The versions of Python and of ``RECORDED_PACKAGES``, read once per process like ``git_commit``
+    (an upgrade installed while a worker runs does not change the code it imported)."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for package in RECORDED_PACKAGES:
         try:
