@@ -20,6 +20,9 @@ p-values and verdict, and ``transfer``:
 - ``reversed``: better in one and worse in the other;
 - ``not confirmed``: the first study decided, the second did not reach that verdict (another or none);
 - ``nothing to transfer``: the first study's verdict was inconclusive (the second's is shown, new).
+
+It prints the count of each, and how many of the first study's inconclusive verdicts the second
+study decides (better, worse or equivalent): what a stronger study settled that a weaker one could not.
 """
 
 from __future__ import annotations
@@ -105,7 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         counts[row[-1]] += 1
     print(f"{len(rows)} comparisons in common: " + ", ".join(f"{name} {count}" for name, count in sorted(counts.items())))
+    print(decided_later(rows))
     return 0
+
+
+def decided_later(rows: list[list[object]]) -> str:
+    """How many of the first study's inconclusive verdicts the second study decides, by verdict."""
+    first, second = COLUMNS.index("first_outcome"), COLUMNS.index("second_outcome")
+    undecided = [row for row in rows if row[first] == "inconclusive"]
+    decided = defaultdict(int)
+    for row in undecided:
+        if row[second] in DECIDED:
+            decided[row[second]] += 1
+    shown = "".join(f", {name} {decided[name]}" for name in DECIDED if decided[name])
+    return f"of the first study's {len(undecided)} inconclusive verdicts, the second decides {sum(decided.values())}{shown}"
 
 
 if __name__ == "__main__":

@@ -108,13 +108,20 @@ def test_transfer_rejudges_both_studies_by_one_family_and_names_what_holds(tmp_p
     assert rows["same"]["second_outcome"] == "better"
 
 
-def test_the_committed_transfer_table_is_what_the_script_writes(tmp_path: Path) -> None:
+def test_the_committed_transfer_table_is_what_the_script_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """results/README.md cites results/converged_glyphs/transfer_from_short_study.csv: it must still follow
-    from the two committed studies by the committed script."""
+    from the two committed studies by the committed script; the printed count of newly decided verdicts
+    is the table's."""
     results = Path(__file__).resolve().parents[1] / "results"
     output = tmp_path / "transfer.csv"
     assert _script("transfer").main([str(results / "reality_check_glyphs"), str(results / "converged_glyphs"), "-o", str(output)]) == 0
     assert output.read_bytes() == (results / "converged_glyphs" / "transfer_from_short_study.csv").read_bytes()
+    rows = list(csv.DictReader(output.open()))
+    undecided = [row for row in rows if row["first_outcome"] == "inconclusive"]
+    later = [row["second_outcome"] for row in undecided if row["second_outcome"] != "inconclusive"]
+    shown = "".join(f", {name} {later.count(name)}" for name in ("better", "worse", "equivalent") if later.count(name))
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"of the first study's {len(undecided)} inconclusive verdicts, the second decides {len(later)}{shown}")
 
 
 def test_domain_errors_match_brute_force_loops_and_evaluate() -> None:
