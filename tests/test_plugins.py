@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 from test_cli_process import console_script
 
 import dmlbench
@@ -160,6 +161,38 @@ def test_the_worked_example_ranks_a_plugin_a_pml_loss_and_built_ins_and_catches_
     assert benchmark["plugins"][0]["sha256"] == run_record["plugins"][0]["sha256"]  # the benchmark's identity is kept
     (change,) = benchmark["plugin_changes_accepted"]
     assert change["changes"][0].startswith("plugin my_loss.py changed") and change["plugins"][0]["sha256"] != benchmark["plugins"][0]["sha256"]
+
+
+def test_the_listing_tells_a_required_parameter_from_a_default_of_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``required`` names the parameters without a default; a default of ``None`` (the component
+    chooses: emoji's ``vendors`` is every vendor found) is listed as ``None``, never as required."""
+    (tmp_path / "plugin_required.py").write_text('''
+import dmlbench
+from dmlbench.losses import MetricLoss
+
+
+@dmlbench.register_loss("plugin_required_scale")
+class Required(MetricLoss):
+    """A test loss whose scale must be given, and whose offset the loss chooses when not."""
+
+    def __init__(self, scale: float, offset: float | None = None) -> None:
+        super().__init__()
+        self.scale, self.offset = scale, offset
+
+    def forward(self, embeddings, labels, tuples=None):
+        return self.scale * embeddings.pow(2).mean()
+''')
+    plugins.load([str(tmp_path / "plugin_required.py")])
+    (entry,) = [e for e in components("losses") if e["name"] == "plugin_required_scale"]
+    assert entry["parameters"] == {"scale": None, "offset": None} and entry["required"] == ["scale"]
+    (emoji,) = [e for e in components("datasets") if e["name"] == "emoji"]
+    assert emoji["parameters"]["vendors"] is None and "vendors" not in emoji["required"]
+    code, listed, _ = run_cli(["list", "losses"], capsys)
+    assert code == 0 and "      scale=required, offset=None" in listed
+    code, listed, _ = run_cli(["list", "datasets"], capsys)
+    assert code == 0 and "vendors=None" in listed and "=required" not in listed
 
 
 def test_every_kind_of_component_registers_through_the_public_api(tmp_path: Path) -> None:

@@ -18,8 +18,10 @@ PREFIXES = {"losses": "pml:<ClassName> (any pytorch-metric-learning loss, extra 
 
 def components(kind: str) -> list[dict[str, Any]]:
     """One entry per component of ``kind`` (one of ``KINDS``): ``name``, ``aliases``, ``summary``
-    (the docstring's first line), ``parameters`` (name -> default, ``None`` when required) and
-    ``source`` (``dmlbench`` or the plugin's module)."""
+    (the docstring's first line), ``parameters`` (name -> default, ``None`` when required),
+    ``required`` (the parameters without a default: told apart from a default of ``None``, which means
+    the component chooses, e.g. emoji's ``vendors``: every vendor found) and ``source`` (``dmlbench``
+    or the plugin's module)."""
     if kind == "metrics":
         return _metrics()
     registry = _registry(kind)
@@ -31,7 +33,7 @@ def components(kind: str) -> list[dict[str, Any]]:
             continue
         by_constructor[id(constructor)] = {
             "name": name, "aliases": [], "summary": _summary(constructor), "parameters": _parameters(constructor),
-            "source": _source(constructor),
+            "required": _required(constructor), "source": _source(constructor),
         }
     return sorted(by_constructor.values(), key=lambda entry: entry["name"])
 
@@ -45,7 +47,7 @@ def _metrics() -> list[dict[str, Any]]:
         metric = METRICS.entry(name)
         summary = METRICS.family_summary(name) if metric is None else metric.summary
         source = "dmlbench" if metric is None else _source(metric.compute)
-        entries.append({"name": name, "aliases": [], "summary": summary, "parameters": {}, "source": source})
+        entries.append({"name": name, "aliases": [], "summary": summary, "parameters": {}, "required": [], "source": source})
     return entries
 
 
@@ -67,14 +69,20 @@ def _summary(constructor: Callable[..., Any]) -> str:
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
+def _settable(constructor: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The constructor's parameters a config sets (not those the run sets, not ``*args``/``**kwargs``)."""
+    return [parameter for parameter in inspect.signature(constructor).parameters.values()
+            if parameter.name not in RUN_SET
+            and parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+
+
 def _parameters(constructor: Callable[..., Any]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for parameter in inspect.signature(constructor).parameters.values():
-        if parameter.name in RUN_SET or parameter.kind in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
-            continue
-        default = parameter.default
-        found[parameter.name] = None if default is inspect.Parameter.empty else _plain(default)
-    return found
+    return {parameter.name: None if parameter.default is inspect.Parameter.empty else _plain(parameter.default)
+            for parameter in _settable(constructor)}
+
+
+def _required(constructor: Callable[..., Any]) -> list[str]:
+    return [parameter.name for parameter in _settable(constructor) if parameter.default is inspect.Parameter.empty]
 
 
 def _plain(value: Any) -> Any:

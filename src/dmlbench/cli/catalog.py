@@ -41,7 +41,7 @@ def list_command(
             source = "" if entry["source"] == "dmlbench" else f" [plugin {entry['source']}]"
             typer.echo(f"  {entry['name']}{aliases}{source}: {entry['summary']}".rstrip(": "))
             if entry["parameters"]:
-                typer.echo("      " + ", ".join(f"{key}={'required' if value is None else value}"
+                typer.echo("      " + ", ".join(f"{key}={'required' if key in entry['required'] else value}"
                                                  for key, value in entry["parameters"].items()))
         note = prefix_note(name)
         if note:
