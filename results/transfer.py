@@ -7,7 +7,8 @@ declared comparisons, re-judged from their ``runs.csv`` by today's rules, side b
 Each folder's verdicts are recomputed from its ``runs.csv`` and the analysis its ``benchmark.json``
 holds in force (``BenchmarkRecord.analysis_in_force``) (references, pairs, equivalence margin), by the rules the report applies today: one
 Holm family per mode and metric holding every declared comparison (``benchmark.declared_comparisons``),
-reproductions paired by number (each reproduction number is one seed for every method), better / worse
+reproductions paired by number (each reproduction number is one seed for every method; as in the
+report, only the numbers every method scored), better / worse
 from the Holm-adjusted paired t-test, equivalent from the Holm-adjusted TOST
 (``statistics.compare_pairs``, ``PairedComparison.outcome``). So studies committed before those rules
 (whose ``claim_comparisons.csv`` used other families) are judged like a new one.
@@ -52,8 +53,11 @@ def verdicts(folder: Path) -> dict[tuple[str, str], tuple[int, dict[frozenset[st
     analysis = read_benchmark(folder).analysis_in_force()
     margin = float(analysis.get("equivalence_margin", 0.01))
     families = {}
-    for endpoint, scores in sorted(read_runs(folder).items()):
-        scores = {method: values for method, values in scores.items() if method not in BASELINES}
+    for endpoint, stored in sorted(read_runs(folder).items()):
+        methods = {method: values for method, values in stored.items() if method not in BASELINES}
+        # As the report pairs them: the reproductions every method scored (a failed one drops its number for all).
+        common = sorted(set.intersection(*(set(values) for values in methods.values()))) if methods else []
+        scores = {method: {r: values[r] for r in common} for method, values in methods.items()}
         declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scores))
         family = compare_pairs(scores, declared, margin) if declared else []
         families[endpoint] = (len(family), {frozenset((c.a, c.b)): c for c in family})

@@ -108,6 +108,23 @@ def test_transfer_rejudges_both_studies_by_one_family_and_names_what_holds(tmp_p
     assert rows["same"]["second_outcome"] == "better"
 
 
+def test_transfer_pairs_only_the_reproductions_every_method_scored(tmp_path: Path) -> None:
+    """A reproduction that failed for one method drops its number for every comparison, as in the
+    report (``results.seed_scores``), instead of stopping the script on unpaired seeds."""
+    noise = [0.001, -0.002, 0.0015, -0.0005, 0.0, 0.002]
+    study = {"ref": [0.50 + e for e in noise], "up": [0.56 + 2 * e for e in noise], "down": [0.45 - e for e in noise]}
+    _study(tmp_path / "first", {"references": ["ref"], "equivalence_margin": 0.01}, study)
+    _study(tmp_path / "second", {"references": ["ref"], "equivalence_margin": 0.01}, study)
+    runs = tmp_path / "second" / "runs.csv"
+    runs.write_text("".join(line for line in runs.open() if not line.startswith("up,5,")))  # up's last one failed
+    output = tmp_path / "transfer.csv"
+    assert _script("transfer").main([str(tmp_path / "first"), str(tmp_path / "second"), "-o", str(output)]) == 0
+    rows = {row["a"]: row for row in csv.DictReader(output.open())}
+    assert {row["first_n"] for row in rows.values()} == {"6"} and {row["second_n"] for row in rows.values()} == {"5"}
+    expected = _holm([stats.ttest_rel(study[name][:5], study["ref"][:5]).pvalue for name in ("up", "down")])
+    assert [float(rows[name]["second_t_pvalue_holm"]) for name in ("up", "down")] == pytest.approx(expected, rel=1e-9)
+
+
 def test_the_committed_transfer_table_is_what_the_script_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """results/README.md cites results/converged_glyphs/transfer_from_short_study.csv: it must still follow
     from the two committed studies by the committed script; the printed count of newly decided verdicts
