@@ -11,10 +11,11 @@ chooses nothing.
 
 Reproductions of a method given together also get one row per domain of their means
 (``METHOD (mean of N reproductions)``). Per model and query domain (and ``all``): the queries,
-all-versus-all P@1 (every other test image is a candidate), cross-domain P@1 (only the other domains' images are), the all-versus-all top-1
-errors, the share of those whose wrong neighbour has the query's own domain, what that share would
-be by chance (the share of the query's own domain among its candidates of other classes, averaged
-over the erring queries), and the share of the errors that the cross-domain list answers right.
+all-versus-all P@1 (every other test image is a candidate), cross-domain P@1 (only the other
+domains' images are), the all-versus-all top-1 errors, the share of those whose wrong neighbour has
+the query's own domain, what that share would be by chance (the share of the query's own domain
+among its candidates of other classes, averaged over the erring queries), and the share of the
+errors that the cross-domain list answers right.
 Neighbours come from the exact search ``dmlbench.evaluate`` uses (``evaluation.neighbors``: float64
 distance on L2-normalised embeddings, ties broken by index); both P@1 values are checked against
 ``dmlbench.evaluate`` before anything is written. Columns: model, domain, queries,

@@ -37,7 +37,7 @@ from pathlib import Path
 from dmlbench.protocol.benchmark import declared_comparisons
 from dmlbench.protocol.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE, RUNS_CSV
-from dmlbench.protocol.results import read_runs
+from dmlbench.protocol.results import common_seeds, read_runs
 from dmlbench.protocol.statistics import PairedComparison, compare_pairs
 
 STUDY_COLUMNS = ["n", "mean_difference", "ci_low", "ci_high", "t_pvalue_holm", "tost_pvalue_holm", "outcome"]
@@ -54,10 +54,8 @@ def verdicts(folder: Path) -> dict[tuple[str, str], tuple[int, dict[frozenset[st
     margin = float(analysis.get("equivalence_margin", 0.01))
     families = {}
     for endpoint, stored in sorted(read_runs(folder).items()):
-        methods = {method: values for method, values in stored.items() if method not in BASELINES}
-        # As the report pairs them: the reproductions every method scored (a failed one drops its number for all).
-        common = sorted(set.intersection(*(set(values) for values in methods.values()))) if methods else []
-        scores = {method: {r: values[r] for r in common} for method, values in methods.items()}
+        # Paired as the report pairs them: the reproductions every method scored.
+        scores = common_seeds({method: values for method, values in stored.items() if method not in BASELINES})
         declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scores))
         family = compare_pairs(scores, declared, margin) if declared else []
         families[endpoint] = (len(family), {frozenset((c.a, c.b)): c for c in family})

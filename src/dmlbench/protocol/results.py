@@ -149,6 +149,12 @@ def seed_scores(results: Mapping[str, MethodReproductions], mode: str, metric: s
             if metric not in outcome.scores[mode]:
                 raise UserInputError(f"metric {metric!r} was not computed; computed: {', '.join(outcome.scores[mode])}")
             scores[method][outcome.seed] = outcome.scores[mode][metric]
+    return common_seeds(scores)
+
+
+def common_seeds(scores: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
+    """``method -> seed -> score`` kept for the seeds (or reproduction numbers) every method scored, in
+    order: a failed reproduction removes its seed from all methods, so every comparison stays paired."""
     common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
     return {method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()}
 

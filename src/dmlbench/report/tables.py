@@ -365,10 +365,9 @@ def held_out_text(data: ReportData) -> str:
         text += (f"; the search used the {len(fold_layout.development_classes)} development classes in {len(folds)} folds "
                  f"of {len(folds[0].train_classes)} training and {len(folds[0].val_classes)} validation classes")
     options = (data.benchmark.spec.base.get("data") or {}).get("options", {})
-    shown = f"data options: {', '.join(f'{k}={_config_value(v)}' for k, v in options.items())}" if options else ""
-    if test_images is not None:
-        return text + (f" ({shown})." if shown else ".")
-    return text + f". The number of test images is not stored in `{BENCHMARK_FILE}`{f' ({shown})' if shown else ''}."
+    shown = f" (data options: {', '.join(f'{k}={_config_value(v)}' for k, v in options.items())})" if options else ""
+    unknown = "" if test_images is not None else f". The number of test images is not stored in `{BENCHMARK_FILE}`"
+    return text + unknown + shown + "."
 
 
 def data_source_text(data: ReportData) -> str | None:
