@@ -1,7 +1,7 @@
 """Where a model's nearest-neighbour errors fall on a dataset whose images carry a domain (emoji: the
 vendor that drew the image), so that the gap between all-versus-all and cross-domain P@1 can be read:
 
-    python results/domain_errors.py RUN [RUN ...] [--untrained] -o CSV
+    python results/domain_errors.py RUN [RUN ...] [--untrained] [--reuse CSV] -o CSV
 
 Each RUN is a training run directory (its best checkpoint embeds the test split) or a benchmark's
 reproduction directory (``METHOD/reproduction_NN``: its fold models' test embeddings, each
@@ -15,7 +15,9 @@ all-versus-all P@1 (every other test image is a candidate), cross-domain P@1 (on
 domains' images are), the all-versus-all top-1 errors, the share of those whose wrong neighbour has
 the query's own domain, what that share would be by chance (the share of the query's own domain
 among its candidates of other classes, averaged over the erring queries), and the share of the
-errors that the cross-domain list answers right.
+errors that the cross-domain list answers right. ``--reuse CSV`` (an earlier output of this script)
+copies the rows of the models it already holds instead of embedding them again (each was checked
+when it was computed), so a long list of reproductions can be completed in steps.
 Neighbours come from the exact search ``dmlbench.evaluate`` uses (``evaluation.neighbors``: float64
 distance on L2-normalised embeddings, ties broken by index); both P@1 values are checked against
 ``dmlbench.evaluate`` before anything is written. Columns: model, domain, queries,
@@ -35,6 +37,7 @@ import torch
 
 COLUMNS = ["model", "domain", "queries", "precision_at_1_all", "precision_at_1_cross_domain", "wrong_top1",
            "wrong_top1_own_domain", "own_domain_among_wrong_candidates", "wrong_top1_right_cross_domain"]
+COUNTS = {2, 5}  # the columns that count (queries, wrong_top1); the others are shares
 
 
 def nearest(embeddings: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,6 +116,23 @@ def method_means(rows: list[list[object]]) -> list[list[object]]:
     return means
 
 
+def read_rows(path: Path) -> dict[str, list[list[object]]]:
+    """The per-model rows of an earlier output (``--reuse``), by model, with the types ``error_rows``
+    gives them; the per-method mean rows are left out (they are recomputed)."""
+    with path.open(newline="") as stream:
+        table = list(csv.reader(stream))
+    if not table or table[0] != COLUMNS:
+        raise SystemExit(f"{path}: not an output of domain_errors.py (its header is not {','.join(COLUMNS)})")
+    rows: dict[str, list[list[object]]] = {}
+    for line in table[1:]:
+        if " (mean of " in line[0]:
+            continue
+        rows.setdefault(line[0], []).append(
+            [*line[:2], *(int(value) if index in COUNTS else float(value) if value else ""
+                         for index, value in enumerate(line[2:], start=2))])
+    return rows
+
+
 def check_against_evaluate(row: list[object], embeddings: np.ndarray, labels: np.ndarray, domains: np.ndarray) -> None:
     """The ``all`` row's two P@1 values are ``dmlbench.evaluate``'s, to the rounding of the CSV."""
     from dmlbench import evaluate
@@ -128,19 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
     parser.add_argument("--untrained", action="store_true", help="also each run's model as initialised")
+    parser.add_argument("--reuse", type=Path, metavar="CSV", help="copy the rows of the models an earlier output holds")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="CSV")
     args = parser.parse_args(argv)
     from dmlbench.errors import UserInputError
 
+    known = read_rows(args.reuse) if args.reuse else {}
     rows: list[list[object]] = []
     for directory in args.runs:
         for untrained in (False, True) if args.untrained else (False,):
+            model = f"{directory}{' (untrained)' if untrained else ''}"
+            if model in known:
+                rows += known[model]
+                continue
             try:
                 embeddings, labels, domains = test_embeddings(directory, untrained)
             except UserInputError as error:  # e.g. the run's data.root, relative to this folder, is not here
                 print(f"domain_errors.py: error: {directory}: {error}", file=sys.stderr)
                 return 2
-            model = f"{directory}{' (untrained)' if untrained else ''}"
             model_rows = error_rows(model, embeddings, labels, domains)
             check_against_evaluate(model_rows[-1], embeddings, labels, domains)
             rows += model_rows

@@ -281,3 +281,30 @@ def test_domain_errors_averages_the_reproductions_of_each_method() -> None:
     assert script.method_means(rows) == [
         ["m (mean of 2 reproductions)", "all", 10.0, 0.6, 0.75, 4.0, 0.7, 0.25, 0.2],
         ["m (mean of 1 reproduction)", "apple", 4.0, 0.25, 0.5, 3.0, 1.0, 0.3, 0.0]]
+
+
+def test_domain_errors_reuses_an_earlier_output_without_embedding_again(tmp_path: Path) -> None:
+    """``--reuse``: a model the earlier CSV holds is copied from it (its directory is not even read),
+    with the types ``error_rows`` gives, and the method means are recomputed over old and new rows."""
+    import numpy as np
+
+    script = _script("domain_errors")
+    generator = np.random.default_rng(5)
+    labels, domains = np.repeat(np.arange(5), 3), np.array(["a", "b", "c"] * 5)
+    rows = [*script.error_rows("gone/m/reproduction_00", generator.normal(size=(15, 4)), labels, domains),
+            *script.error_rows("gone/m/reproduction_01", generator.normal(size=(15, 4)), labels, domains)]
+    earlier = tmp_path / "earlier.csv"
+    with earlier.open("w", newline="") as stream:
+        csv.writer(stream, lineterminator="\n").writerows([script.COLUMNS, *rows, *script.method_means(rows[:4])])
+    assert script.read_rows(earlier) == {"gone/m/reproduction_00": rows[:4], "gone/m/reproduction_01": rows[4:]}
+
+    output = tmp_path / "out.csv"
+    assert script.main(["gone/m/reproduction_00", "gone/m/reproduction_01", "--reuse", str(earlier), "-o", str(output)]) == 0
+    with output.open(newline="") as stream:
+        written = list(csv.reader(stream))
+    expected = [[str(value) for value in row] for row in [*rows, *script.method_means(rows)]]
+    assert written == [script.COLUMNS, *expected]
+    assert written[-1][0] == "m (mean of 2 reproductions)"
+    (tmp_path / "bad.csv").write_text("model,domain\n")
+    with pytest.raises(SystemExit, match="not an output of domain_errors.py"):
+        script.read_rows(tmp_path / "bad.csv")
