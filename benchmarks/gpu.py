@@ -8,7 +8,8 @@ over ``--steps`` timed steps after ``--warmup`` untimed ones (the compiled mode'
 compile). The evaluation times ``dmlbench.evaluation.evaluate`` (precision@1, R-precision, MAP@R;
 its exact search runs on the CPU) on N synthetic embeddings and, in the same run, the float32
 products it cannot avoid (``benchmarks/evaluation.py``'s floor). The last line is the fastest
-training mode's speed-up over fp32.
+training mode's speed-up over fp32. The device is set up as ``dmlbench train`` sets it up
+(``training.embed.resolve_device``: deterministic algorithms, fp32 without TF32).
 
     python benchmarks/gpu.py                                     # CUDA, ResNet-50 at 224 px, N = 1,000,000
     python benchmarks/gpu.py --device cpu --trunk resnet18 --image-size 32 --batch-size 4 --steps 2 --n 2000
@@ -24,6 +25,7 @@ import time
 import torch
 
 from dmlbench import losses, models
+from dmlbench.training.embed import resolve_device
 
 MODES = ("fp32", "bf16", "fp16", "fp32+compile", "bf16+compile")
 
@@ -89,9 +91,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000, help="embeddings evaluated (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here; this script is for a GPU (--device cpu runs it at tiny sizes)")
+    device = resolve_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {name}; torch {torch.__version__}; {args.trunk} at {args.image_size} px, batch {args.batch_size}")
     speeds = {}

@@ -184,7 +184,7 @@ def test_the_step_timing_runs_the_training_loops_steps_across_epochs(tmp_path: P
     from dmlbench.training.loop import ImageBatches, time_steps
     from dmlbench.training.setup import set_up_training
 
-    config = config_module.load(None, [*TINY, "training.max_steps_per_epoch=2", "miner.name=random"])
+    config = config_module.load(None, [*TINY, "training.max_steps_per_epoch=2", "miner.name=random", "training.device=cpu"])
     cpu = torch.device("cpu")
     setup = set_up_training(config, cpu)
     epochs: list[int] = []

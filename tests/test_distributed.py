@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 # depends on the gradient's scale, so a gradient off by a factor world_size would go unnoticed.
 DDP_SETUP = [
     *TINY,
+    "training.device=cpu",  # gloo on the CPU: also on a machine with fewer GPUs than processes
     "training.epochs=2",
     "training.max_steps_per_epoch=3",
     "model.freeze_bn=true",
@@ -116,6 +117,22 @@ def test_more_processes_than_the_batch_allows_is_one_clear_error(tmp_path: Path,
     monkeypatch.setattr(distributed, "current", lambda: distributed.ProcessGroup(rank=1, world_size=64))
     with pytest.raises(UserInputError, match=r"over 64 processes"):
         train(config_module.load(None, TINY), tmp_path / "run", progress=False)
+
+
+def test_more_processes_than_gpus_on_a_node_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on a one-GPU machine: two ranks on ``auto`` asked for GPU 1 and died in CUDA ("invalid
+    device ordinal"); now the rank says what to start instead, before any process group exists."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail(f"set_device({index})"))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kwargs: pytest.fail("joined"))
+    for device in ("auto", "cuda"):
+        with pytest.raises(UserInputError, match=r"runs 2 processes but has 1 CUDA device\(s\); start at most 1 per node "
+                                                 r"\(torchrun --nproc_per_node=1\) or train on the CPU"):
+            distributed.init_from_environment(device)
 
 
 def test_shards_cover_every_item_once() -> None:

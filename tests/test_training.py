@@ -255,6 +255,36 @@ def test_unavailable_devices_are_user_errors(tmp_path: Path, device: str, messag
     assert not (tmp_path / "run").exists()
 
 
+def test_a_cuda_device_is_set_up_for_repeatable_ieee_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on an H200 without this: a run and its resumption differed in the 8th digit of the loss and
+    TF32 convolutions moved embeddings by 1e-4. Checked here on the flags (this machine may lack a GPU);
+    the CPU leaves them as torch sets them."""
+    from dmlbench.training.embed import resolve_device
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    for flag, value in (("benchmark", True), ("deterministic", False), ("allow_tf32", True)):
+        monkeypatch.setattr(torch.backends.cudnn, flag, value)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = True  # (monkeypatch cannot restore this one)
+    try:
+        assert resolve_device("cpu").type == "cpu"
+        assert torch.backends.cudnn.allow_tf32 and not torch.backends.cudnn.deterministic
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ and not torch.are_deterministic_algorithms_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        assert resolve_device("auto").type == "cuda"
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own choice stays
+        assert resolve_device("cuda:0") == torch.device("cuda:0") and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cuda.matmul.allow_tf32 = before[2]
+
+
 def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "file"
     target.write_text("keep me")
@@ -290,7 +320,7 @@ def test_warmup_trains_only_the_new_parameters(tmp_path: Path) -> None:
     def trained_after(epochs: int) -> dict:
         config = tiny_config("training.warmup_epochs=1", f"training.epochs={epochs}")
         result = train(config, tmp_path / str(epochs), progress=False)
-        return torch.load(result.run_dir / "checkpoint_last.pt", weights_only=False)["model"]
+        return torch.load(result.run_dir / "checkpoint_last.pt", weights_only=False, map_location="cpu")["model"]
 
     warm = trained_after(1)
     for name, tensor in initial.items():
@@ -403,7 +433,7 @@ def test_run_json_records_the_machine_the_numbers_come_from(tmp_path: Path) -> N
     """Results agree to the digit only on the same CPU capability, torch build and thread count."""
     import torch.backends.cpu
 
-    result = train(tiny_config(), tmp_path / "run", progress=False)
+    result = train(tiny_config("training.device=cpu"), tmp_path / "run", progress=False)
     environment = json.loads((result.run_dir / "run.json").read_text())["environment"]
     assert environment["device"] == "cpu" and environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert environment["torch_build"]["version"] == torch.__version__

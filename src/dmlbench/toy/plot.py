@@ -12,6 +12,7 @@ not overlap those of the other test rows.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -117,7 +118,7 @@ def write_figure(result: ToyResult, path: Path) -> Path:
     )
     figure.tight_layout()
 
-    def save(stream) -> None:  # noqa: ANN001
+    def save(stream: BinaryIO) -> None:
         figure.savefig(stream, format="png", dpi=110)
 
     try:

@@ -57,7 +57,13 @@ def init_from_environment(device: str) -> bool:
         return False
     cuda = (device == "auto" and torch.cuda.is_available()) or device.startswith("cuda")
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank, available = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= available:  # each process trains on the GPU of its local rank
+            raise UserInputError(
+                f"training.device={device}: this node runs {os.environ.get('LOCAL_WORLD_SIZE', local_rank + 1)} "
+                f"processes but has {available} CUDA device(s); start at most {available} per node "
+                f"(torchrun --nproc_per_node={available}) or train on the CPU (training.device=cpu)")
+        torch.cuda.set_device(local_rank)
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     return True
 
