@@ -256,3 +256,33 @@ def test_figures_of_methods_that_all_failed_draw_no_empty_legend() -> None:
         warnings.simplefilter("error")
         plots.search_figure(["a", "b"], {"a": [{"number": 0, "value": None, "state": "FAIL"}], "b": []})
         plots.curves_figure(["a", "b"], {"a": [[]], "b": []})
+
+
+def test_the_cost_section_gives_the_time_in_which_at_least_one_unit_ran() -> None:
+    """The union of the units' intervals: overlapping units count once, a gap (between sessions) not at all."""
+    from datetime import datetime, timezone
+
+    from dmlbench.report.data import _cost
+
+    start = datetime(2026, 11, 26, 15, 8, tzinfo=timezone.utc).timestamp()
+    cost = {"samples_seen": 10, "wall_seconds": 1.0, "cpu_seconds": 1.0, "peak_memory_kib": 1024}
+    data = _data()
+    assert tables.running_time_text(data) is None  # no unit records when it ran
+    data.trials["contrastive"][0]["cost"] = {**cost, "started": start, "completed": start + 600}
+    data.trials["triplet"][0]["cost"] = {**cost, "started": start + 300, "completed": start + 900}
+    data.trials["margin"][0]["cost"] = cost  # recorded before the interval was: ignored
+    data.reproduction_costs["contrastive"] = [{**cost, "started": start + 3600, "completed": start + 4200},
+                                              {**cost, "started": start + 4100, "completed": start + 4500}, None]
+    expected = ("Running time: the units ran from 2026-11-26 15:08 to 2026-11-26 16:23 UTC, and at least one was "
+                "running during 0 h 30 min of that (the union of their intervals")
+    assert tables.running_time_text(data).startswith(expected)
+    page = render.markdown(sections(data, [FIGURE]))
+    assert expected in page[page.index("## Cost"):page.index("## Protocol")]
+
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr("cost", cost)
+    study.tell(trial, 0.5)
+    frozen = study.trials[0]
+    assert _cost(frozen) == {**cost, "started": frozen.datetime_start.timestamp(),
+                             "completed": frozen.datetime_complete.timestamp()}

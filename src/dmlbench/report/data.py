@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from dmlbench import provenance
 from dmlbench.errors import UserInputError
@@ -103,9 +104,18 @@ def _search_trials(storage: Any, method: str) -> list[dict[str, Any]]:
     return [
         {"number": work.slot_of(trial), "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
          "interrupted": False, "epochs_run": trial.user_attrs.get("epochs_run"),
-         "curves": trial.user_attrs.get("curves", []), "cost": trial.user_attrs.get("cost")}
+         "curves": trial.user_attrs.get("curves", []), "cost": _cost(trial)}
         for trial in work.counted(study)
     ]
+
+
+def _cost(trial: FrozenTrial) -> dict[str, Any] | None:
+    """A unit's stored cost record with the interval it ran in (``started``, ``completed``: POSIX
+    seconds of the storage's clock), for the report's running time."""
+    cost = trial.user_attrs.get("cost")
+    if not cost or trial.datetime_start is None or trial.datetime_complete is None:
+        return cost
+    return {**cost, "started": trial.datetime_start.timestamp(), "completed": trial.datetime_complete.timestamp()}
 
 
 def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:
@@ -115,7 +125,7 @@ def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:
     if result.outcomes:
         counted = work.counted(study)
         data.results[method] = result
-        data.reproduction_costs[method] = [t.user_attrs.get("cost") for t in counted]
+        data.reproduction_costs[method] = [_cost(t) for t in counted]
         data.reproduction_curves[method] = [(work.slot_of(t), t.user_attrs.get("curves", [])) for t in counted]
         data.class_scores[method] = {int(t.user_attrs["seed"]): t.user_attrs["class_scores"] for t in counted
                                      if "class_scores" in t.user_attrs and t.state.name == "COMPLETE"}
@@ -132,7 +142,7 @@ def _read_repeats(data: ReportData, storage: Any, names: set[str]) -> None:
                 study = optuna.load_study(study_name=reproduction_study(name), storage=storage)
                 data.repeat_results[name] = read_reproductions(study, name, study.user_attrs.get("params", {}),
                                                                study.user_attrs.get("fold_layout_hash", ""), data.output_dir)
-                data.reproduction_costs[name] = [t.user_attrs.get("cost") for t in work.counted(study)]
+                data.reproduction_costs[name] = [_cost(t) for t in work.counted(study)]
         if repeats:
             data.repeats[method] = repeats
 

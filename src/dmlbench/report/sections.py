@@ -76,7 +76,9 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
                          after=[uncertainty.range_edge_text(data)]))
     costs = tables.cost_rows(data)
     if costs:
-        parts.append(Section("Cost", [tables.COST_NOTE], tables=[(tables.COST_HEADER, costs)]))
+        running = tables.running_time_text(data)
+        parts.append(Section("Cost", [tables.COST_NOTE], tables=[(tables.COST_HEADER, costs)],
+                             after=[running] if running else []))
     parts.append(Section("Protocol", tables=[(["parameter", "value"], [list(p) for p in tables.parameters(data)])]))
     return parts
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from datetime import datetime, timezone
 from typing import Any
 
 from dmlbench.evaluation.metrics import metric_title
@@ -196,6 +197,36 @@ def cost_rows(data: ReportData) -> list[list[str]]:
     if rows:
         rows.append(["total", *_cost_cells(totals)])
     return rows
+
+
+def running_time_text(data: ReportData) -> str | None:
+    """When the units ran: the first start, the last end, and the time at least one was running (the
+    union of their intervals, so the gaps between a resumed benchmark's sessions are left out)."""
+    intervals = sorted((c["started"], c["completed"]) for c in _all_costs(data) if "started" in c)
+    if not intervals:
+        return None
+    running, (start, end) = 0.0, intervals[0]
+    for begin, finish in intervals[1:]:
+        if begin > end:  # a gap in which no unit ran
+            running, start = running + end - start, begin
+        end = max(end, finish)
+    running += end - start
+    minutes = round(running / 60)
+    return (f"Running time: the units ran from {_utc_minute(intervals[0][0])} to {_utc_minute(end)} UTC, and at least one "
+            f"was running during {minutes // 60} h {minutes % 60:02d} min of that (the union of their intervals, so "
+            "time in which no unit ran, between the sessions of a resumed benchmark for instance, is left out; "
+            "interrupted attempts are not counted, as above).")
+
+
+def _utc_minute(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _all_costs(data: ReportData) -> list[dict[str, Any]]:
+    """The cost records of every counted unit: search trials, reproductions, repeated searches, baselines."""
+    search = [t.get("cost") for trials in data.trials.values() for t in trials]
+    reproductions = [cost for costs in data.reproduction_costs.values() for cost in costs]
+    return [cost for cost in [*search, *reproductions] if cost]
 
 
 def _cost_cells(row: dict[str, Any]) -> list[str]:
