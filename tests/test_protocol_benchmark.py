@@ -275,6 +275,26 @@ def test_audit_passes_then_names_a_planted_leak(finished: Path, tmp_path: Path, 
     assert "triplet/trial_0001/fold_0: search-stage run saw test classes" in err
 
 
+def test_audit_of_an_unfinished_benchmark_names_what_is_missing(finished: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Fewer reproductions than the protocol declares (a benchmark still running) are named per method,
+    not reported as methods with different budgets (what the audit of a half-done study used to say)."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
+    benchmark = json.loads((copy / "benchmark.json").read_text())
+    declared = benchmark["protocol"]["reproductions"]
+    benchmark["protocol"]["reproductions"] = declared + 1
+    benchmark["storage"] = f"sqlite:///{copy.resolve() / 'study.db'}"
+    (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    code, _, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 1
+    for method in benchmark["methods"]:
+        assert f"method {method}: {declared} reproductions, the protocol says {declared + 1} (not finished yet?)" in err
+    assert "different budgets" not in err
+
+
 def test_audit_reads_the_storage_given_with_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A copy whose benchmark.json names a storage that is gone: the audit finds no study there, and
     passes on the storage named with --storage (as report and status take it)."""
