@@ -176,6 +176,11 @@ def test_cross_domain_modes_get_families_of_their_own_and_re_ranked_modes_none()
         assert after.families[key] == family
     summary = next(r for r in after.references if (r.mode, r.metric) == ("concatenated_cross_domain", "precision_at_1"))
     assert summary.methods("better") == ["worse"] and summary.methods("worse") == ["better"]
+    # The cross-domain ranking, beside the all-versus-all one: "better" and "worse" trade places.
+    assert before.domain_rankings == []
+    crossed_ranking = dict(after.domain_rankings)["precision_at_1"]
+    assert crossed_ranking.ranks == {"contrastive": (2, 2), "better": (1, 3), "worse": (3, 1)}
+    assert crossed_ranking.tau == pytest.approx(stats.kendalltau([2, 1, 3], [2, 3, 1]).statistic)
     assert {mode for mode, _, _ in after.reranking} == {"concatenated", "separated"}
 
 

@@ -286,3 +286,27 @@ def test_the_cost_section_gives_the_time_in_which_at_least_one_unit_ran() -> Non
     frozen = study.trials[0]
     assert _cost(frozen) == {**cost, "started": frozen.datetime_start.timestamp(),
                              "completed": frozen.datetime_complete.timestamp()}
+
+
+def test_cross_domain_results_get_their_ranking_section_and_column() -> None:
+    """With cross-domain modes the report ranks the concatenated all-versus-all and cross-domain means
+    against each other, and ``rankings.csv`` gains their column; without them neither appears."""
+    data = _data()
+    for trials in data.trials.values():
+        for trial in trials:
+            trial["curves"] = []
+    assert "All-versus-all against cross-domain" not in render.markdown(sections(data, [FIGURE]))
+    assert tables.claim_csvs(data)["rankings.csv"].splitlines()[0] == "metric,method,rank_concatenated,rank_separated"
+    for name, result in data.results.items():
+        for outcome in result.outcomes:
+            swap = {"margin": -0.3, "fastap": 0.3}.get(name, 0.0)  # margin first all-vs-all, last cross-domain
+            outcome.scores["concatenated_cross_domain"] = {k: v + swap for k, v in outcome.scores["concatenated"].items()}
+    data.claims = analyse(data.results, {"references": ["contrastive", "triplet"]}, {},
+                          ["precision_at_1", "r_precision", "map_at_r"])
+    page = render.markdown(sections(data, [FIGURE]))
+    section = page[page.index("## All-versus-all against cross-domain (concatenated)"):]
+    assert "| metric | Kendall tau | rank changes (all→cross-domain) | top 3 all | top 3 cross-domain |" in section
+    assert "| P@1 | -0.67 (p=" in section and "margin 1→4, fastap 4→1" in section
+    lines = tables.claim_csvs(data)["rankings.csv"].splitlines()
+    assert lines[0] == "metric,method,rank_concatenated,rank_separated,rank_concatenated_cross_domain"
+    assert "precision_at_1,margin,1,1,4" in lines

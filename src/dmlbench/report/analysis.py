@@ -31,6 +31,9 @@
   methods (each method's value is the mean over its search and reproduction runs).
 * **Concatenated against separated** (seed 001 §3.3): Kendall's tau between the two rankings of the
   methods' means, per metric, and which methods change rank.
+* **All-versus-all against cross-domain** (``evaluation.cross_domain``): the same for the concatenated
+  mode's two tasks, so a method that ranks differently when each query is answered from the other
+  domains only is named.
 * **Re-ranking** (``evaluation.rerank``): each method re-ranked against itself raw, per mode and metric,
   paired by reproduction (the same fold models scored both ways), Holm across the methods of each mode
   and metric, with the same tests and equivalence margin as the method pairs.
@@ -53,6 +56,7 @@ from dmlbench.protocol.correlations import Correlation, RankAgreement, correlati
 from dmlbench.protocol.layout import BASELINES
 from dmlbench.protocol.power import ComparisonPower, comparison_power, paired_sd
 from dmlbench.protocol.results import (
+    CROSS_DOMAIN_SUFFIX,
     MODES,
     MethodReproductions,
     compare_reranking,
@@ -116,6 +120,7 @@ class Claims:
     correlations: list[SpaceCorrelation] = field(default_factory=list)
     autocorrelation: dict[str, list[float]] = field(default_factory=dict)  # metric -> one value per method
     rankings: list[tuple[str, RankAgreement]] = field(default_factory=list)  # (metric, concatenated vs separated)
+    domain_rankings: list[tuple[str, RankAgreement]] = field(default_factory=list)  # (metric, all vs cross-domain)
     notes: list[str] = field(default_factory=list)  # why a part could not be computed
     margin: float = DEFAULT_EQUIVALENCE_MARGIN  # the equivalence margin the comparisons used
     primary: tuple[str, str] = ("concatenated", "map_at_r")  # (mode, metric) of the confirmatory comparisons
@@ -168,9 +173,13 @@ def analyse(
         claims.autocorrelation[metric] = [value for value in values if not math.isnan(value)]
     means = {(row["method"], row["mode"], row["metric"]): row["mean"] for row in result_rows(scored)}
     if len(scored) >= 2:
+        crossed = "concatenated" + CROSS_DOMAIN_SUFFIX
         for metric in [m for m in RANKED_METRICS if m in computed]:
-            claims.rankings.append((metric, rank_agreement({name: means[(name, "concatenated", metric)] for name in scored},
-                                                               {name: means[(name, "separated", metric)] for name in scored})))
+            ranked = {mode: {name: means[(name, mode, metric)] for name in scored} for mode in ("concatenated", "separated")}
+            claims.rankings.append((metric, rank_agreement(ranked["concatenated"], ranked["separated"])))
+            if all((name, crossed, metric) in means for name in scored):
+                claims.domain_rankings.append((metric, rank_agreement(
+                    ranked["concatenated"], {name: means[(name, crossed, metric)] for name in scored})))
     return claims
 
 

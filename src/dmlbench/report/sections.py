@@ -10,7 +10,7 @@ import numpy as np
 
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.benchmark import MIN_REPRODUCTIONS
-from dmlbench.protocol.correlations import Correlation
+from dmlbench.protocol.correlations import Correlation, RankAgreement
 from dmlbench.protocol.layout import CLAIM_COMPARISONS_CSV, RAW_PIXELS, UNTRAINED, VALIDATION_CURVES_CSV
 from dmlbench.protocol.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.protocol.results import result_rows
@@ -140,7 +140,10 @@ def _claim_sections(claims: Claims) -> list[Section]:
     if any(claims.autocorrelation.values()):
         parts.append(_autocorrelation_section(claims))
     if claims.rankings:
-        parts.append(_ranking_section(claims))
+        parts.append(_ranking_section("Concatenated against separated (seed 001 §3.3)", claims.rankings, ("con.", "sep.")))
+    if claims.domain_rankings:
+        parts.append(_ranking_section("All-versus-all against cross-domain (concatenated)", claims.domain_rankings,
+                                      ("all", "cross-domain")))
     if claims.notes and parts:
         parts.append(Section("Analysis notes", bullets=list(claims.notes)))
     return parts
@@ -318,17 +321,19 @@ def _autocorrelation_section(claims: Claims) -> Section:
                    tables=[(["validation metric", "methods", "mean", "range over methods", "seed 001"], rows)])
 
 
-def _ranking_section(claims: Claims) -> Section:
+def _ranking_section(title: str, rankings: list[tuple[str, RankAgreement]], labels: tuple[str, str]) -> Section:
+    """Two rankings of the methods' means per metric (``labels``: short names of the two), and who moved."""
     rows = []
-    for metric, agreement in claims.rankings:
+    for metric, agreement in rankings:
         order = lambda index: [n for n, _ in sorted(agreement.ranks.items(), key=lambda item: item[1][index])][:3]  # noqa: E731
         changed = ", ".join(f"{name} {first}→{second}" for name, (first, second) in agreement.ranks.items()
                             if first != second) or "none"
         rows.append([metric_title(metric), f"{agreement.tau:.2f} (p={pvalue_text(agreement.pvalue)})", changed,
                      ", ".join(order(0)), ", ".join(order(1))])
-    return Section("Concatenated against separated (seed 001 §3.3)",
-                   ["Ranks of the methods' means (1 = best), Kendall's tau between the two rankings."],
-                   tables=[(["metric", "Kendall tau", "rank changes (con.→sep.)", "top 3 con.", "top 3 sep."], rows)])
+    first, second = labels
+    return Section(title, ["Ranks of the methods' means (1 = best), Kendall's tau between the two rankings."],
+                   tables=[(["metric", "Kendall tau", f"rank changes ({first}→{second})", f"top 3 {first}",
+                             f"top 3 {second}"], rows)])
 
 
 def _sensitivity_section(claims: Claims) -> Section:

@@ -456,8 +456,10 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
     correlations = [[c.quantity, "precision_at_1", c.mode, c.level, statistic.n, statistic.kind, repr(statistic.estimate),
                      repr(statistic.pvalue), repr(statistic.low), repr(statistic.high)]
                     for c in claims.correlations for statistic in (c.pearson, c.spearman)]
-    rankings = [[metric, name, first, second] for metric, agreement in claims.rankings
-                for name, (first, second) in agreement.ranks.items()]
+    crossed = {metric: agreement.ranks for metric, agreement in claims.domain_rankings}
+    ranking_columns = RANKING_COLUMNS + (("rank_concatenated_cross_domain",) if crossed else ())
+    rankings = [[metric, name, first, second, *([crossed[metric][name][1]] if crossed else [])]
+                for metric, agreement in claims.rankings for name, (first, second) in agreement.ranks.items()]
     curves = [[name, stage, unit, fold, evaluation, metric, repr(float(value))]
               for name in data.methods for stage, unit, fold, curve in validation_curves(data, name)
               for metric, values in curve.items() if not metric.startswith("num_")  # query counts, not scores
@@ -470,7 +472,7 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
              c.outcome(ALPHA)] for family, mode, metric, c in comparisons]),
         layout.EMBEDDING_SPACE_CSV: (SPACE_COLUMNS, space),
         layout.CORRELATIONS_CSV: (CORRELATION_COLUMNS, correlations),
-        layout.RANKINGS_CSV: (RANKING_COLUMNS, rankings),
+        layout.RANKINGS_CSV: (ranking_columns, rankings),
         layout.VALIDATION_CURVES_CSV: (CURVE_COLUMNS, curves),
     }
     texts = {}
