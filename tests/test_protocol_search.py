@@ -345,6 +345,34 @@ def test_a_claim_that_fails_after_its_stamp_leaves_the_trial_to_this_workers_nex
     assert second.number == claimed.trial.number and second.user_attrs["retry_of"] == 0
 
 
+def test_a_claim_broken_off_before_its_unit_suggested_anything_is_retried_with_its_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parameters of a slot are fixed when it is enqueued; an attempt lost before the unit called
+    ``suggest`` (a database restart during the claim, seen in CI) has none in ``trial.params``. Its
+    retry must carry the enqueued ones: without them the study's placeholder sampler drew another
+    temperature for normalized_softmax's slot 0, so the search's best trial changed."""
+    worker = work.Worker(f"sqlite:///{tmp_path / 'study.db'}")
+    units = optuna.create_study(storage=worker.storage, study_name="units", sampler=optuna.samplers.RandomSampler(seed=0))
+    real = optuna.trial.Trial.set_user_attr
+    failures = iter([RuntimeError("connection lost")])
+
+    def flaky(self, key, value):
+        if key == "started" and (error := next(failures, None)) is not None:
+            raise error
+        return real(self, key, value)
+
+    monkeypatch.setattr(optuna.trial.Trial, "set_user_attr", flaky)
+    arguments = {"budget": 1, "ready": lambda slot, finished: True,
+                 "propose": lambda slot, finished: ({"temperature": 0.034}, {"params": {"loss.params.temperature": 0.034}})}
+    with pytest.raises(RuntimeError, match="connection lost"):
+        work.claim(units, worker, **arguments)
+    again = work.claim(units, worker, **arguments)
+    assert isinstance(again, work.Claim) and again.trial.user_attrs["retry_of"] == 0
+    assert again.trial.user_attrs["params"] == {"loss.params.temperature": 0.034}
+    assert again.trial.suggest_float("temperature", 0.02, 0.2, log=True) == 0.034
+
+
 def test_a_connection_lost_inside_a_unit_interrupts_it_and_never_fails_the_method(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

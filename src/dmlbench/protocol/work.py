@@ -160,7 +160,11 @@ def repair_interrupted(study: optuna.Study) -> None:
             continue
         last = max(attempts, key=lambda t: t.number)
         attributes = {key: value for key, value in last.user_attrs.items() if key in ("slot", "params")}
-        study.enqueue_trial(dict(last.params), user_attrs={**attributes, "retry_of": last.number})
+        # The parameters the slot was enqueued with: an attempt stopped before its unit suggested them
+        # (a claim broken off by a database restart) has none in ``params``, and a retry enqueued
+        # without them would be sampled afresh (seen in CI: another temperature, another best trial).
+        fixed = {**last.system_attrs.get("fixed_params", {}), **last.params}
+        study.enqueue_trial(fixed, user_attrs={**attributes, "retry_of": last.number})
 
 
 @dataclass
