@@ -39,7 +39,7 @@ def resolve_device(device: str) -> torch.device:
 
 def reproducible_cuda() -> None:
     """Make this process's CUDA work repeatable and its float32 IEEE float32, as on the CPU: torch's
-    deterministic algorithms (an operation without one warns once, in one line), cuBLAS with the fixed
+    deterministic algorithms (an operation without one warns, in one line), cuBLAS with the fixed
     workspace they need (read when cuBLAS first starts, so set before any CUDA work), cuDNN without
     benchmarking, and no TF32: torch's default lets cuDNN round float32 convolution inputs to 10-bit
     mantissas, which moved embeddings by 1e-4 on an H200. ``training.precision=bf16`` is the fast path."""
