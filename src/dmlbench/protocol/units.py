@@ -73,7 +73,7 @@ def open_unit_study(worker: work.Worker, name: str, recorded: Mapping[str, Any])
     """Create or load a study of fixed units; refuse one that was made for other work."""
     with worker.lock.held():
         study = optuna.create_study(storage=worker.storage, study_name=name, direction="maximize",
-                                    sampler=optuna.samplers.RandomSampler(seed=0), load_if_exists=True)
+                                    sampler=work.EnqueuedOnly(), load_if_exists=True)
         work.record_or_check(study, recorded)
     return study
 
