@@ -17,7 +17,8 @@ the query's own domain, what that share would be by chance (the share of the que
 among its candidates of other classes, averaged over the erring queries), and the share of the
 errors that the cross-domain list answers right. ``--reuse CSV`` (an earlier output of this script)
 copies the rows of the models it already holds instead of embedding them again (each was checked
-when it was computed), so a long list of reproductions can be completed in steps.
+when it was computed), so a long list of reproductions can be completed in steps; the output is
+rewritten after every model, so a list that was interrupted resumes with ``--reuse`` of its output.
 Neighbours come from the exact search ``dmlbench.evaluate`` uses (``evaluation.neighbors``: float64
 distance on L2-normalised embeddings, ties broken by index); both P@1 values are checked against
 ``dmlbench.evaluate`` before anything is written. Columns: model, domain, queries,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import sys
 from pathlib import Path
 
@@ -133,6 +135,17 @@ def read_rows(path: Path) -> dict[str, list[list[object]]]:
     return rows
 
 
+def write_rows(path: Path, rows: list[list[object]]) -> None:
+    """The per-model rows and their method means as CSV, replacing ``path`` atomically."""
+    from dmlbench.files import atomic_write_text
+
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    writer.writerows([*rows, *method_means(rows)])
+    atomic_write_text(path, stream.getvalue())
+
+
 def check_against_evaluate(row: list[object], embeddings: np.ndarray, labels: np.ndarray, domains: np.ndarray) -> None:
     """The ``all`` row's two P@1 values are ``dmlbench.evaluate``'s, to the rounding of the CSV."""
     from dmlbench import evaluate
@@ -169,11 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             model_rows = error_rows(model, embeddings, labels, domains)
             check_against_evaluate(model_rows[-1], embeddings, labels, domains)
             rows += model_rows
+            write_rows(args.output, rows)  # after every model: an interrupted list resumes with --reuse
+    write_rows(args.output, rows)
     rows += method_means(rows)
-    with args.output.open("w", newline="") as stream:
-        writer = csv.writer(stream, lineterminator="\n")
-        writer.writerow(COLUMNS)
-        writer.writerows(rows)
     for row in rows:
         if row[1] == "all":
             print(f"{row[0]}: P@1 {100 * row[3]:.2f} all vs all, {100 * row[4]:.2f} cross-domain; "

@@ -305,6 +305,9 @@ def test_domain_errors_reuses_an_earlier_output_without_embedding_again(tmp_path
     expected = [[str(value) for value in row] for row in [*rows, *script.method_means(rows)]]
     assert written == [script.COLUMNS, *expected]
     assert written[-1][0] == "m (mean of 2 reproductions)"
+    # The output is rewritten after every model, so an interrupted list resumes from its own output.
+    assert script.main(["gone/m/reproduction_00", "gone/m/reproduction_01", "--reuse", str(output), "-o", str(output)]) == 0
+    assert output.read_text() == "\n".join(",".join(row) for row in [script.COLUMNS, *expected]) + "\n"
     (tmp_path / "bad.csv").write_text("model,domain\n")
     with pytest.raises(SystemExit, match="not an output of domain_errors.py"):
         script.read_rows(tmp_path / "bad.csv")
