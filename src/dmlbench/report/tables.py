@@ -181,12 +181,7 @@ def cost_rows(data: ReportData) -> list[list[str]]:
     """Per method and in total: training runs, samples seen, wall and CPU hours, the largest peak memory."""
     rows = []
     totals = {"units": 0, "samples": 0, "wall": 0.0, "cpu": 0.0, "memory": 0}
-    repeats = [name for names in data.repeats.values() for name in names]  # protocol.search_repeats
-    for method in [*data.methods, *repeats, *BASELINES]:
-        costs = [t.get("cost") for t in data.trials.get(method, [])] + list(data.reproduction_costs.get(method, []))
-        costs = [cost for cost in costs if cost]
-        if not costs:
-            continue
+    for method, costs in _unit_costs(data).items():
         row = {"units": len(costs), "samples": sum(c["samples_seen"] for c in costs),
                "wall": sum(c["wall_seconds"] for c in costs), "cpu": sum(c["cpu_seconds"] for c in costs),
                "memory": max(c["peak_memory_kib"] for c in costs)}
@@ -202,7 +197,8 @@ def cost_rows(data: ReportData) -> list[list[str]]:
 def running_time_text(data: ReportData) -> str | None:
     """When the units ran: the first start, the last end, and the time at least one was running (the
     union of their intervals, so the gaps between a resumed benchmark's sessions are left out)."""
-    intervals = sorted((c["started"], c["completed"]) for c in _all_costs(data) if "started" in c)
+    intervals = sorted((c["started"], c["completed"]) for costs in _unit_costs(data).values() for c in costs
+                       if "started" in c)
     if not intervals:
         return None
     running, (start, end) = 0.0, intervals[0]
@@ -222,11 +218,16 @@ def _utc_minute(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def _all_costs(data: ReportData) -> list[dict[str, Any]]:
-    """The cost records of every counted unit: search trials, reproductions, repeated searches, baselines."""
-    search = [t.get("cost") for trials in data.trials.values() for t in trials]
-    reproductions = [cost for costs in data.reproduction_costs.values() for cost in costs]
-    return [cost for cost in [*search, *reproductions] if cost]
+def _unit_costs(data: ReportData) -> dict[str, list[dict[str, Any]]]:
+    """The cost records of every counted unit, by method in the report's order (search trials and
+    reproductions; then the repeated searches and the baselines); methods without one are left out."""
+    repeats = [name for names in data.repeats.values() for name in names]  # protocol.search_repeats
+    found = {}
+    for method in [*data.methods, *repeats, *BASELINES]:
+        costs = [t.get("cost") for t in data.trials.get(method, [])] + list(data.reproduction_costs.get(method, []))
+        if any(costs):
+            found[method] = [cost for cost in costs if cost]
+    return found
 
 
 def _cost_cells(row: dict[str, Any]) -> list[str]:

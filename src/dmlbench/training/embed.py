@@ -14,11 +14,14 @@ from dmlbench.errors import UserInputError
 def resolve_device(device: str) -> torch.device:
     """``auto`` is CUDA when present, else the CPU; a device this machine lacks is a user error. A CUDA
     device is set up for repeatable IEEE float32 first (``reproducible_cuda``)."""
-    if device == "auto":
-        resolved = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if resolved.type == "cuda":
-            reproducible_cuda()
-        return resolved
+    resolved = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else _available(device)
+    if resolved.type == "cuda":
+        reproducible_cuda()
+    return resolved
+
+
+def _available(device: str) -> torch.device:
+    """The named device, when this machine has it (else a one-line ``UserInputError``)."""
     try:
         resolved = torch.device(device)
     except RuntimeError:
@@ -29,7 +32,6 @@ def resolve_device(device: str) -> torch.device:
             raise UserInputError(f"training.device={device!r}, but this machine has no CUDA device (use cpu or auto)")
         if resolved.index is not None and resolved.index >= available:
             raise UserInputError(f"training.device={device!r}, but this machine has {available} CUDA device(s)")
-        reproducible_cuda()
     elif resolved.type == "mps" and not torch.backends.mps.is_available():
         raise UserInputError(f"training.device={device!r}, but this machine has no MPS device (use cpu or auto)")
     elif resolved.type not in ("cpu", "mps"):
