@@ -192,7 +192,9 @@ class Required(MetricLoss):
     code, listed, _ = run_cli(["list", "losses"], capsys)
     assert code == 0 and "      scale=required, offset=None" in listed
     code, listed, _ = run_cli(["list", "datasets"], capsys)
-    assert code == 0 and "vendors=None" in listed and "=required" not in listed
+    # a file dataset's root (data.root) is required; emoji's vendors=None chooses every vendor found
+    assert code == 0 and "      root=required, vendors=None," in listed and "image_size=32, augmentations" in listed
+    assert all(entry["required"] == (["root"] if "root" in entry["parameters"] else []) for entry in components("datasets"))
 
 
 def test_every_kind_of_component_registers_through_the_public_api(tmp_path: Path) -> None:

@@ -19,9 +19,9 @@ PREFIXES = {"losses": "pml:<ClassName> (any pytorch-metric-learning loss, extra 
 def components(kind: str) -> list[dict[str, Any]]:
     """One entry per component of ``kind`` (one of ``KINDS``): ``name``, ``aliases``, ``summary``
     (the docstring's first line), ``parameters`` (name -> default, ``None`` when required),
-    ``required`` (the parameters without a default: told apart from a default of ``None``, which means
-    the component chooses, e.g. emoji's ``vendors``: every vendor found) and ``source`` (``dmlbench``
-    or the plugin's module)."""
+    ``required`` (the parameters without a default, and a file dataset's ``root``, which ``data.root``
+    sets: told apart from a default of ``None``, which means the component chooses, e.g. emoji's
+    ``vendors``: every vendor found) and ``source`` (``dmlbench`` or the plugin's module)."""
     if kind == "metrics":
         return _metrics()
     registry = _registry(kind)
@@ -33,7 +33,7 @@ def components(kind: str) -> list[dict[str, Any]]:
             continue
         by_constructor[id(constructor)] = {
             "name": name, "aliases": [], "summary": _summary(constructor), "parameters": _parameters(constructor),
-            "required": _required(constructor), "source": _source(constructor),
+            "required": _required(constructor, reads_root=kind == "datasets"), "source": _source(constructor),
         }
     return sorted(by_constructor.values(), key=lambda entry: entry["name"])
 
@@ -81,8 +81,11 @@ def _parameters(constructor: Callable[..., Any]) -> dict[str, Any]:
             for parameter in _settable(constructor)}
 
 
-def _required(constructor: Callable[..., Any]) -> list[str]:
-    return [parameter.name for parameter in _settable(constructor) if parameter.default is inspect.Parameter.empty]
+def _required(constructor: Callable[..., Any], *, reads_root: bool = False) -> list[str]:
+    """The parameters without a default; with ``reads_root`` also ``root``, whose ``None`` default only
+    lets ``data.root`` arrive by keyword: a dataset that reads files refuses to build without it."""
+    return [parameter.name for parameter in _settable(constructor)
+            if parameter.default is inspect.Parameter.empty or (reads_root and parameter.name == "root")]
 
 
 def _plain(value: Any) -> Any:
