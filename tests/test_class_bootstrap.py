@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dmlbench.evaluation import evaluate_many
-from dmlbench.protocol.class_bootstrap import class_bootstrap, class_sums, draw_classes, draw_seeds
+from dmlbench.protocol.class_bootstrap import class_bootstrap, class_sums, draw_classes, draw_seeds, queries_of
 
 METRICS = ["precision_at_1", "r_precision", "map_at_r"]
 
@@ -32,15 +32,17 @@ def brute_query_values(embeddings: np.ndarray, labels: np.ndarray, query: int, g
 
 
 def brute_replicate(embeddings: np.ndarray, labels: np.ndarray, drawn_classes: list[int], query_mask: np.ndarray | None,
-                    metric: str) -> float:
+                    metric: str, domains: np.ndarray | None = None) -> float:
     """One replicate as explicit copies: the queries of every drawn class, once per draw, against the
-    fixed gallery; the mean over the copies that have a correct reference."""
+    fixed gallery (with ``domains``, its images of the other domains); the mean over the copies that
+    have a correct reference."""
     queries = np.arange(len(labels)) if query_mask is None else np.flatnonzero(query_mask)
     gallery = list(range(len(labels))) if query_mask is None else list(np.flatnonzero(~query_mask))
     values = []
     for label in drawn_classes:
         for query in queries[labels[queries] == label]:
-            value = brute_query_values(embeddings, labels, int(query), gallery, query_mask is None)[metric]
+            seen = gallery if domains is None else [r for r in gallery if domains[r] != domains[query]]
+            value = brute_query_values(embeddings, labels, int(query), seen, query_mask is None and domains is None)[metric]
             if not math.isnan(value):
                 values.append(value)
     return float(np.mean(values))
@@ -48,11 +50,18 @@ def brute_replicate(embeddings: np.ndarray, labels: np.ndarray, drawn_classes: l
 
 def brute_mode(folds: list[np.ndarray], labels: np.ndarray, drawn: list[int], mask: np.ndarray | None, mode: str,
                metric: str) -> float:
-    """``evaluate_many``'s two modes, each fold model's replicate computed on its own for ``separated``."""
-    if mode == "concatenated":
+    """``evaluate_many``'s modes, each fold model's replicate computed on its own for ``separated``; a
+    ``*_cross_domain`` mode with ``DOMAINS``."""
+    domains = DOMAINS if mode.endswith("_cross_domain") else None
+    if mode.startswith("concatenated"):
         joined = np.concatenate([f / np.linalg.norm(f, axis=1, keepdims=True) for f in folds], axis=1)
-        return brute_replicate(joined, labels, drawn, mask, metric)
-    return float(np.mean([brute_replicate(f, labels, drawn, mask, metric) for f in folds]))
+        return brute_replicate(joined, labels, drawn, mask, metric, domains)
+    return float(np.mean([brute_replicate(f, labels, drawn, mask, metric, domains) for f in folds]))
+
+
+# The domain of each image of ``small_case``: class 2 (rows 8-10) lies in one domain, so its queries
+# have a match all-versus-all but none cross-domain.
+DOMAINS = np.array(list("abab" "aabb" "aaa" "babab" "a"))
 
 
 def small_case(seed: int, with_mask: bool) -> tuple[list[np.ndarray], np.ndarray, np.ndarray | None]:
@@ -78,17 +87,43 @@ def test_class_sums_add_up_to_evaluate_many(with_mask: bool) -> None:
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_replicates_equal_explicit_resampled_copies(with_mask: bool) -> None:
+def test_cross_domain_class_sums_add_up_to_evaluate_many(with_mask: bool) -> None:
+    """With domains the record gains the cross-domain modes, whose queries with a match are fewer (class
+    2 has none in another domain); each mode's sums over its queries give ``evaluate_many``'s score."""
+    folds, labels, mask = small_case(3, with_mask)
+    embeddings = {f"fold_{i}": torch.from_numpy(f) for i, f in enumerate(folds)}
+    record = class_sums(embeddings, torch.from_numpy(labels), METRICS, None if mask is None else torch.from_numpy(mask),
+                        DOMAINS)
+    assert record is not None and set(record["sums"]) == {"concatenated", "separated", "concatenated_cross_domain",
+                                                          "separated_cross_domain"}
+    assert record["queries"] == class_sums(embeddings, torch.from_numpy(labels), METRICS,
+                                           None if mask is None else torch.from_numpy(mask))["queries"]
+    crossed = queries_of(record, "concatenated_cross_domain")
+    assert crossed == queries_of(record, "separated_cross_domain") and crossed[2] == 0 < record["queries"][2]
+    for mode in ("concatenated", "separated"):
+        expected = evaluate_many({f"fold_{i}": f for i, f in enumerate(folds)}, labels, mode=mode, metrics=METRICS,
+                                 query_mask=mask, domains=DOMAINS)
+        for metric in METRICS:
+            total = sum(record["sums"][f"{mode}_cross_domain"][metric]) / sum(crossed)
+            assert total == pytest.approx(expected[metric], abs=1e-12)
+
+
+@pytest.mark.parametrize("crossed", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_replicates_equal_explicit_resampled_copies(with_mask: bool, crossed: bool) -> None:
     # Two methods x three reproduction seeds; every replicate recomputed from copies of the drawn classes.
     replicates, methods, seeds = 12, ("a", "b"), (7, 8, 9)
     cases = {(method, seed): small_case(10 * index + seed, with_mask) for index, method in enumerate(methods) for seed in seeds}
     per_class = {method: {seed: class_sums({f"fold_{i}": torch.from_numpy(f) for i, f in enumerate(cases[method, seed][0])},
                                            torch.from_numpy(cases[method, seed][1]), METRICS,
-                                           None if cases[method, seed][2] is None else torch.from_numpy(cases[method, seed][2]))
+                                           None if cases[method, seed][2] is None else torch.from_numpy(cases[method, seed][2]),
+                                           DOMAINS if crossed else None)
                          for seed in seeds} for method in methods}
     classes = per_class["a"][7]["classes"]
     draws, seed_draws = draw_classes(len(classes), replicates, 0), draw_seeds(len(seeds), replicates, 0)
-    for mode, metric in (("concatenated", "map_at_r"), ("separated", "precision_at_1"), ("concatenated", "r_precision")):
+    suffix = "_cross_domain" if crossed else ""
+    for mode, metric in ((f"concatenated{suffix}", "map_at_r"), (f"separated{suffix}", "precision_at_1"),
+                         (f"concatenated{suffix}", "r_precision")):
         result = class_bootstrap(per_class, mode, metric, [("a", "b")], replicates=replicates, seed=0)
         brute = {(method, seed): np.array([brute_mode(*cases[method, seed][:2], [classes[p] for p in draws[b]],
                                                       cases[method, seed][2], mode, metric) for b in range(replicates)])

@@ -79,6 +79,27 @@ def test_cross_domain_with_a_query_mask_matches_brute_force() -> None:
         assert got[name] == pytest.approx(expected[name], abs=1e-12), name
 
 
+def test_galleries_of_unequal_size_match_brute_force() -> None:
+    """A domain whose gallery is smaller than the largest class another domain's queries see: the
+    neighbour lists need that class's size, which the small gallery cannot fill (its queries' lists end
+    in misses, -1), and the scores still equal the brute-force loop's (this raised "k=... must lie in"
+    before)."""
+    rng = np.random.default_rng(8)
+    labels = np.array([0] * 4 + [1] * 4 + [2] * 3 + [3] * 5 + [4])
+    domains = np.array(list("abab" "aabb" "aaa" "babab" "a"))
+    rows = rng.integers(-2, 3, size=(len(labels), 3)).astype(np.float64)
+    mask = np.arange(len(labels)) % 2 == 0  # b's queries see 2 references of a, a's queries see 6 of b
+    got = evaluate(rows, labels, metrics=METRICS, normalize=False, domains=domains, query_mask=mask)
+    expected = brute_force(rows, labels, domains, np.flatnonzero(mask), np.flatnonzero(~mask), (1, 2, 4))
+    for name in METRICS:
+        assert got[name] == pytest.approx(expected[name], abs=1e-12), name
+    codes = torch.from_numpy(np.unique(domains, return_inverse=True)[1].astype(np.int64))
+    space = prepare(torch.from_numpy(rows), normalize=False, binarize=False)
+    found = nearest_neighbors(space, torch.tensor([6]), torch.from_numpy(np.flatnonzero(~mask)), 3, exclude_self=False,
+                              domains=codes)
+    assert found.ids[0, 2] == -1 and found.distances[0, 2] == math.inf and bool((found.ids[0, :2] >= 0).all())
+
+
 def test_neighbours_never_share_the_query_domain_and_are_ordered_by_index_on_ties() -> None:
     rows, labels, domains = small_case(4)
     codes = torch.from_numpy(np.unique(domains, return_inverse=True)[1].astype(np.int64))

@@ -310,3 +310,43 @@ def test_cross_domain_results_get_their_ranking_section_and_column() -> None:
     lines = tables.claim_csvs(data)["rankings.csv"].splitlines()
     assert lines[0] == "metric,method,rank_concatenated,rank_separated,rank_concatenated_cross_domain"
     assert "precision_at_1,margin,1,1,4" in lines
+
+
+def test_the_class_bootstrap_covers_the_primary_endpoint_and_its_cross_domain_mode() -> None:
+    """With cross-domain modes the test classes are resampled for the primary endpoint and for its
+    cross-domain mode, from that mode's own per-class sums and query counts; a benchmark whose
+    reproductions were scored before the cross-domain sums were stored says so in that section."""
+    import torch
+
+    from dmlbench.protocol.class_bootstrap import class_sums, queries_of
+    from dmlbench.report import uncertainty
+
+    data = _data()
+    for result in data.results.values():
+        for outcome in result.outcomes:
+            outcome.scores["concatenated_cross_domain"] = {k: v - 0.1 for k, v in outcome.scores["concatenated"].items()}
+    data.claims = analyse(data.results, {"references": ["contrastive", "triplet"]}, {},
+                          ["precision_at_1", "r_precision", "map_at_r"])
+    generator = np.random.default_rng(3)
+    labels, domains = torch.arange(36) % 6, (torch.arange(36) // 6) % 3
+
+    def record(crossed: bool) -> dict:
+        embeddings = {"fold 0": torch.from_numpy(generator.normal(size=(36, 4)))}
+        return class_sums(embeddings, labels, ["precision_at_1", "map_at_r"], None, domains if crossed else None)
+
+    data.class_scores = {name: {o.seed: record(True) for o in result.outcomes} for name, result in data.results.items()}
+    page = render.markdown(sections(data, [FIGURE]))
+    plain = page[page.index("## Uncertainty over the test classes (MAP@R (concatenated))"):]
+    crossed = page[page.index("## Uncertainty over the test classes (MAP@R (concatenated_cross_domain))"):]
+    assert "of all test images" in plain[:plain.index("\n## ", 3)] and "the other domains' test images" in crossed
+    rows = [line.split(",") for line in uncertainty.uncertainty_csvs(data)["class_bootstrap.csv"].splitlines()[1:]]
+    assert {row[0] for row in rows} == {"concatenated", "concatenated_cross_domain"}
+    estimate = next(float(row[7]) for row in rows if row[:4] == ["concatenated_cross_domain", "map_at_r", "contrastive", ""])
+    records = data.class_scores["contrastive"].values()
+    assert estimate == pytest.approx(np.mean([sum(r["sums"]["concatenated_cross_domain"]["map_at_r"])
+                                              / sum(queries_of(r, "concatenated_cross_domain")) for r in records]), abs=1e-12)
+    data.class_scores["margin"] = {seed: record(False) for seed in data.class_scores["margin"]}
+    page = render.markdown(sections(data, [FIGURE]))
+    assert "`margin` has no per-class concatenated_cross_domain test scores" in page
+    rows = [line.split(",") for line in uncertainty.uncertainty_csvs(data)["class_bootstrap.csv"].splitlines()[1:]]
+    assert {row[0] for row in rows} == {"concatenated"}

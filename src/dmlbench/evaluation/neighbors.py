@@ -110,16 +110,20 @@ def nearest_neighbors(
 
 def _cross_domain(space: KnnIndex, query_ids: Tensor, reference_ids: Tensor, k: int, domains: Tensor,
                   **search: Any) -> Neighbors:
-    """``nearest_neighbors`` with each query's own domain left out of its references (see there)."""
-    ids = torch.empty(len(query_ids), k, dtype=torch.int64)
-    distances = torch.empty(len(query_ids), k, dtype=torch.float64)
+    """``nearest_neighbors`` with each query's own domain left out of its references (see there). A
+    domain whose gallery holds fewer than ``k`` references fills its queries' lists with -1 (at
+    distance inf) beyond them: ``k`` is what the queries of the largest gallery need, and a query's
+    matches all lie in its own gallery."""
+    ids = torch.full((len(query_ids), k), -1, dtype=torch.int64)
+    distances = torch.full((len(query_ids), k), float("inf"), dtype=torch.float64)
     query_domains, reference_domains = domains[query_ids], domains[reference_ids]
     for domain in torch.unique(query_domains).tolist():
         rows = torch.nonzero(query_domains == domain).squeeze(1)
         gallery = reference_ids[reference_domains != domain]
+        width = min(k, len(gallery))
         # A query is in its own domain, so it is never among these references: nothing to exclude.
-        found = nearest_neighbors(space, query_ids[rows], gallery, k, exclude_self=False, **search)
-        ids[rows], distances[rows] = found.ids, found.distances
+        found = nearest_neighbors(space, query_ids[rows], gallery, width, exclude_self=False, **search)
+        ids[rows, :width], distances[rows, :width] = found.ids, found.distances
     return Neighbors(ids, distances)
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.evaluation import retrieval
-from dmlbench.evaluation.api import _as_embeddings, _as_labels, _as_query_mask, query_layout
+from dmlbench.evaluation.api import _as_embeddings, _as_labels, _as_query_mask, as_domain_codes, query_layout
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
 from dmlbench.evaluation.neighbors import nearest_neighbors
 from dmlbench.validation import check_positive_int
@@ -104,17 +104,23 @@ def query_scores(
     metrics: Sequence[str],
     *,
     query_mask: Tensor | np.ndarray | None = None,
+    domains: Tensor | np.ndarray | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Each query's label and its value of every metric of ``metrics`` in ``PER_QUERY_METRICS`` (float64,
-    NaN where R = 0), queries and neighbours as in ``evaluate``, whose value is their mean over the
-    queries with R > 0: P@1 (hit at rank 1), R-Precision r/R and AP@R (Musgrave et al. 2020 §3.2, eq. 3)."""
+    NaN where R = 0), queries and neighbours as in ``evaluate`` (with ``domains``, cross-domain: each
+    query's gallery without its own domain), whose value is their mean over the queries with R > 0:
+    P@1 (hit at rank 1), R-Precision r/R and AP@R (Musgrave et al. 2020 §3.2, eq. 3)."""
     space = prepare(_as_embeddings(embeddings), normalize=True, binarize=False)
     label_tensor = _as_labels(labels, space.num_rows)
-    layout = query_layout(label_tensor, _as_query_mask(query_mask, space.num_rows))
-    k = min(layout.available, max(1, int(layout.relevant.max())))
-    found = nearest_neighbors(space, layout.query_ids, layout.reference_ids, k, exclude_self=layout.self_retrieval)
+    domain_codes = as_domain_codes(domains, space.num_rows)
+    layout = query_layout(label_tensor, _as_query_mask(query_mask, space.num_rows), domain_codes)
+    # R neighbours for every query; a cross-domain gallery shorter than that ends in misses (never matches).
+    k = max(1, int(layout.relevant.max()))
+    found = nearest_neighbors(space, layout.query_ids, layout.reference_ids, k, exclude_self=layout.self_retrieval,
+                              domains=domain_codes)
     query_labels = label_tensor[layout.query_ids]
-    hits = label_tensor[found.ids] == query_labels.unsqueeze(1)
+    # A cross-domain query whose gallery is shorter than k has -1 beyond it (``nearest_neighbors``): misses.
+    hits = (found.ids >= 0) & (label_tensor[found.ids.clamp_min(0)] == query_labels.unsqueeze(1))
     within_r = torch.arange(k).unsqueeze(0) < layout.relevant.unsqueeze(1)
     no_match = layout.relevant == 0
     values = {

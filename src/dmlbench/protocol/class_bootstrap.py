@@ -3,13 +3,15 @@
 The reproductions' intervals cover seed noise only; the test classes are one draw of classes too. A
 reproduction stores, per test class, how many of its queries have a correct reference (R > 0) and the
 sum of their per-query values of P@1, R-Precision and AP@R (``class_sums``: per mode; separated takes
-each query's mean over the fold models). Replicate ``b`` draws as many classes as there are, with
-replacement; each query then counts as often as its class was drawn, against the **fixed gallery** of
-all test images (docs/decisions.md: the interval is conditional on the gallery), so a replicate's score
-is ``sum_c w_bc S_c / sum_c w_bc N_c``. The same draws serve every method and reproduction (paired), so
-differences between methods get an interval over classes: *classes* keeps every reproduction (the mean
-over seeds per replicate); *classes and seeds* also redraws the seeds in each replicate (the same seeds
-for every method). Percentile intervals; the generator is seeded explicitly.
+each query's mean over the fold models; with ``evaluation.cross_domain`` the cross-domain modes too,
+whose queries with R > 0 are those with a match drawn by another domain). Replicate ``b`` draws as
+many classes as there are, with replacement; each query then counts as often as its class was drawn,
+against the **fixed gallery** of all test images (of the other domains, cross-domain; docs/decisions.md:
+the interval is conditional on the gallery), so a replicate's score is ``sum_c w_bc S_c / sum_c w_bc
+N_c``. The same draws serve every method and reproduction (paired), so differences between methods get
+an interval over classes: *classes* keeps every reproduction (the mean over seeds per replicate);
+*classes and seeds* also redraws the seeds in each replicate (the same seeds for every method).
+Percentile intervals; the generator is seeded explicitly.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import Tensor
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.api import concatenate
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS, query_scores
+from dmlbench.protocol.results import cross_domain_mode
 
 DEFAULT_SEED = 0
 # Independent streams of one seed: the classes of each replicate, then its seeds.
@@ -32,29 +35,49 @@ _CLASS_STREAM, _SEED_STREAM = 1, 2
 
 
 def class_sums(embeddings: Mapping[str, Tensor], labels: Tensor, metrics: Sequence[str],
-               query_mask: Tensor | None = None) -> dict[str, Any] | None:
+               query_mask: Tensor | None = None, domains: Tensor | None = None) -> dict[str, Any] | None:
     """Per test class: the queries with R > 0 (``queries``) and, per mode and per-query metric, the sum
     of their values (``sums``), for the fold models' test embeddings scored as ``evaluate_many`` scores
-    them (seed 001 §3.3); ``None`` when ``metrics`` holds no per-query metric."""
+    them (seed 001 §3.3); with ``domains`` also the cross-domain modes, whose queries with R > 0 (a
+    query needs a match drawn by another domain) are ``queries_by_mode``; ``None`` when ``metrics``
+    holds no per-query metric."""
     names = [name for name in metrics if name in PER_QUERY_METRICS]
     if not names:
         return None
     matrices = [matrix.detach().cpu().to(torch.float64) for matrix in embeddings.values()]
-    concatenated = concatenate(matrices)
-    query_labels, values = query_scores(concatenated, labels, names, query_mask=query_mask)
-    per_mode = {"concatenated": values}
-    separate = [query_scores(matrix, labels, names, query_mask=query_mask)[1] for matrix in matrices]
-    per_mode["separated"] = {name: torch.stack([fold[name] for fold in separate]).mean(dim=0) for name in names}
+    query_labels, values = _mode_values(matrices, labels, names, query_mask, None)
     classes, positions = torch.unique(query_labels, return_inverse=True)
-    valid = ~torch.isnan(values[names[0]])  # R > 0: the same queries for every metric and fold model
 
-    def per_class(value: Tensor) -> list[float]:
-        sums = torch.zeros(len(classes), dtype=torch.float64)
-        return sums.index_add_(0, positions[valid], value[valid]).tolist()
+    def queries_and_sums(per_mode: dict[str, dict[str, Tensor]]) -> tuple[list[int], dict[str, dict[str, list[float]]]]:
+        valid = ~torch.isnan(next(iter(per_mode.values()))[names[0]])  # R > 0: alike for every metric and fold model
+        counts = torch.zeros(len(classes), dtype=torch.int64).index_add_(0, positions[valid], torch.ones_like(positions[valid]))
+        sums = {mode: {name: torch.zeros(len(classes), dtype=torch.float64).index_add_(0, positions[valid], value[name][valid]).tolist()
+                       for name in names} for mode, value in per_mode.items()}
+        return counts.tolist(), sums
 
-    queries = torch.zeros(len(classes), dtype=torch.int64).index_add_(0, positions[valid], torch.ones_like(positions[valid]))
-    return {"classes": classes.tolist(), "queries": queries.tolist(),
-            "sums": {mode: {name: per_class(value[name]) for name in names} for mode, value in per_mode.items()}}
+    queries, sums = queries_and_sums(values)
+    record = {"classes": classes.tolist(), "queries": queries, "sums": sums}
+    if domains is not None:  # the same queries, so the same classes in the same order
+        crossed, crossed_sums = queries_and_sums(
+            {cross_domain_mode(mode): value for mode, value in _mode_values(matrices, labels, names, query_mask, domains)[1].items()})
+        record["sums"].update(crossed_sums)
+        record["queries_by_mode"] = {mode: crossed for mode in crossed_sums}
+    return record
+
+
+def _mode_values(matrices: Sequence[Tensor], labels: Tensor, names: Sequence[str], query_mask: Tensor | None,
+                 domains: Tensor | None) -> tuple[Tensor, dict[str, dict[str, Tensor]]]:
+    """The queries' labels and their per-query values in the two modes: of the concatenated fold models,
+    and each query's mean over the fold models (separated)."""
+    query_labels, concatenated = query_scores(concatenate(matrices), labels, names, query_mask=query_mask, domains=domains)
+    separate = [query_scores(matrix, labels, names, query_mask=query_mask, domains=domains)[1] for matrix in matrices]
+    separated = {name: torch.stack([fold[name] for fold in separate]).mean(dim=0) for name in names}
+    return query_labels, {"concatenated": concatenated, "separated": separated}
+
+
+def queries_of(record: Mapping[str, Any], mode: str) -> list[int]:
+    """A ``class_sums`` record's queries with R > 0 per class in ``mode``."""
+    return record.get("queries_by_mode", {}).get(mode, record["queries"])
 
 
 def draw_classes(num_classes: int, replicates: int, seed: int = DEFAULT_SEED) -> np.ndarray:
@@ -128,7 +151,7 @@ def class_bootstrap(per_class: Mapping[str, Mapping[int, Mapping[str, Any]]], mo
     # [seeds, replicates + 1]: every reproduction's score in every replicate; the last column is the
     # unresampled test set.
     values = {method: np.stack([replicate_scores(np.vstack([counts, ones]), records[s]["sums"][mode][metric],
-                                                 records[s]["queries"]) for s in seeds])
+                                                 queries_of(records[s], mode)) for s in seeds])
               for method, records in per_class.items()}
 
     def interval(table: np.ndarray) -> BootstrapInterval:

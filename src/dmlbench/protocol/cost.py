@@ -171,7 +171,8 @@ def measure(prepared: Prepared, startup: float = 0.0, report: ReportWriter | Non
     method_steps = _method_steps(prepared, device)
     validation, embed_per_image, width, first_validation = _validation_seconds(config, setup, device)
     startup += first_step + first_validation  # likewise once: what the process's first step and pass pay more
-    test = SplitSize(len(setup.full_splits.test), len(prepared.layout.test_classes), width)
+    domains = len(setup.dataset.images_per_domain() or {}) if config.evaluation.cross_domain else 0
+    test = SplitSize(len(setup.full_splits.test), len(prepared.layout.test_classes), width, domains)
     test_scoring, class_sums = _scoring_seconds(config, test, prepared.spec.protocol.folds)
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = _checkpoint_seconds(setup, Path(directory))
@@ -246,25 +247,26 @@ def _validation_seconds(config: Any, setup: Any, device: Any) -> tuple[float, fl
 
 
 def _scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, float]:
-    """Seconds to score the test split and to sum a reproduction's per-class scores of its ``folds``
-    fold models (``class_bootstrap.class_sums``), timed on random unit vectors (the test data itself
-    is opened only by the reproductions)."""
-    import torch
-
+    """Seconds to score the test split (in every setting a mode is scored in: all-versus-all,
+    cross-domain, re-ranked) and to sum a reproduction's per-class scores of its ``folds`` fold models
+    (``class_bootstrap.class_sums``), timed on random unit vectors (the test data itself is opened only
+    by the reproductions)."""
     from dmlbench.evaluation import evaluate
     from dmlbench.protocol.class_bootstrap import class_sums
+    from dmlbench.protocol.rehearsal import made_up_test_split
 
     if test.images == 0:
         return 0.0, 0.0
-    generator = torch.Generator().manual_seed(config.seed)
-    embeddings = torch.nn.functional.normalize(torch.randn(test.images, test.width, generator=generator), dim=1)
-    labels = torch.arange(test.images) % max(test.classes, 1)
+    embeddings, labels, domains = made_up_test_split(test, config.seed, folds)
+    first = embeddings["fold 0"]
     started = time.perf_counter()
-    evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed)
-    if config.evaluation.rerank.kind != "none":  # the test split is scored raw and re-ranked
-        evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed, rerank=config.evaluation.rerank.method())
+    evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed)
+    if domains is not None:  # each mode is scored cross-domain too
+        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, domains=domains)
+    if config.evaluation.rerank.kind != "none":  # and re-ranked
+        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, rerank=config.evaluation.rerank.method())
     scored = time.perf_counter()
-    class_sums({f"fold {fold}": embeddings for fold in range(folds)}, labels, config.evaluation.metrics)
+    class_sums(embeddings, labels, config.evaluation.metrics, None, domains)
     return scored - started, time.perf_counter() - scored
 
 

@@ -38,11 +38,28 @@ JITTER = 0.01  # spread of a reproduction's made-up scores around its method's
 
 @dataclass(frozen=True)
 class SplitSize:
-    """The size of the test split the made-up results are scored on."""
+    """The size of the test split the made-up results are scored on (``domains``: how many domains its
+    images come from when it is scored cross-domain, else 0)."""
 
     images: int
     classes: int
     width: int
+    domains: int = 0
+
+
+def made_up_test_split(test: SplitSize, seed: int, folds: int) -> tuple[dict[str, Any], Any, Any]:
+    """Random unit embeddings of ``test``'s size for each of ``folds`` fold models, labels spread evenly
+    over its classes and, with domains, the k-th image of each class from domain k mod ``test.domains``
+    (so that every class has matches in other domains); seeded by ``seed``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    embeddings = {f"fold {fold}": torch.nn.functional.normalize(torch.randn(test.images, test.width, generator=generator), dim=1)
+                  for fold in range(folds)}
+    classes = max(test.classes, 1)
+    labels = torch.arange(test.images) % classes
+    domains = (torch.arange(test.images) // classes) % test.domains if test.domains > 1 else None
+    return embeddings, labels, domains
 
 
 def rehearse(prepared: Prepared, directory: Path, test: SplitSize) -> Prepared:
@@ -103,15 +120,10 @@ class _MadeUpResults:
     def _scored(self) -> tuple[dict[str, dict[str, float]], dict[str, Any] | None]:
         """Test scores and per-class sums, scored for real on random embeddings of the fold models (once:
         the dry run's time goes on the report, not on scoring noise again)."""
-        import torch
-
         if self.scored is None:
-            generator = torch.Generator().manual_seed(self.seed)
-            embeddings = {f"fold {fold}": torch.nn.functional.normalize(torch.randn(
-                self.test.images, self.test.width, generator=generator), dim=1) for fold in range(self.folds)}
-            labels = torch.arange(self.test.images) % max(self.test.classes, 1)
-            self.scored = (score_modes(embeddings, labels, self.metrics, self.seed, None, None, self.rerank),
-                           class_sums(embeddings, labels, self.metrics))
+            embeddings, labels, domains = made_up_test_split(self.test, self.seed, self.folds)
+            self.scored = (score_modes(embeddings, labels, self.metrics, self.seed, None, domains, self.rerank),
+                           class_sums(embeddings, labels, self.metrics, None, domains))
         return self.scored
 
 

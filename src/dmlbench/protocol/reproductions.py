@@ -145,7 +145,7 @@ def _test_scores(
     # queries against the gallery for a dataset with roles
     query_mask = test_query_mask(runs[0])
     scores = score_modes(embeddings, labels, metrics, seed, query_mask, domains, rerank.method())
-    per_class = class_sums(embeddings, labels, metrics, query_mask)
+    per_class = class_sums(embeddings, labels, metrics, query_mask, domains)
     files.write_json(stored_path, {"evaluated": provenance.now(), "key": key, "scores": scores,
                                    **({"class_scores": per_class} if per_class is not None else {})})
     return scores, per_class

@@ -44,7 +44,7 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     board = Section("Results" if summary else None, after=[(
         "Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); "
         "con. = concatenated fold models, sep. = separated (seed 001 §3.3). "
-        f"Sorted by the primary endpoint, {_endpoint(data.claims.primary)}; *best* marks its highest mean. "
+        f"Sorted by the primary endpoint, {uncertainty.endpoint_title(data.claims.primary)}; *best* marks its highest mean. "
         "`untrained` is the baseline: the same models before any training step.")])
     if data.results:
         board.tables.append(tables.leaderboard(data, data.claims.primary))
@@ -60,8 +60,8 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     parts.append(setup_section(data))
     parts += _claim_sections(data.claims)
     # Uncertainty beyond the seeds: the test classes resampled, the search repeated.
-    parts += [Section(title, paragraphs, tables=tables) for title, paragraphs, tables in
-              (part for part in (uncertainty.class_bootstrap_part(data), uncertainty.search_repeat_part(data)) if part)]
+    uncertain = [*uncertainty.class_bootstrap_parts(data), uncertainty.search_repeat_part(data)]
+    parts += [Section(title, paragraphs, tables=tables) for title, paragraphs, tables in filter(None, uncertain)]
     change = analysis_change_section(data)
     if change:
         parts.append(change)
@@ -230,10 +230,6 @@ def summary_section(data: ReportData) -> Section | None:
     return Section("Summary", paragraphs, bullets=bullets)
 
 
-def _endpoint(primary: tuple[str, str]) -> str:
-    return f"{metric_title(primary[1])} ({primary[0]})"
-
-
 def _baseline_sentence(data: ReportData) -> str | None:
     """Every method against the untrained baseline on the primary endpoint: usually the firmest result."""
     means = {(row["method"], row["mode"], row["metric"]): row for row in result_rows(data.results)}
@@ -244,10 +240,10 @@ def _baseline_sentence(data: ReportData) -> str | None:
     gaps = [100 * (means[(name, *data.claims.primary)]["mean"] - baseline["mean"]) for name in scored]
     above = [name for name in scored if means[(name, *data.claims.primary)]["ci_low"] > baseline["ci_high"]]
     if len(above) == len(scored):
-        return (f"Every one of the {len(scored)} methods scores above the untrained baseline on {_endpoint(data.claims.primary)}, "
+        return (f"Every one of the {len(scored)} methods scores above the untrained baseline on {uncertainty.endpoint_title(data.claims.primary)}, "
                 f"by {min(gaps):.1f} to {max(gaps):.1f} points, each 95% interval clear of the baseline's.")
     return (f"{len(above)} of the {len(scored)} methods have a 95% interval above the untrained baseline's on "
-            f"{_endpoint(data.claims.primary)} (differences {min(gaps):+.1f} to {max(gaps):+.1f} points).")
+            f"{uncertainty.endpoint_title(data.claims.primary)} (differences {min(gaps):+.1f} to {max(gaps):+.1f} points).")
 
 
 def _primary_sentence(data: ReportData) -> str | None:
@@ -257,7 +253,7 @@ def _primary_sentence(data: ReportData) -> str | None:
         return None
     counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
     likely = sum(p.tost_holm >= TARGET_POWER or p.ttest_holm >= TARGET_POWER for p in claims.power)
-    return (f"Primary endpoint {_endpoint(claims.primary)}: {len(family)} declared comparison(s) in one Holm family, "
+    return (f"Primary endpoint {uncertainty.endpoint_title(claims.primary)}: {len(family)} declared comparison(s) in one Holm family, "
             f"{family[0].n} reproductions paired by seed — "
             + ", ".join(f"{count} {outcome}" for outcome, count in counts.items())
             + f". At the observed spread {likely} of {len(claims.power)} comparisons had 80% power at the strictest Holm "
@@ -339,7 +335,7 @@ def _ranking_section(title: str, rankings: list[tuple[str, RankAgreement]], labe
 def _sensitivity_section(claims: Claims) -> Section:
     points = 100 * claims.margin
     rows = [[f"{a} vs {b}", low, chosen, high] for a, b, low, chosen, high in claims.sensitivity]
-    return Section(f"Sensitivity to the margin ({_endpoint(claims.primary)})",
+    return Section(f"Sensitivity to the margin ({uncertainty.endpoint_title(claims.primary)})",
                    [f"The primary family's verdicts with the equivalence margin halved, as chosen (±{points:g} points, "
                     "`analysis.equivalence_margin`) and doubled; better / worse do not depend on the margin."],
                    tables=[(["comparison", f"±{points / 2:g} points", f"±{points:g} points", f"±{2 * points:g} points"], rows)])
@@ -350,7 +346,7 @@ def _power_section(claims: Claims) -> Section:
              f"{p.tost:.2f} / {p.tost_holm:.2f}", f"{100 * p.detectable:.2f}",
              f"more than {MAX_REPRODUCTIONS}" if p.needed is None else str(p.needed)] for p in claims.power]
     m = len(claims.power)
-    return Section(f"Power ({_endpoint(claims.primary)})",
+    return Section(f"Power ({uncertainty.endpoint_title(claims.primary)})",
                    [f"What each comparison of the primary family could show, at its observed SD of paired differences "
                     f"taken as the true one: the paired t-test's power to find a true difference of one margin "
                     f"(±{100 * claims.margin:g} points) and TOST's power to show equivalence when the true difference is 0, "

@@ -1,7 +1,8 @@
 """Uncertainty beyond the seeds, for the report: the bootstrap over test classes of the primary endpoint
-(``protocol.class_bootstrap``), the spread over repeated searches (``protocol.search_repeats``) and the
-best values that lie at the edge of their search range. Each part is a title, paragraphs and tables
-(``report.sections`` makes them sections) and a CSV of every number shown."""
+and of its cross-domain mode where there is one (``protocol.class_bootstrap``), the spread over
+repeated searches (``protocol.search_repeats``) and the best values that lie at the edge of their
+search range. Each part is a title, paragraphs and tables (``report.sections`` makes them sections)
+and a CSV of every number shown."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dmlbench.evaluation.metrics import metric_title
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
 from dmlbench.protocol.layout import CLASS_BOOTSTRAP_CSV, SEARCH_REPEATS_CSV
 from dmlbench.protocol.class_bootstrap import ClassBootstrap, class_bootstrap
-from dmlbench.protocol.results import result_rows
+from dmlbench.protocol.results import CROSS_DOMAIN_SUFFIX, cross_domain_mode, result_rows
 from dmlbench.report.analysis import scored_methods
 from dmlbench.report.data import ReportData
 
@@ -26,26 +27,35 @@ Part = tuple[str, list[str], list[Table]]  # title, paragraphs, tables
 EDGE_FRACTION = 0.05  # a best value this close to a bound (as a fraction of the range) is flagged
 
 
-def _endpoint(data: ReportData) -> str:
+def endpoint_title(endpoint: tuple[str, str]) -> str:
+    """``(mode, metric)`` as the report names it, e.g. ``MAP@R (concatenated)``."""
+    return f"{metric_title(endpoint[1])} ({endpoint[0]})"
+
+
+def bootstrap_endpoints(data: ReportData) -> list[tuple[str, str]]:
+    """The endpoints whose test classes are resampled: the primary one and, when the benchmark scored
+    it cross-domain as well (``evaluation.cross_domain``), its cross-domain mode."""
     mode, metric = data.claims.primary
-    return f"{metric_title(metric)} ({mode})"
+    crossed = (cross_domain_mode(mode), metric)
+    return [data.claims.primary, crossed] if crossed in data.claims.families else [data.claims.primary]
 
 
-def bootstrap_of(data: ReportData) -> ClassBootstrap | str | None:
-    """The class bootstrap of the primary endpoint, why there is none (a sentence), or ``None`` when
-    ``protocol.class_bootstrap`` is 0 or nothing was scored."""
+def bootstrap_of(data: ReportData, endpoint: tuple[str, str]) -> ClassBootstrap | str | None:
+    """The class bootstrap of ``endpoint`` (mode, metric), why there is none (a sentence), or ``None``
+    when ``protocol.class_bootstrap`` is 0 or nothing was scored."""
     replicates = data.benchmark.protocol.class_bootstrap
     scored = list(scored_methods(data.results))
     if replicates == 0 or not scored:
         return None
-    mode, metric = data.claims.primary
+    mode, metric = endpoint
     if metric not in PER_QUERY_METRICS:
         return f"{metric_title(metric)} is not a mean over queries, so its classes cannot be resampled."
-    missing = [name for name in scored if not data.class_scores.get(name)]
+    missing = [name for name in scored if not data.class_scores.get(name)
+               or any(mode not in record["sums"] for record in data.class_scores[name].values())]
     if missing:
-        return (f"`{missing[0]}` has no per-class test scores (its reproductions were scored before they were "
+        return (f"`{missing[0]}` has no per-class {mode} test scores (its reproductions were scored before they were "
                 "stored), so the test classes cannot be resampled.")
-    family = data.claims.families.get(data.claims.primary)
+    family = data.claims.families.get(endpoint)
     pairs = [(c.a, c.b) for c in family] if isinstance(family, list) else []
     try:
         return class_bootstrap({name: data.class_scores[name] for name in scored}, mode, metric, pairs, replicates=replicates)
@@ -57,35 +67,49 @@ def _interval(low: float, high: float) -> str:
     return "-" if math.isnan(low) else f"[{100 * low:+.2f}, {100 * high:+.2f}]"
 
 
-def class_bootstrap_part(data: ReportData) -> Part | None:
-    result = bootstrap_of(data)
-    title = f"Uncertainty over the test classes ({_endpoint(data)})"
-    if result is None:
-        return None
-    if isinstance(result, str):
-        return title, [result], []
-    seeds = {row["method"]: row for row in result_rows(data.results) if (row["mode"], row["metric"]) == data.claims.primary}
+def class_bootstrap_parts(data: ReportData) -> list[Part]:
+    """One part per endpoint of ``bootstrap_endpoints`` (none when the bootstrap is off)."""
+    parts = []
+    for endpoint in bootstrap_endpoints(data):
+        result = bootstrap_of(data, endpoint)
+        title = f"Uncertainty over the test classes ({endpoint_title(endpoint)})"
+        if isinstance(result, str):
+            parts.append((title, [result], []))
+        elif result is not None:
+            parts.append((title, [_bootstrap_text(result, endpoint)], [_bootstrap_table(data, result, endpoint)]))
+    return parts
+
+
+def _bootstrap_table(data: ReportData, result: ClassBootstrap, endpoint: tuple[str, str]) -> Table:
+    seeds = {row["method"]: row for row in result_rows(data.results) if (row["mode"], row["metric"]) == endpoint}
     header = ["method or difference", "estimate (%)", "seeds: 95% t-interval", "classes: 95% bootstrap",
               "classes and seeds: 95% bootstrap"]
     rows = [[name, f"{100 * b.estimate:.2f}", _interval(seeds[name]["ci_low"] - seeds[name]["mean"], seeds[name]["ci_high"] - seeds[name]["mean"]),
              _interval(b.class_low - b.estimate, b.class_high - b.estimate),
              _interval(b.both_low - b.estimate, b.both_high - b.estimate)] for name, b in result.methods.items()]
-    family = data.claims.families.get(data.claims.primary)
+    family = data.claims.families.get(endpoint)
     compared = {(c.a, c.b): c for c in family} if isinstance(family, list) else {}
     for (a, b), d in result.differences.items():
         c = compared[(a, b)]
         rows.append([f"{a} − {b}", f"{100 * d.estimate:+.2f}", _interval(c.difference_low, c.difference_high),
                      _interval(d.class_low, d.class_high), _interval(d.both_low, d.both_high)])
-    text = (f"The seeds' intervals treat the {result.classes} test classes as fixed; here they are a sample too. "
+    return header, rows
+
+
+def _bootstrap_text(result: ClassBootstrap, endpoint: tuple[str, str]) -> str:
+    crossed = endpoint[0].endswith(CROSS_DOMAIN_SUFFIX)
+    gallery = ("against the fixed gallery of the other domains' test images" if crossed
+               else "against the fixed gallery of all test images")
+    queries = (" A class's queries are those with a match drawn by another domain, as in the cross-domain scores."
+               if crossed else "")
+    return (f"The seeds' intervals treat the {result.classes} test classes as fixed; here they are a sample too. "
             f"{result.replicates} replicates (seed 0) each draw {result.classes} classes with replacement, the same draws "
             "for every method and reproduction, so differences are paired over classes as well as seeds; each query counts "
-            "as often as its class was drawn, against the fixed gallery of all test images (an interval conditional on "
-            "that gallery, docs/decisions.md). *classes*: the mean over all "
-            f"{len(result.seeds)} common reproductions in each replicate; *classes and seeds*: the reproductions "
-            "redrawn too (with few reproductions that redraw is narrower than the seeds' t-interval, which also "
-            "allows for the unknown spread). Methods: the interval around the estimate (points); differences: the "
+            f"as often as its class was drawn, {gallery} (an interval conditional on that gallery, docs/decisions.md).{queries} "
+            f"*classes*: the mean over all {len(result.seeds)} common reproductions in each replicate; *classes and seeds*: "
+            "the reproductions redrawn too (with few reproductions that redraw is narrower than the seeds' t-interval, which "
+            "also allows for the unknown spread). Methods: the interval around the estimate (points); differences: the "
             "interval itself (points). A difference whose classes interval holds 0 may change sign with other test classes.")
-    return title, [text], [(header, rows)]
 
 
 def _best(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -132,7 +156,7 @@ def search_repeat_part(data: ReportData) -> Part | None:
                str(row[5]), f"{100 * row[6]:.2f}"] for row in rows]
     text = ("The whole search run again with other search seeds (`protocol.search_repeats`; search 0 is the one the "
             "leaderboard and the comparisons use), each followed by its own reproductions on the same seeds. The spread "
-            f"(largest − smallest, points) of the best validation MAP@R and of the reproductions' mean {_endpoint(data)} "
+            f"(largest − smallest, points) of the best validation MAP@R and of the reproductions' mean {endpoint_title(data.claims.primary)} "
             "across searches is how much the search's luck alone moves a method: a difference between methods smaller "
             "than it says little about the methods.")
     family = data.claims.families.get(data.claims.primary)
@@ -142,10 +166,10 @@ def search_repeat_part(data: ReportData) -> Part | None:
         text += (" Declared comparisons whose difference is no larger than the test spread of a repeated method in them: "
                  + (", ".join(within) or "none") + ".")
     return ("Search repeats", [text], [
-        (["method", "searches", "best val. MAP@R (%) per search", "spread", f"test {_endpoint(data)} (%) per search",
+        (["method", "searches", "best val. MAP@R (%) per search", "spread", f"test {endpoint_title(data.claims.primary)} (%) per search",
           "spread"], spreads),
         (["method", "search", "search seed", "best val. MAP@R (%)", "best parameters", "reproductions scored",
-          f"test {_endpoint(data)} (%)"], detail)])
+          f"test {endpoint_title(data.claims.primary)} (%)"], detail)])
 
 
 def edge_position(bounds: dict[str, Any], value: Any) -> float | None:
@@ -181,15 +205,17 @@ def range_edge_text(data: ReportData) -> str:
 def uncertainty_csvs(data: ReportData) -> dict[str, str]:
     """``class_bootstrap.csv`` (the primary endpoint's intervals) and ``search_repeats.csv``, when there are any."""
     tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
-    result = bootstrap_of(data)
-    if isinstance(result, ClassBootstrap):
-        rows: list[list[Any]] = [[name, "", b] for name, b in result.methods.items()]
-        rows += [[a, b, d] for (a, b), d in result.differences.items()]
+    results = [result for result in (bootstrap_of(data, endpoint) for endpoint in bootstrap_endpoints(data))
+               if isinstance(result, ClassBootstrap)]
+    if results:
+        rows: list[list[Any]] = []
+        for result in results:
+            compared = [[name, "", b] for name, b in result.methods.items()] + [[a, b, d] for (a, b), d in result.differences.items()]
+            rows += [[result.mode, result.metric, a, b, result.replicates, result.classes, len(result.seeds),
+                      *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))] for a, b, i in compared]
         tables[CLASS_BOOTSTRAP_CSV] = (
             ["mode", "metric", "a", "b", "replicates", "classes", "reproductions", "estimate", "class_low", "class_high",
-             "both_low", "both_high"],
-            [[result.mode, result.metric, a, b, result.replicates, result.classes, len(result.seeds),
-              *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))] for a, b, i in rows])
+             "both_low", "both_high"], rows)
     repeats = search_repeat_rows(data)
     if repeats:
         tables[SEARCH_REPEATS_CSV] = (
