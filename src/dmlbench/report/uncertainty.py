@@ -53,8 +53,8 @@ def bootstrap_of(data: ReportData, endpoint: tuple[str, str]) -> ClassBootstrap 
     missing = [name for name in scored if not data.class_scores.get(name)
                or any(mode not in record["sums"] for record in data.class_scores[name].values())]
     if missing:
-        return (f"`{missing[0]}` has no per-class {mode} test scores (its reproductions were scored before they were "
-                "stored), so the test classes cannot be resampled.")
+        return (f"`{missing[0]}` has no per-class {mode} test scores (its reproductions were scored by a version of "
+                "dmlbench that did not store them), so the test classes cannot be resampled.")
     family = data.claims.families.get(endpoint)
     pairs = [(c.a, c.b) for c in family] if isinstance(family, list) else []
     try:
