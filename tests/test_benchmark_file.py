@@ -13,25 +13,33 @@ from dmlbench.protocol.benchmark_file import BENCHMARK_FORMAT, read_benchmark, w
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(REPO.glob("results/*/benchmark.json"))
+# A file written before the typed record existed (no ``format``), for the tests of reading old files.
+OLD = next(path for path in COMMITTED if "format" not in json.loads(path.read_text()))
 SMOKE = REPO / "configs" / "smoke.yaml"
 
 
 def test_every_committed_benchmark_file_reads_back_to_its_own_json() -> None:
-    """Written before the record existed (no ``format``, no ``analysis_in_hash``): the same keys in the
-    same order with the same values, so a continued benchmark keeps its description and config hash."""
+    """Those written before the record existed (no ``format``, no ``analysis_in_hash``) and those
+    written by it: the same keys in the same order with the same values, so a continued benchmark
+    keeps its description and config hash; the analysis in force is the stored one."""
     assert COMMITTED
+    written_by_the_record = []
     for path in COMMITTED:
         stored = json.loads(path.read_text())
         record = read_benchmark(path.parent)
-        assert "format" not in stored and record.format == BENCHMARK_FORMAT
+        assert record.format == BENCHMARK_FORMAT and stored.get("format", BENCHMARK_FORMAT) == BENCHMARK_FORMAT
         assert list(record.stored().items()) == list(stored.items()), path
         assert record.methods == stored["methods"] and record.protocol.trials == stored["protocol"]["trials"]
         assert record.fold_layout is not None and record.fold_layout.test_classes == stored["fold_layout"]["test_classes"]
-        assert record.analysis_in_force() == stored["analysis"] and not record.analysis_in_hash
+        assert record.analysis_in_hash == ("format" in stored), path
+        assert {key: value for key, value in record.analysis_in_force().items() if key in stored["analysis"]} == stored["analysis"]
+        if "format" in stored:
+            written_by_the_record.append(path.parent.name)
+    assert "reality_check_emoji" in written_by_the_record
 
 
 def test_an_old_file_is_written_back_with_a_format_and_nothing_else_changed(tmp_path: Path) -> None:
-    source = COMMITTED[0]
+    source = OLD
     (tmp_path / "benchmark.json").write_text(source.read_text())
     write_benchmark(tmp_path, read_benchmark(tmp_path))
     written = json.loads((tmp_path / "benchmark.json").read_text())
@@ -46,11 +54,11 @@ def _planted(directory: Path, text: str) -> bytes:
 
 
 def _newer() -> str:
-    return json.dumps({**json.loads(COMMITTED[0].read_text()), "format": BENCHMARK_FORMAT + 1})
+    return json.dumps({**json.loads(OLD.read_text()), "format": BENCHMARK_FORMAT + 1})
 
 
 def _without_methods() -> str:
-    return json.dumps({key: value for key, value in json.loads(COMMITTED[0].read_text()).items() if key != "methods"})
+    return json.dumps({key: value for key, value in json.loads(OLD.read_text()).items() if key != "methods"})
 
 
 @pytest.mark.parametrize(
@@ -60,7 +68,7 @@ def _without_methods() -> str:
         ('{"spec": {"base": ', "is not valid JSON"),
         (_without_methods(), "is not a benchmark record (key 'methods': Field required)"),
         ('["a", "list"]', "is not a benchmark record"),
-        (json.dumps({**json.loads(COMMITTED[0].read_text()), "protocol": {"folds": "four"}}), "key 'protocol.folds'"),
+        (json.dumps({**json.loads(OLD.read_text()), "protocol": {"folds": "four"}}), "key 'protocol.folds'"),
     ],
 )
 def test_a_newer_corrupt_or_foreign_file_is_one_line_exit_2_and_left_as_it_is(

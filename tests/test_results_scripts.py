@@ -125,14 +125,19 @@ def test_transfer_pairs_only_the_reproductions_every_method_scored(tmp_path: Pat
     assert [float(rows[name]["second_t_pvalue_holm"]) for name in ("up", "down")] == pytest.approx(expected, rel=1e-9)
 
 
-def test_the_committed_transfer_table_is_what_the_script_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """results/README.md cites results/converged_glyphs/transfer_from_short_study.csv: it must still follow
-    from the two committed studies by the committed script; the printed count of newly decided verdicts
-    is the table's."""
+@pytest.mark.parametrize(("first", "second", "table"), [
+    ("reality_check_glyphs", "converged_glyphs", "converged_glyphs/transfer_from_short_study.csv"),
+    ("reality_check_glyphs", "reality_check_emoji", "reality_check_emoji/transfer_from_glyphs.csv"),
+    ("converged_glyphs", "reality_check_emoji", "reality_check_emoji/transfer_from_converged_glyphs.csv"),
+])
+def test_the_committed_transfer_table_is_what_the_script_writes(first: str, second: str, table: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The READMEs under results/ cite these transfer tables: each must still follow from its two
+    committed studies by the committed script; the printed count of newly decided verdicts is the table's."""
     results = Path(__file__).resolve().parents[1] / "results"
     output = tmp_path / "transfer.csv"
-    assert _script("transfer").main([str(results / "reality_check_glyphs"), str(results / "converged_glyphs"), "-o", str(output)]) == 0
-    assert output.read_bytes() == (results / "converged_glyphs" / "transfer_from_short_study.csv").read_bytes()
+    assert _script("transfer").main([str(results / first), str(results / second), "-o", str(output)]) == 0
+    assert output.read_bytes() == (results / table).read_bytes()
     rows = list(csv.DictReader(output.open()))
     undecided = [row for row in rows if row["first_outcome"] == "inconclusive"]
     later = [row["second_outcome"] for row in undecided if row["second_outcome"] != "inconclusive"]
