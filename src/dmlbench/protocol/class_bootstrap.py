@@ -50,16 +50,19 @@ def class_sums(embeddings: Mapping[str, Tensor], labels: Tensor, metrics: Sequen
 
     def queries_and_sums(per_mode: dict[str, dict[str, Tensor]]) -> tuple[list[int], dict[str, dict[str, list[float]]]]:
         valid = ~torch.isnan(next(iter(per_mode.values()))[names[0]])  # R > 0: alike for every metric and fold model
-        counts = torch.zeros(len(classes), dtype=torch.int64).index_add_(0, positions[valid], torch.ones_like(positions[valid]))
-        sums = {mode: {name: torch.zeros(len(classes), dtype=torch.float64).index_add_(0, positions[valid], value[name][valid]).tolist()
-                       for name in names} for mode, value in per_mode.items()}
-        return counts.tolist(), sums
+        kept = positions[valid]
+
+        def per_class(value: Tensor) -> Tensor:
+            return torch.zeros(len(classes), dtype=value.dtype).index_add_(0, kept, value[valid])
+
+        sums = {mode: {name: per_class(value[name]).tolist() for name in names} for mode, value in per_mode.items()}
+        return per_class(torch.ones_like(positions)).tolist(), sums
 
     queries, sums = queries_and_sums(values)
     record = {"classes": classes.tolist(), "queries": queries, "sums": sums}
     if domains is not None:  # the same queries, so the same classes in the same order
-        crossed, crossed_sums = queries_and_sums(
-            {cross_domain_mode(mode): value for mode, value in _mode_values(matrices, labels, names, query_mask, domains)[1].items()})
+        crossed_values = _mode_values(matrices, labels, names, query_mask, domains)[1]
+        crossed, crossed_sums = queries_and_sums({cross_domain_mode(mode): value for mode, value in crossed_values.items()})
         record["sums"].update(crossed_sums)
         record["queries_by_mode"] = {mode: crossed for mode in crossed_sums}
     return record

@@ -239,11 +239,12 @@ def _baseline_sentence(data: ReportData) -> str | None:
         return None
     gaps = [100 * (means[(name, *data.claims.primary)]["mean"] - baseline["mean"]) for name in scored]
     above = [name for name in scored if means[(name, *data.claims.primary)]["ci_low"] > baseline["ci_high"]]
+    endpoint = uncertainty.endpoint_title(data.claims.primary)
     if len(above) == len(scored):
-        return (f"Every one of the {len(scored)} methods scores above the untrained baseline on {uncertainty.endpoint_title(data.claims.primary)}, "
+        return (f"Every one of the {len(scored)} methods scores above the untrained baseline on {endpoint}, "
                 f"by {min(gaps):.1f} to {max(gaps):.1f} points, each 95% interval clear of the baseline's.")
     return (f"{len(above)} of the {len(scored)} methods have a 95% interval above the untrained baseline's on "
-            f"{uncertainty.endpoint_title(data.claims.primary)} (differences {min(gaps):+.1f} to {max(gaps):+.1f} points).")
+            f"{endpoint} (differences {min(gaps):+.1f} to {max(gaps):+.1f} points).")
 
 
 def _primary_sentence(data: ReportData) -> str | None:
@@ -253,7 +254,8 @@ def _primary_sentence(data: ReportData) -> str | None:
         return None
     counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
     likely = sum(p.tost_holm >= TARGET_POWER or p.ttest_holm >= TARGET_POWER for p in claims.power)
-    return (f"Primary endpoint {uncertainty.endpoint_title(claims.primary)}: {len(family)} declared comparison(s) in one Holm family, "
+    endpoint = uncertainty.endpoint_title(claims.primary)
+    return (f"Primary endpoint {endpoint}: {len(family)} declared comparison(s) in one Holm family, "
             f"{family[0].n} reproductions paired by seed — "
             + ", ".join(f"{count} {outcome}" for outcome, count in counts.items())
             + f". At the observed spread {likely} of {len(claims.power)} comparisons had 80% power at the strictest Holm "

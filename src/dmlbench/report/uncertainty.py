@@ -154,9 +154,10 @@ def search_repeat_part(data: ReportData) -> Part | None:
     detail = [[row[0], str(row[1]), str(row[2]), f"{100 * row[3]:.2f}",
                ", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}" for key, value in row[4].items()),
                str(row[5]), f"{100 * row[6]:.2f}"] for row in rows]
+    endpoint = endpoint_title(data.claims.primary)
     text = ("The whole search run again with other search seeds (`protocol.search_repeats`; search 0 is the one the "
             "leaderboard and the comparisons use), each followed by its own reproductions on the same seeds. The spread "
-            f"(largest − smallest, points) of the best validation MAP@R and of the reproductions' mean {endpoint_title(data.claims.primary)} "
+            f"(largest − smallest, points) of the best validation MAP@R and of the reproductions' mean {endpoint} "
             "across searches is how much the search's luck alone moves a method: a difference between methods smaller "
             "than it says little about the methods.")
     family = data.claims.families.get(data.claims.primary)
@@ -166,10 +167,10 @@ def search_repeat_part(data: ReportData) -> Part | None:
         text += (" Declared comparisons whose difference is no larger than the test spread of a repeated method in them: "
                  + (", ".join(within) or "none") + ".")
     return ("Search repeats", [text], [
-        (["method", "searches", "best val. MAP@R (%) per search", "spread", f"test {endpoint_title(data.claims.primary)} (%) per search",
-          "spread"], spreads),
+        (["method", "searches", "best val. MAP@R (%) per search", "spread", f"test {endpoint} (%) per search", "spread"],
+         spreads),
         (["method", "search", "search seed", "best val. MAP@R (%)", "best parameters", "reproductions scored",
-          f"test {endpoint_title(data.claims.primary)} (%)"], detail)])
+          f"test {endpoint} (%)"], detail)])
 
 
 def edge_position(bounds: dict[str, Any], value: Any) -> float | None:
@@ -210,9 +211,11 @@ def uncertainty_csvs(data: ReportData) -> dict[str, str]:
     if results:
         rows: list[list[Any]] = []
         for result in results:
-            compared = [[name, "", b] for name, b in result.methods.items()] + [[a, b, d] for (a, b), d in result.differences.items()]
+            compared = [[name, "", b] for name, b in result.methods.items()]
+            compared += [[a, b, d] for (a, b), d in result.differences.items()]
             rows += [[result.mode, result.metric, a, b, result.replicates, result.classes, len(result.seeds),
-                      *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))] for a, b, i in compared]
+                      *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))]
+                     for a, b, i in compared]
         tables[CLASS_BOOTSTRAP_CSV] = (
             ["mode", "metric", "a", "b", "replicates", "classes", "reproductions", "estimate", "class_low", "class_high",
              "both_low", "both_high"], rows)
