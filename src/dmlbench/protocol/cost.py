@@ -40,7 +40,7 @@ from typing import Any
 
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import ReportWriter
-from dmlbench.protocol.rehearsal import SplitSize, rehearse
+from dmlbench.protocol.rehearsal import SplitSize, made_up_test_split, rehearse
 from dmlbench.training.threads import resolve_threads
 
 WARMUP_STEPS = 3
@@ -253,7 +253,6 @@ def _scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, f
     by the reproductions)."""
     from dmlbench.evaluation import evaluate
     from dmlbench.protocol.class_bootstrap import class_sums
-    from dmlbench.protocol.rehearsal import made_up_test_split
 
     if test.images == 0:
         return 0.0, 0.0

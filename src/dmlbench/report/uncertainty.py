@@ -204,7 +204,8 @@ def range_edge_text(data: ReportData) -> str:
 
 
 def uncertainty_csvs(data: ReportData) -> dict[str, str]:
-    """``class_bootstrap.csv`` (the primary endpoint's intervals) and ``search_repeats.csv``, when there are any."""
+    """``class_bootstrap.csv`` (the intervals of each endpoint of ``bootstrap_endpoints``, its ``mode``
+    column telling them apart) and ``search_repeats.csv``, when there are any."""
     tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
     results = [result for result in (bootstrap_of(data, endpoint) for endpoint in bootstrap_endpoints(data))
                if isinstance(result, ClassBootstrap)]
