@@ -163,3 +163,36 @@ def test_other_test_classes_are_refused() -> None:
     other = {**record, "classes": [0, 2]}
     with pytest.raises(UserInputError, match="other test classes"):
         class_bootstrap({"a": {1: record}, "b": {1: other}}, "concatenated", "map_at_r", [], replicates=10)
+
+
+def test_reproductions_lacking_per_class_sums_are_found() -> None:
+    """``reproductions._lacking_class_sums``: a finished reproduction lacks sums when it has none though
+    a metric is a mean over queries, or none cross-domain though it scored the cross-domain modes;
+    sums completed later among the study's attributes count; failed runs and NMI-only scores are left."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from dmlbench.protocol.reproductions import _lacking_class_sums
+    from dmlbench.protocol.results import COMPLETED_CLASS_SUMS
+
+    plain = {"concatenated": {"map_at_r": 0.5}, "separated": {"map_at_r": 0.4}}
+    crossed = {**plain, "concatenated_cross_domain": {"map_at_r": 0.3}, "separated_cross_domain": {"map_at_r": 0.2}}
+    sums = {"classes": [0], "queries": [2], "sums": {"concatenated": {"map_at_r": [1.0]}}}
+    attrs = [
+        {"scores": plain, "class_scores": sums},  # 0: complete
+        {"scores": plain},  # 1: stored none
+        {"scores": crossed, "class_scores": sums},  # 2: none cross-domain
+        {"scores": crossed, "class_scores": {**sums, "queries_by_mode": {"concatenated_cross_domain": [1]}}},  # 3
+        {"scores": {"concatenated": {"nmi": 0.5}, "separated": {"nmi": 0.4}}},  # 4: no per-query metric
+        {"scores": crossed},  # 5: stored none, completed later below
+        {"fail_reason": "NaN loss"},  # 6: failed
+    ]
+    study = optuna.create_study()
+    for slot, user_attrs in enumerate(attrs):
+        failed = "fail_reason" in user_attrs
+        study.add_trial(create_trial(state=TrialState.FAIL if failed else TrialState.COMPLETE,
+                                     value=None if failed else 0.5, user_attrs={"slot": slot, **user_attrs}))
+    assert [trial.user_attrs["slot"] for trial in _lacking_class_sums(study)] == [1, 2, 5]
+    study.set_user_attr(f"{COMPLETED_CLASS_SUMS}5", {**sums, "queries_by_mode": {"concatenated_cross_domain": [1]}})
+    study.set_user_attr(f"{COMPLETED_CLASS_SUMS}2", sums)  # completed, but still without the cross-domain modes
+    assert [trial.user_attrs["slot"] for trial in _lacking_class_sums(study)] == [1, 2]

@@ -156,6 +156,64 @@ def test_report_commits_every_validation_curve(finished: Path) -> None:
     assert all(0.0 <= float(value) <= 1.0 for *_, value in rows[1:])
 
 
+def test_a_benchmark_scored_without_per_class_sums_gets_them_when_continued(
+    finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A benchmark whose reproductions were scored by a version that stored no per-class test sums
+    (planted: the trials' ``class_scores`` deleted from the database) gets them from its checkpoints
+    when the same command runs again: the same sums, the same class bootstrap, the scores untouched,
+    each opening of the test data logged, the audit still passing; a third run has nothing to do."""
+    import shutil
+    import sqlite3
+
+    import optuna
+
+    from dmlbench.protocol.layout import reproduction_study
+    from dmlbench.protocol.results import COMPLETED_CLASS_SUMS
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy)
+    benchmark = json.loads((copy / "benchmark.json").read_text())
+    benchmark["storage"] = url = f"sqlite:///{copy.resolve() / 'study.db'}"
+    (copy / "benchmark.json").write_text(json.dumps(benchmark))
+    kept = {name: (copy / name).read_bytes() for name in ("results.csv", "runs.csv", "class_bootstrap.csv")}
+    methods = [method["name"] for method in METHODS]
+
+    def trial_sums() -> dict[str, list[object]]:
+        return {method: [t.user_attrs.get("class_scores") for t in optuna.load_study(
+            study_name=reproduction_study(method), storage=url).get_trials()] for method in methods}
+
+    original = trial_sums()
+    assert all(record is not None for records in original.values() for record in records)
+    with sqlite3.connect(copy / "study.db") as connection:
+        deleted = connection.execute("DELETE FROM trial_user_attributes WHERE key = 'class_scores'").rowcount
+    assert deleted == len(methods) * PROTOCOL["reproductions"]
+    (copy / "class_bootstrap.csv").unlink()
+    code, _, err = run_cli(["report", str(copy)], capsys)
+    assert code == 0, err
+    assert "has no per-class concatenated test scores" in (copy / "report.md").read_text()
+    accesses = (copy / "test_access.jsonl").read_text().splitlines()
+
+    spec = write_spec(tmp_path / "bench.yaml", analysis=ANALYSIS)
+    command = [console_script(), "benchmark", str(spec), "-o", str(copy), "-q"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{deleted} reproduction(s) were scored by a version that stored no per-class test sums" in result.stderr
+    for method in methods:
+        study = optuna.load_study(study_name=reproduction_study(method), storage=url)
+        completed = [study.user_attrs[f"{COMPLETED_CLASS_SUMS}{slot}"] for slot in range(PROTOCOL["reproductions"])]
+        assert completed == original[method]  # the sums the first scoring stored, to the bit
+    assert {name: (copy / name).read_bytes() for name in kept} == kept
+    added = [json.loads(line) for line in (copy / "test_access.jsonl").read_text().splitlines()[len(accesses):]]
+    assert len(added) == deleted and {entry["purpose"] for entry in added} == {"per-class sums"}
+    code, _, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 0, err
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert again.returncode == 0 and "stored no per-class test sums" not in again.stderr
+    assert len((copy / "test_access.jsonl").read_text().splitlines()) == len(accesses) + deleted
+
+
 def test_report_rebuilds_the_same_csv_bytes_from_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = {name: (finished / name).read_bytes() for name in ("results.csv", "runs.csv", "comparisons.csv",
                                                                  "claim_comparisons.csv", "correlations.csv",

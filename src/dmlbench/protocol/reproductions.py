@@ -16,18 +16,24 @@ tables; a reproduction whose training fails has no score and keeps its reason.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.trial import FrozenTrial
 from torch import Tensor
 
 from dmlbench import files, provenance
 from dmlbench.evaluation import embedding_space
+from dmlbench.evaluation.per_query import PER_QUERY_METRICS
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.class_bootstrap import class_sums
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
-from dmlbench.protocol.results import MethodReproductions, read_reproductions
+from dmlbench.protocol.results import (
+    COMPLETED_CLASS_SUMS, MODES, MethodReproductions, cross_domain_mode, read_reproductions, stored_class_sums,
+)
 from dmlbench.protocol.scoring import objective, record_test_access, score_modes
 from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves
 from dmlbench.training import records, tracking, train_or_resume
@@ -117,6 +123,56 @@ def fold_test_embeddings(runs: Sequence[Run]) -> tuple[dict[str, Tensor], Tensor
     return embeddings, labels
 
 
+def complete_class_sums(output_dir: Path, reproductions: Mapping[str, MethodReproduction]) -> int:
+    """Per-class test sums for the finished reproductions scored by a version of dmlbench that stored
+    none, or none for the cross-domain modes it scored: computed from the fold models' best checkpoints
+    as ``_test_scores`` computes them and stored in the storage (an attribute of the method's
+    reproduction study, ``results.COMPLETED_CLASS_SUMS`` + slot; the finished trial cannot take them),
+    where the report reads them; so a benchmark that finished before can resample its test classes.
+    Reproductions whose checkpoints are not on this machine are left (another worker's machine).
+    Returns how many were completed; each opening of the test data goes to ``test_access.jsonl`` first."""
+    pending = [(unit, trial) for unit in reproductions.values() for trial in _lacking_class_sums(unit.study)
+               if all((Path(output_dir) / run_dir).is_dir() for run_dir in trial.user_attrs["run_dirs"])]
+    if pending:
+        print(f"dmlbench: {len(pending)} reproduction(s) were scored by a version that stored no per-class test "
+              "sums (or none cross-domain): computing them from their checkpoints", file=sys.stderr, flush=True)
+    for unit, trial in pending:
+        runs = [Run.open(Path(output_dir) / run_dir) for run_dir in trial.user_attrs["run_dirs"]]
+        embeddings, labels = _embedded_test_split(output_dir, runs, purpose="per-class sums")
+        per_class = class_sums(embeddings, labels, unit.plan.config.evaluation.metrics, test_query_mask(runs[0]),
+                               run_test_domains(runs[0]))
+        unit.study.set_user_attr(f"{COMPLETED_CLASS_SUMS}{work.slot_of(trial)}", per_class)
+    return len(pending)
+
+
+def _lacking_class_sums(study: optuna.Study) -> list[FrozenTrial]:
+    """The finished reproductions of ``study`` without per-class sums where ``class_sums`` gives some:
+    none at all though a metric is a mean over queries, or none cross-domain though it scored those."""
+    completed = study.user_attrs
+    lacking = []
+    for trial in work.counted(study):
+        scores = trial.user_attrs.get("scores", {}) if trial.state.name == "COMPLETE" else {}
+        if not any(name in PER_QUERY_METRICS for values in scores.values() for name in values):
+            continue
+        record = stored_class_sums(completed, trial)
+        crossed = any(cross_domain_mode(mode) in scores for mode in MODES)
+        if record is None or (crossed and "queries_by_mode" not in record):
+            lacking.append(trial)
+    return lacking
+
+
+def _embedded_test_split(output_dir: Path, runs: list[Run], **note: str) -> tuple[dict[str, Tensor], Tensor]:
+    """``fold_test_embeddings(runs)`` of one reproduction, its opening of the test data appended to
+    ``test_access.jsonl`` first (with ``note``'s fields, e.g. why it was opened again)."""
+    directory = runs[0].run_dir.parent
+    record_test_access(output_dir, {
+        "stage": layout.REPRODUCTION_STAGE, "method": directory.parent.name, "reproduction": directory.name,
+        "model": "best_checkpoint", **note,
+        "runs": [str(run.run_dir.resolve().relative_to(Path(output_dir).resolve())) for run in runs],
+    })
+    return fold_test_embeddings(runs)
+
+
 def _test_scores(
     output_dir: Path, directory: Path, runs: list[Run], seed: int, metrics: list[str]
 ) -> tuple[dict[str, dict[str, float]], dict[str, Any] | None]:
@@ -135,13 +191,8 @@ def _test_scores(
         stored = files.read_json(stored_path)
         if stored.get("key") == key:
             return stored["scores"], stored.get("class_scores")
-    record_test_access(output_dir, {
-        "stage": layout.REPRODUCTION_STAGE, "method": directory.parent.name, "reproduction": directory.name,
-        "model": "best_checkpoint",
-        "runs": [str(run.run_dir.resolve().relative_to(Path(output_dir).resolve())) for run in runs],
-    })
     directory.mkdir(parents=True, exist_ok=True)
-    embeddings, labels = fold_test_embeddings(runs)
+    embeddings, labels = _embedded_test_split(output_dir, runs)
     # queries against the gallery for a dataset with roles
     query_mask = test_query_mask(runs[0])
     scores = score_modes(embeddings, labels, metrics, seed, query_mask, domains, rerank.method())

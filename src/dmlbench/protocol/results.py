@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import files
 from dmlbench.errors import UserInputError
@@ -29,6 +29,9 @@ from dmlbench.protocol.statistics import (
 )
 
 MODES = ("concatenated", "separated")
+# A reproduction study's attribute, + slot: per-class test sums computed after its trial finished
+# (``reproductions.complete_class_sums``), for reproductions scored by a version that stored none.
+COMPLETED_CLASS_SUMS = "class_scores_completed/"
 # With evaluation.cross_domain each mode is scored again with every query's gallery restricted to the
 # other domains; those modes are stored only then.
 CROSS_DOMAIN_SUFFIX = "_cross_domain"
@@ -81,6 +84,13 @@ def compared_modes(results: Mapping[str, MethodReproductions]) -> list[str]:
     cross-domain versions (another retrieval task); a re-ranked mode is compared with its raw self
     (``compare_reranking``) instead."""
     return [mode for mode in scored_modes(results) if not mode.endswith(RERANKED_SUFFIX)]
+
+
+def stored_class_sums(completed: Mapping[str, Any], trial: FrozenTrial) -> dict[str, Any] | None:
+    """A finished reproduction's per-class test sums: those ``reproductions.complete_class_sums`` stored
+    later among its study's attributes (``completed``), else the trial's own, else ``None``."""
+    later = completed.get(f"{COMPLETED_CLASS_SUMS}{work.slot_of(trial)}")
+    return later if later is not None else trial.user_attrs.get("class_scores")
 
 
 def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, Any], layout_hash: str,

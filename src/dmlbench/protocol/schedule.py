@@ -28,7 +28,7 @@ from dmlbench.protocol.plan import Context
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import (
     BenchmarkOutcome, ReportWriter, track_report, write_benchmark_file, write_search_summary, write_summaries)
-from dmlbench.protocol.reproductions import MethodReproduction
+from dmlbench.protocol.reproductions import MethodReproduction, complete_class_sums
 from dmlbench.protocol.search import MethodSearch, SearchResult
 from dmlbench.protocol.stages import BaselineStage, ReproductionStage, SearchStage, Stage
 from dmlbench.protocol.units import Unit
@@ -185,7 +185,9 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
         with context.worker.lock.held():
             marker = next(iter(schedule.searches.values())).study
             reported = marker.user_attrs.get("report")
-            if reported is not None and (output_dir / output_layout.REPORT_FILE).exists():
+            # A benchmark scored by an older version gains the per-class sums it lacks, and a new report.
+            completed = complete_class_sums(output_dir, schedule.reproductions)
+            if reported is not None and not completed and (output_dir / output_layout.REPORT_FILE).exists():
                 # Not a failure: this worker's share is done and a sibling (a --jobs process or another
                 # machine on the same storage) took the report; say so in those words.
                 print(f"dmlbench: done: every trial and reproduction of this benchmark is finished, and worker "

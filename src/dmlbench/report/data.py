@@ -24,7 +24,7 @@ from dmlbench.protocol import work
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark
 from dmlbench.protocol.correlations import mean_lag_one_autocorrelation
 from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction_study
-from dmlbench.protocol.results import MethodReproductions, compared_modes, read_reproductions
+from dmlbench.protocol.results import MethodReproductions, compared_modes, read_reproductions, stored_class_sums
 from dmlbench.protocol.statistics import PairedComparison
 from dmlbench.report.analysis import Claims, analyse
 
@@ -127,8 +127,8 @@ def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:
         data.results[method] = result
         data.reproduction_costs[method] = [_cost(t) for t in counted]
         data.reproduction_curves[method] = [(work.slot_of(t), t.user_attrs.get("curves", [])) for t in counted]
-        data.class_scores[method] = {int(t.user_attrs["seed"]): t.user_attrs["class_scores"] for t in counted
-                                     if "class_scores" in t.user_attrs and t.state.name == "COMPLETE"}
+        sums = {int(t.user_attrs["seed"]): stored_class_sums(attrs, t) for t in counted if t.state.name == "COMPLETE"}
+        data.class_scores[method] = {seed: record for seed, record in sums.items() if record is not None}
 
 
 def _read_repeats(data: ReportData, storage: Any, names: set[str]) -> None:
