@@ -144,6 +144,42 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
     assert "<em>equivalent</em>" in page and "*equivalent*" not in page
 
 
+def test_power_csv_holds_the_power_and_sensitivity_of_the_primary_family(finished: Path) -> None:
+    """``power.csv``: one row per comparison of the primary family (concatenated MAP@R), its power at the
+    SD of the paired differences in ``runs.csv`` (recomputed here with ``protocol.power``) and its
+    verdicts at half, the chosen and twice the margin (recomputed with ``statistics.compare_pairs``)."""
+    import csv
+
+    import numpy as np
+
+    from dmlbench.protocol import power
+    from dmlbench.protocol.statistics import compare_pairs
+
+    with open(finished / "power.csv", newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    runs: dict[str, dict[int, float]] = {}
+    with open(finished / "runs.csv", newline="") as stream:
+        for row in csv.DictReader(stream):
+            if (row["mode"], row["metric"]) == ("concatenated", "map_at_r"):
+                runs.setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
+    declared = [("triplet", "contrastive")]  # ANALYSIS: the reference's one comparison, the same pair declared again
+    assert [(row["mode"], row["metric"], row["a"], row["b"]) for row in rows] == [("concatenated", "map_at_r", a, b)
+                                                                                for a, b in declared]
+    report = (finished / "report.md").read_text()
+    for row, (a, b) in zip(rows, declared):
+        differences = np.array([runs[a][r] - runs[b][r] for r in sorted(runs[a])])
+        expected = power.comparison_power(a, b, len(differences), power.paired_sd(differences), 0.01, len(declared))
+        assert int(row["n"]) == expected.n and int(row["comparisons"]) == expected.comparisons
+        for column, value in (("sd_of_differences", expected.sd), ("ttest_power_holm", expected.ttest_holm),
+                              ("tost_power_holm", expected.tost_holm), ("detectable_difference", expected.detectable)):
+            assert float(row[column]) == pytest.approx(value, rel=1e-12), column
+        assert row["reproductions_needed"] == ("" if expected.needed is None else str(expected.needed))
+        assert f"| {a} vs {b} | {expected.n} | {100 * expected.sd:.2f} |" in report
+        scores = {name: runs[name] for name in (a, b)}
+        for column, margin in (("outcome_half_margin", 0.005), ("outcome", 0.01), ("outcome_twice_margin", 0.02)):
+            assert row[column] == compare_pairs(scores, [(a, b)], margin=margin)[0].outcome(0.05), column
+
+
 def test_report_commits_every_validation_curve(finished: Path) -> None:
     rows = [line.split(",") for line in (finished / "validation_curves.csv").read_text().splitlines()]
     assert rows[0] == ["method", "stage", "unit", "fold", "evaluation", "metric", "value"]
@@ -217,7 +253,7 @@ def test_a_benchmark_scored_without_per_class_sums_gets_them_when_continued(
 def test_report_rebuilds_the_same_csv_bytes_from_storage(finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = {name: (finished / name).read_bytes() for name in ("results.csv", "runs.csv", "comparisons.csv",
                                                                  "claim_comparisons.csv", "correlations.csv",
-                                                                 "embedding_space.csv", "rankings.csv", "validation_curves.csv")}
+                                                                 "embedding_space.csv", "rankings.csv", "validation_curves.csv", "power.csv")}
     for name in before:
         (finished / name).unlink()
     code, _, err = run_cli(["report", str(finished)], capsys)

@@ -45,6 +45,7 @@ RANKINGS_CSV = "rankings.csv"
 VALIDATION_CURVES_CSV = "validation_curves.csv"
 CLASS_BOOTSTRAP_CSV = "class_bootstrap.csv"
 SEARCH_REPEATS_CSV = "search_repeats.csv"
+POWER_CSV = "power.csv"
 # The report's figures (``report.plots``), linked from report.md and embedded in report.html.
 SEARCH_FIGURE = "search.png"
 VALIDATION_CURVES_FIGURE = "validation_curves.png"

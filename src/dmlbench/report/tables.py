@@ -12,6 +12,7 @@ from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredProtocol
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE
+from dmlbench.protocol.power import ComparisonPower
 from dmlbench.protocol.results import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode, result_rows, scored_modes
 from dmlbench.report.analysis import ALPHA, scored_methods
 from dmlbench.report.data import LEADERBOARD_METRICS, ReportData, computed_metrics, validation_curves
@@ -443,10 +444,26 @@ RANKING_COLUMNS = ("metric", "method", "rank_concatenated", "rank_separated")
 CURVE_COLUMNS = ("method", "stage", "unit", "fold", "evaluation", "metric", "value")  # evaluation 0: untrained
 
 
+POWER_COLUMNS = ("mode", "metric", "a", "b", "n", "sd_of_differences", "equivalence_margin", "comparisons",
+                 "ttest_power", "ttest_power_holm", "tost_power", "tost_power_holm", "detectable_difference",
+                 "reproductions_needed", "outcome_half_margin", "outcome", "outcome_twice_margin")
+
+
+def _power_values(power: ComparisonPower | None) -> list[Any]:
+    """A ``power.csv`` row's power columns (empty where the paired differences had no spread)."""
+    if power is None:
+        return [""] * 10
+    return [power.n, repr(power.sd), repr(power.margin), power.comparisons,
+            *(repr(value) for value in (power.ttest, power.ttest_holm, power.tost, power.tost_holm, power.detectable)),
+            "" if power.needed is None else power.needed]
+
+
 def claim_csvs(data: ReportData) -> dict[str, str]:
     """``claim_comparisons.csv`` (against the references and the pairs), ``embedding_space.csv`` (every
     fold model's rho and pi on its training classes), ``correlations.csv``, ``rankings.csv``,
-    ``validation_curves.csv`` (every run's validation curve, from which the autocorrelation is re-derived)."""
+    ``validation_curves.csv`` (every run's validation curve, from which the autocorrelation is re-derived),
+    ``power.csv`` (the primary family's power at its observed spread and its verdicts at half, the
+    chosen and twice the equivalence margin: the report's Power and Sensitivity sections)."""
     claims = data.claims
     comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
     comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
@@ -465,6 +482,10 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
               for name in data.methods for stage, unit, fold, curve in validation_curves(data, name)
               for metric, values in curve.items() if not metric.startswith("num_")  # query counts, not scores
               for evaluation, value in enumerate(values)]
+    mode, metric = claims.primary
+    powers = {(p.a, p.b): p for p in claims.power}
+    power = [[mode, metric, a, b, *_power_values(powers.get((a, b))), low, chosen, high]
+             for a, b, low, chosen, high in claims.sensitivity]
     tables = {
         layout.CLAIM_COMPARISONS_CSV: (CLAIM_COLUMNS, [
             [family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
@@ -475,6 +496,7 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
         layout.CORRELATIONS_CSV: (CORRELATION_COLUMNS, correlations),
         layout.RANKINGS_CSV: (ranking_columns, rankings),
         layout.VALIDATION_CURVES_CSV: (CURVE_COLUMNS, curves),
+        layout.POWER_CSV: (POWER_COLUMNS, power),
     }
     texts = {}
     for name, (columns, rows) in tables.items():
