@@ -482,9 +482,8 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
               for name in data.methods for stage, unit, fold, curve in validation_curves(data, name)
               for metric, values in curve.items() if not metric.startswith("num_")  # query counts, not scores
               for evaluation, value in enumerate(values)]
-    mode, metric = claims.primary
     powers = {(p.a, p.b): p for p in claims.power}
-    power = [[mode, metric, a, b, *_power_values(powers.get((a, b))), low, chosen, high]
+    power = [[*claims.primary, a, b, *_power_values(powers.get((a, b))), low, chosen, high]
              for a, b, low, chosen, high in claims.sensitivity]
     tables = {
         layout.CLAIM_COMPARISONS_CSV: (CLAIM_COLUMNS, [
