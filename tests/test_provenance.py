@@ -55,3 +55,26 @@ def test_package_versions_are_read_once_and_handed_out_as_copies(monkeypatch: py
         assert set(again) == {"python", *provenance.RECORDED_PACKAGES}
     finally:
         provenance._installed_versions.cache_clear()
+
+
+@pytest.mark.parametrize(("cuda", "device", "name"), [(False, "cpu", None), (True, "cuda", "Test GPU")])
+def test_benchmark_file_names_the_device_its_runs_train_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           cuda: bool, device: str, name: str | None) -> None:
+    """``training.device: auto`` where CUDA is present: benchmark.json records CUDA, as each run.json
+    does (it once recorded ``cpu`` for a benchmark whose runs trained on an H200)."""
+    import json
+
+    import torch
+
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.prepare import prepare
+    from dmlbench.protocol.record import write_benchmark_file
+    from dmlbench.training import embed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _device=None: "Test GPU")
+    monkeypatch.setattr(embed, "reproducible_cuda", lambda: None)  # it sets process-wide flags
+    smoke = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
+    write_benchmark_file(prepare(load_spec(smoke), tmp_path))
+    environment = json.loads((tmp_path / "benchmark.json").read_text())["environment"]
+    assert (environment["device"], environment["device_name"]) == (device, name)

@@ -58,16 +58,16 @@ def _installed_versions() -> dict[str, str | None]:
     return versions
 
 
-def environment(device: str | None = None) -> dict[str, Any]:
+def environment(device: str) -> dict[str, Any]:
     """Where a number was computed, for what the same config reproduces to the digit only on: the
-    device, the CPU model and the instruction-set level torch dispatches to, the torch build, its
+    device (as torch names it: ``cpu``, ``cuda:0``), the CPU model and the instruction-set level torch dispatches to, the torch build, its
     BLAS and oneDNN, and the thread count in use."""
     import torch.backends.cpu
 
     build = torch.__config__.show()
     return {
-        "device": device or "cpu",
-        "device_name": torch.cuda.get_device_name(torch.device(device)) if device and device.startswith("cuda") else None,
+        "device": device,
+        "device_name": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,
         "cpu_model": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),

@@ -29,6 +29,7 @@ from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
 from dmlbench.protocol.search import MethodSearch, SearchResult
 from dmlbench.training import tracking
+from dmlbench.training.embed import resolve_device
 
 
 # The report writer a benchmark is given (``report.write_report``): it returns ``{file name: path}`` of
@@ -41,6 +42,12 @@ class BenchmarkOutcome:
     output_dir: Path
     results: dict[str, MethodReproductions]
     failed: dict[str, str] = field(default_factory=dict)
+
+
+def _device(prepared: Prepared) -> str:
+    """The device this worker trains on: the first method's ``training.device`` as this machine
+    resolves it (``auto`` is CUDA where there is one)."""
+    return str(resolve_device(next(iter(prepared.plans.values())).config.training.device))
 
 
 def write_benchmark_file(prepared: Prepared) -> None:
@@ -57,7 +64,7 @@ def write_benchmark_file(prepared: Prepared) -> None:
             **prepared.description(), "analysis": analysis, "analysis_in_hash": True, "storage": prepared.redacted,
             "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
             # the machine of the worker that started it (each run.json has its own)
-            "environment": provenance.environment(), "data_source": prepared.data_source}))
+            "environment": provenance.environment(_device(prepared)), "data_source": prepared.data_source}))
         return
     changed = False
     if stored.data_source is None and prepared.data_source:  # started before it was recorded; the same data (hash checked)
