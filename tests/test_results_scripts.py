@@ -130,6 +130,8 @@ def test_transfer_pairs_only_the_reproductions_every_method_scored(tmp_path: Pat
     ("reality_check_glyphs", "reality_check_emoji", "reality_check_emoji/transfer_from_glyphs.csv"),
     ("converged_glyphs", "reality_check_emoji", "reality_check_emoji/transfer_from_converged_glyphs.csv"),
     ("default_one_thread", "default_strong_glyphs", "default_strong_glyphs/transfer_from_default.csv"),
+    ("reality_check_glyphs", "fixed_lr_short_glyphs", "fixed_lr_short_glyphs/transfer_from_short_study.csv"),
+    ("reality_check_glyphs", "lr_search_short_glyphs", "lr_search_short_glyphs/transfer_from_short_study.csv"),
 ])
 def test_the_committed_transfer_table_is_what_the_script_writes(first: str, second: str, table: str, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
