@@ -92,13 +92,15 @@ def test_report_summary_is_the_summary_section_or_else_the_leaderboard() -> None
         == "\n".join(table)
 
 
+@pytest.mark.parametrize("repeats", [1, 2])
 def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_counts_its_work(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, repeats: int
 ) -> None:
     """One real (small) benchmark: the output folder is the first line on stderr, stdout ends with the
     report's summary and its paths, not the whole report.md; the dry run's counts of units, looks at
     finished studies and studies are exactly the scheduler's claims and studies in that run; and the
-    rehearsal it times the report on stores what that run stored."""
+    rehearsal it times the report on stores what that run stored. A repeated search costs what a method
+    does (the estimate once counted each method's search once, whatever ``protocol.search_repeats``)."""
     claims: dict[str, int] = {"worked": 0, "looks": 0}
     real_claim = work.claim
 
@@ -109,7 +111,7 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
 
     monkeypatch.setattr(work, "claim", counted_claim)
     output = tmp_path / "out"
-    overrides = ["protocol.trials=1", "protocol.reproductions=2"]
+    overrides = ["protocol.trials=1", "protocol.reproductions=2", f"protocol.search_repeats={repeats}"]
     code, out, err = run_cli(["benchmark", str(SMOKE), *overrides, "-o", str(output)], capsys)
     assert code == 0, err
     assert err.splitlines()[0] == f"output: {output} (report.md and report.html at the end)"
@@ -120,7 +122,7 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
 
     prepared = prepare(load_spec(SMOKE), tmp_path / "estimate", overrides)
     zero = {field.name: 0 for field in fields(cost.Measured) if field.name != "method_steps"}
-    methods, folds = len(prepared.plans), prepared.spec.protocol.folds
+    methods, folds = repeats * len(prepared.plans), prepared.spec.protocol.folds
     assert cost.estimate(prepared, cost.Measured(**{**zero, "unit": 1.0})) == claims["worked"] == methods * 3 + 2
     assert cost.estimate(prepared, cost.Measured(**{**zero, "look": 1.0})) == claims["looks"]
     # Every training run costs its overhead once; the baseline builds each fold's untrained model per reproduction.
@@ -131,7 +133,7 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     second = list(prepared.plans)[1]
     epochs = next(iter(prepared.configs.values())).training.epochs
     stepped = cost.Measured(**{**zero, "step": 1.0, "steps_per_epoch": 1, "method_steps": {second: 3.0}})
-    assert cost.estimate(prepared, stepped) == 3 * folds * epochs * (1.0 + 3.0)
+    assert cost.estimate(prepared, stepped) == repeats * 3 * folds * epochs * (1.0 + 3.0)
     # Once each: the storage's creation and the report; per reproduction its per-class sums, per fold run of one
     # its opening and embedding-space analysis.
     assert cost.estimate(prepared, cost.Measured(**{**zero, "storage_setup": 1.0})) == 1.0

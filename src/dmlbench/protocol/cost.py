@@ -1,7 +1,7 @@
 """``dmlbench benchmark --dry-run``: what a benchmark costs before it runs.
 
-Counts the training runs and epochs the config implies (every method: ``trials`` search trials and
-``reproductions`` reproductions, each ``folds`` runs of at most ``epochs`` epochs; early stopping can
+Counts the training runs and epochs the config implies (every method, and each repeat of its search
+under ``protocol.search_repeats``: ``trials`` search trials and ``reproductions`` reproductions, each ``folds`` runs of at most ``epochs`` epochs; early stopping can
 only shorten them) and estimates the wall time of the whole command from pieces measured here, on
 the first fold, in this process (one worker):
 
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dmlbench.protocol.plan import repeated_searches
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import ReportWriter
 from dmlbench.protocol.rehearsal import SplitSize, made_up_test_split, rehearse
@@ -78,14 +79,16 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
     began (its imports and checks are part of the real run's time too); ``report``: the report writer
     the real run is given, timed here (``None``: no report is counted)."""
     protocol = prepared.spec.protocol
-    methods = len(prepared.configs)
-    runs = methods * (protocol.trials + protocol.reproductions) * protocol.folds
+    methods, searches = len(prepared.configs), len(searched_methods(prepared))
+    runs = searches * (protocol.trials + protocol.reproductions) * protocol.folds
     config = next(iter(prepared.configs.values()))
     epochs = config.training.epochs
     measured = measure(prepared, 0.0 if started is None else time.monotonic() - started, report)
     total = estimate(prepared, measured)
     return "\n".join([
-        f"{methods} methods x ({protocol.trials} search trials + {protocol.reproductions} reproductions) x "
+        (f"{methods} methods" if searches == methods else
+         f"{searches} searches ({methods} methods, {searches - methods} repeated searches: protocol.search_repeats)")
+        + f" x ({protocol.trials} search trials + {protocol.reproductions} reproductions) x "
         f"{protocol.folds} folds = {runs} training runs",
         f"at most {epochs} epochs each = {runs * epochs} epochs of {measured.steps_per_epoch} steps "
         f"({runs * epochs * measured.steps_per_epoch * config.training.batch_size:,} training samples)",
@@ -113,9 +116,10 @@ def estimate(prepared: Prepared, measured: Measured) -> float:
     checkpoints, the reproductions' and the baseline's test embeddings and scores, the storage's work
     per unit, the command's start and the report (which reads every study back)."""
     protocol = prepared.spec.protocol
-    methods, folds = len(prepared.plans), protocol.folds
+    searched = searched_methods(prepared)
+    methods, folds = len(searched), protocol.folds  # a repeated search costs what a method does
     runs_per_method = (protocol.trials + protocol.reproductions) * folds
-    training = sum(runs_per_method * run_seconds(prepared, measured, method) for method in prepared.plans)
+    training = sum(runs_per_method * run_seconds(prepared, measured, method) for method in searched)
     # A reproduction opens each fold run (its embedding-space analysis embeds the training classes) and embeds
     # the test split with it, then scores them concatenated and per fold; each baseline likewise, untrained.
     test_embedding = measured.embed_per_image * measured.test_images
@@ -132,6 +136,12 @@ def estimate(prepared: Prepared, measured: Measured) -> float:
              + protocol.reproductions * (methods * methods + methods * (methods - 1) // 2 + 2 * methods) + studies)
     storage = measured.storage_setup + units * measured.unit + looks * measured.look + studies * measured.study
     return measured.startup + training + reproductions + baseline + storage + measured.report
+
+
+def searched_methods(prepared: Prepared) -> list[str]:
+    """The method each search trains, once per method and once more per repeated search
+    (``protocol.search_repeats``), each with its trials and the reproductions of its best trial."""
+    return [*prepared.plans, *(name for name, _ in repeated_searches(prepared.plans, prepared.spec.protocol))]
 
 
 def run_seconds(prepared: Prepared, measured: Measured, method: str | None = None) -> float:

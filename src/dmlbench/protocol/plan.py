@@ -118,10 +118,15 @@ def search_repeats(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec,
     """The repeated searches of ``protocol.search_repeats``: for repeat ``k`` >= 1 of each method of
     ``search_repeat_methods`` (empty: every method), the method's plan under the name
     ``METHOD@searchK`` and the search settings with seed ``search_seed + k``; nothing else differs."""
-    chosen = protocol.search_repeat_methods or list(plans)
     return {search_repeat_name(name, repeat): (replace(plans[name], name=search_repeat_name(name, repeat)),
                                                replace(settings, seed=settings.seed + repeat))
-            for repeat in range(1, protocol.search_repeats) for name in plans if name in chosen}
+            for name, repeat in repeated_searches(plans, protocol)}
+
+
+def repeated_searches(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec) -> list[tuple[str, int]]:
+    """``(method, k)`` for every repeat ``k`` >= 1 of ``protocol.search_repeats``, in the order they run."""
+    chosen = protocol.search_repeat_methods or list(plans)
+    return [(name, repeat) for repeat in range(1, protocol.search_repeats) for name in plans if name in chosen]
 
 
 @dataclass
