@@ -1,14 +1,20 @@
-"""Where a number came from: the source commit a process records."""
+"""Where a number came from: the source commit a process records, the device benchmark.json names."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from dmlbench import provenance
+from dmlbench.protocol.benchmark import load_spec
+from dmlbench.protocol.prepare import prepare
+from dmlbench.protocol.record import write_benchmark_file
+from dmlbench.training import embed
 
 
 @pytest.fixture
@@ -62,15 +68,6 @@ def test_benchmark_file_names_the_device_its_runs_train_on(tmp_path: Path, monke
                                                            cuda: bool, device: str, name: str | None) -> None:
     """``training.device: auto`` where CUDA is present: benchmark.json records CUDA, as each run.json
     does (it once recorded ``cpu`` for a benchmark whose runs trained on an H200)."""
-    import json
-
-    import torch
-
-    from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.prepare import prepare
-    from dmlbench.protocol.record import write_benchmark_file
-    from dmlbench.training import embed
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda _device=None: "Test GPU")
     monkeypatch.setattr(embed, "reproducible_cuda", lambda: None)  # it sets process-wide flags

@@ -60,8 +60,8 @@ def _installed_versions() -> dict[str, str | None]:
 
 def environment(device: str) -> dict[str, Any]:
     """Where a number was computed, for what the same config reproduces to the digit only on: the
-    device (as torch names it: ``cpu``, ``cuda:0``), the CPU model and the instruction-set level torch dispatches to, the torch build, its
-    BLAS and oneDNN, and the thread count in use."""
+    device (as torch names it: ``cpu``, ``cuda``, ``cuda:1``), the CPU model and the instruction-set
+    level torch dispatches to, the torch build, its BLAS and oneDNN, and the thread count in use."""
     import torch.backends.cpu
 
     build = torch.__config__.show()

@@ -1,8 +1,8 @@
 """``dmlbench benchmark --dry-run``: what a benchmark costs before it runs.
 
-Counts the training runs and epochs the config implies (every method, and each repeat of its search
-under ``protocol.search_repeats``: ``trials`` search trials and ``reproductions`` reproductions, each ``folds`` runs of at most ``epochs`` epochs; early stopping can
-only shorten them) and estimates the wall time of the whole command from pieces measured here, on
+Counts the training runs and epochs the config implies (every method, and again for each repeat of
+its search under ``protocol.search_repeats``: ``trials`` search trials and ``reproductions``
+reproductions, each ``folds`` runs of at most ``epochs`` epochs; early stopping can only shorten them) and estimates the wall time of the whole command from pieces measured here, on
 the first fold, in this process (one worker):
 
 - a training step of every method (its loss, miner and sampler; the first method's when several
@@ -116,24 +116,24 @@ def estimate(prepared: Prepared, measured: Measured) -> float:
     checkpoints, the reproductions' and the baseline's test embeddings and scores, the storage's work
     per unit, the command's start and the report (which reads every study back)."""
     protocol = prepared.spec.protocol
-    searched = searched_methods(prepared)
-    methods, folds = len(searched), protocol.folds  # a repeated search costs what a method does
-    runs_per_method = (protocol.trials + protocol.reproductions) * folds
-    training = sum(runs_per_method * run_seconds(prepared, measured, method) for method in searched)
+    searched = searched_methods(prepared)  # a repeated search costs what a method's search does
+    searches, folds = len(searched), protocol.folds
+    runs_per_search = (protocol.trials + protocol.reproductions) * folds
+    training = sum(runs_per_search * run_seconds(prepared, measured, method) for method in searched)
     # A reproduction opens each fold run (its embedding-space analysis embeds the training classes) and embeds
     # the test split with it, then scores them concatenated and per fold; each baseline likewise, untrained.
     test_embedding = measured.embed_per_image * measured.test_images
     trained_reproduction = folds * (measured.fold_run + test_embedding)
     scoring = (1 + folds) * measured.test_scoring
-    reproductions = methods * protocol.reproductions * (trained_reproduction + scoring + measured.class_sums)
+    reproductions = searches * protocol.reproductions * (trained_reproduction + scoring + measured.class_sums)
     baselines = len(protocol.baselines)
     baseline = baselines * protocol.reproductions * (folds * (measured.setup + test_embedding) + scoring)
-    units = methods * (protocol.trials + protocol.reproductions) + baselines * protocol.reproductions
-    studies = 2 * methods + baselines  # every method's search and reproductions, the baselines
+    units = searches * (protocol.trials + protocol.reproductions) + baselines * protocol.reproductions
+    studies = 2 * searches + baselines  # every search and its reproductions, the baselines
     # The one scheduling loop starts from the first study after every unit: a unit of the k-th study
     # (searches, then reproductions, then the baseline) first looks at the k - 1 before it.
-    looks = (protocol.trials * methods * (methods - 1) // 2
-             + protocol.reproductions * (methods * methods + methods * (methods - 1) // 2 + 2 * methods) + studies)
+    looks = (protocol.trials * searches * (searches - 1) // 2
+             + protocol.reproductions * (searches * searches + searches * (searches - 1) // 2 + 2 * searches) + studies)
     storage = measured.storage_setup + units * measured.unit + looks * measured.look + studies * measured.study
     return measured.startup + training + reproductions + baseline + storage + measured.report
 
