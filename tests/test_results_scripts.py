@@ -132,6 +132,8 @@ def test_transfer_pairs_only_the_reproductions_every_method_scored(tmp_path: Pat
     ("default_one_thread", "default_strong_glyphs", "default_strong_glyphs/transfer_from_default.csv"),
     ("reality_check_glyphs", "fixed_lr_short_glyphs", "fixed_lr_short_glyphs/transfer_from_short_study.csv"),
     ("reality_check_glyphs", "lr_search_short_glyphs", "lr_search_short_glyphs/transfer_from_short_study.csv"),
+    ("converged_glyphs", "converged_glyphs_strong", "converged_glyphs_strong/transfer_from_converged_glyphs.csv"),
+    ("converged_glyphs_strong", "reality_check_emoji", "reality_check_emoji/transfer_from_converged_glyphs_strong.csv"),
 ])
 def test_the_committed_transfer_table_is_what_the_script_writes(first: str, second: str, table: str, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -319,3 +321,28 @@ def test_domain_errors_reuses_an_earlier_output_without_embedding_again(tmp_path
     (tmp_path / "bad.csv").write_text("model,domain\n")
     with pytest.raises(SystemExit, match="not an output of domain_errors.py"):
         script.read_rows(tmp_path / "bad.csv")
+
+
+def test_the_committed_confound_table_is_what_the_script_writes(tmp_path: Path) -> None:
+    """results/converged_glyphs_strong/README.md and results/README.md quote this 2 x 2 table: it must still
+    follow from the four committed cells by the committed script."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    cells = {"neither": "fixed_lr_short_glyphs", "lr": "lr_search_short_glyphs",
+             "budget": "fixed_lr_converged_glyphs", "both": "converged_glyphs_strong"}
+    output = tmp_path / "confound.csv"
+    arguments = [item for cell, folder in cells.items() for item in (f"--{cell}", str(results / folder))]
+    assert _script("confound").main([*arguments, "--a", "normalized_softmax", "--b", "contrastive", "-o", str(output)]) == 0
+    assert output.read_bytes() == (results / "converged_glyphs_strong" / "confound.csv").read_bytes()
+
+
+@pytest.mark.parametrize(("first", "second", "table"), [
+    ("converged_glyphs", "converged_glyphs_strong", "converged_glyphs_strong/ranking_against_converged_glyphs.csv"),
+    ("reality_check_glyphs", "converged_glyphs_strong", "converged_glyphs_strong/ranking_against_short_study.csv"),
+    ("converged_glyphs_strong", "reality_check_emoji", "reality_check_emoji/ranking_against_converged_glyphs_strong.csv"),
+])
+def test_the_committed_ranking_table_is_what_the_script_writes(first: str, second: str, table: str, tmp_path: Path) -> None:
+    """The Kendall tau tables the READMEs quote (seeded bootstraps) follow from their two committed studies."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    output = tmp_path / "ranking.csv"
+    assert _script("compare_rankings").main([str(results / first), str(results / second), "-o", str(output)]) == 0
+    assert output.read_bytes() == (results / table).read_bytes()
