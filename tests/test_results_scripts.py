@@ -14,9 +14,11 @@ from scipy import stats
 
 from dmlbench.protocol.benchmark_file import write_benchmark
 
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
 
 def _script(name: str) -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "results" / f"{name}.py"
+    path = RESULTS / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -139,10 +141,9 @@ def test_the_committed_transfer_table_is_what_the_script_writes(first: str, seco
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """The READMEs under results/ cite these transfer tables: each must still follow from its two
     committed studies by the committed script; the printed count of newly decided verdicts is the table's."""
-    results = Path(__file__).resolve().parents[1] / "results"
     output = tmp_path / "transfer.csv"
-    assert _script("transfer").main([str(results / first), str(results / second), "-o", str(output)]) == 0
-    assert output.read_bytes() == (results / table).read_bytes()
+    assert _script("transfer").main([str(RESULTS / first), str(RESULTS / second), "-o", str(output)]) == 0
+    assert output.read_bytes() == (RESULTS / table).read_bytes()
     rows = list(csv.DictReader(output.open()))
     undecided = [row for row in rows if row["first_outcome"] == "inconclusive"]
     later = [row["second_outcome"] for row in undecided if row["second_outcome"] != "inconclusive"]
@@ -326,13 +327,12 @@ def test_domain_errors_reuses_an_earlier_output_without_embedding_again(tmp_path
 def test_the_committed_confound_table_is_what_the_script_writes(tmp_path: Path) -> None:
     """results/converged_glyphs_strong/README.md and results/README.md quote this 2 x 2 table: it must still
     follow from the four committed cells by the committed script."""
-    results = Path(__file__).resolve().parents[1] / "results"
     cells = {"neither": "fixed_lr_short_glyphs", "lr": "lr_search_short_glyphs",
              "budget": "fixed_lr_converged_glyphs", "both": "converged_glyphs_strong"}
     output = tmp_path / "confound.csv"
-    arguments = [item for cell, folder in cells.items() for item in (f"--{cell}", str(results / folder))]
+    arguments = [item for cell, folder in cells.items() for item in (f"--{cell}", str(RESULTS / folder))]
     assert _script("confound").main([*arguments, "--a", "normalized_softmax", "--b", "contrastive", "-o", str(output)]) == 0
-    assert output.read_bytes() == (results / "converged_glyphs_strong" / "confound.csv").read_bytes()
+    assert output.read_bytes() == (RESULTS / "converged_glyphs_strong" / "confound.csv").read_bytes()
 
 
 @pytest.mark.parametrize(("first", "second", "table"), [
@@ -342,7 +342,6 @@ def test_the_committed_confound_table_is_what_the_script_writes(tmp_path: Path) 
 ])
 def test_the_committed_ranking_table_is_what_the_script_writes(first: str, second: str, table: str, tmp_path: Path) -> None:
     """The Kendall tau tables the READMEs quote (seeded bootstraps) follow from their two committed studies."""
-    results = Path(__file__).resolve().parents[1] / "results"
     output = tmp_path / "ranking.csv"
-    assert _script("compare_rankings").main([str(results / first), str(results / second), "-o", str(output)]) == 0
-    assert output.read_bytes() == (results / table).read_bytes()
+    assert _script("compare_rankings").main([str(RESULTS / first), str(RESULTS / second), "-o", str(output)]) == 0
+    assert output.read_bytes() == (RESULTS / table).read_bytes()

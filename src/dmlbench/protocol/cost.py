@@ -2,8 +2,9 @@
 
 Counts the training runs and epochs the config implies (every method, and again for each repeat of
 its search under ``protocol.search_repeats``: ``trials`` search trials and ``reproductions``
-reproductions, each ``folds`` runs of at most ``epochs`` epochs; early stopping can only shorten them) and estimates the wall time of the whole command from pieces measured here, on
-the first fold, in this process (one worker):
+reproductions, each ``folds`` runs of at most ``epochs`` epochs; early stopping can only shorten
+them) and estimates the wall time of the whole command from pieces measured here, on the first
+fold, in this process (one worker):
 
 - a training step of every method (its loss, miner and sampler; the first method's when several
   share them): ``WARMUP_STEPS`` steps discarded (the first ones allocate memory and build the
