@@ -23,7 +23,7 @@ import csv
 import sys
 from pathlib import Path
 
-from dmlbench.protocol.correlations import correlation, rank_agreement, study_agreement
+from dmlbench.analysis.correlations import correlation, rank_agreement, study_agreement
 from dmlbench.protocol.layout import BASELINES, RUNS_CSV
 from dmlbench.protocol.results import read_runs
 

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from dmlbench.analysis.statistics import holm, mean_interval
 from dmlbench.protocol.layout import RUNS_CSV
 from dmlbench.protocol.results import read_runs
-from dmlbench.protocol.statistics import holm, mean_interval
 
 CELLS = ("neither", "lr", "budget", "both")
 EFFECTS = {  # name -> {cell: coefficient} of a contrast of the cells' gaps

@@ -18,7 +18,7 @@ from test_cli_process import console_script, run
 
 from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
 from dmlbench.cli.common import process_started
-from dmlbench.protocol import cost, layout, work
+from dmlbench.protocol import cost, layout, timings, work
 from dmlbench.protocol.benchmark import DEFAULT_BENCHMARK, load_spec
 from dmlbench.protocol.prepare import prepare
 from dmlbench.protocol.rehearsal import SplitSize, rehearse
@@ -205,7 +205,7 @@ def test_the_dry_run_prints_its_pieces_and_an_estimate(tmp_path: Path) -> None:
     result = run("benchmark", str(SMOKE), "-o", str(tmp_path / "out"), "--dry-run")
     assert result.returncode == 0, result.stderr
     measured = next(line for line in result.stdout.splitlines() if line.startswith("measured here"))
-    assert f"median of {cost.TIMED_STEPS} after {cost.WARMUP_STEPS} warm-up steps" in measured and "s to start" in measured
+    assert f"median of {timings.TIMED_STEPS} after {timings.WARMUP_STEPS} warm-up steps" in measured and "s to start" in measured
     assert "s for the report (" in measured and "s to create it" in measured and "per-class sums" in measured
     assert "estimate: 0 h " in result.stdout and not (tmp_path / "out").exists()
 

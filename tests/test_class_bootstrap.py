@@ -1,4 +1,4 @@
-"""The paired bootstrap over test classes (``protocol.class_bootstrap``) against explicit resampled copies."""
+"""The paired bootstrap over test classes (``analysis.class_bootstrap``) against explicit resampled copies."""
 
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from dmlbench.analysis.class_bootstrap import class_bootstrap, class_sums, draw_classes, draw_seeds, queries_of
 from dmlbench.evaluation import evaluate_many
-from dmlbench.protocol.class_bootstrap import class_bootstrap, class_sums, draw_classes, draw_seeds, queries_of
 
 METRICS = ["precision_at_1", "r_precision", "map_at_r"]
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from cli_runner import run_cli
 from test_cli_process import console_script
 
@@ -152,8 +151,8 @@ def test_power_csv_holds_the_power_and_sensitivity_of_the_primary_family(finishe
 
     import numpy as np
 
-    from dmlbench.protocol import power
-    from dmlbench.protocol.statistics import compare_pairs
+    from dmlbench.analysis import power
+    from dmlbench.analysis.statistics import compare_pairs
 
     with open(finished / "power.csv", newline="") as stream:
         rows = list(csv.DictReader(stream))
@@ -528,10 +527,10 @@ def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path, monkeyp
     import logging
 
     import optuna
+    from protocol_fixtures import benchmark_spec, run_search, study
 
     from dmlbench.errors import RunInterrupted
     from dmlbench.training import loop as loop_module
-    from protocol_fixtures import benchmark_spec, run_search, study
 
     optuna.logging.set_verbosity(logging.WARNING)
     spec = benchmark_spec(BASE, METHODS[0], trials=2, folds=2, epochs=1, sampler="gp", search_seed=3)

@@ -1,4 +1,4 @@
-"""The power functions of ``protocol.power`` against seeded Monte-Carlo simulations of whole studies."""
+"""The power functions of ``analysis.power`` against seeded Monte-Carlo simulations of whole studies."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dmlbench.analysis import power
+from dmlbench.analysis.statistics import equivalence_pvalue
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import power
-from dmlbench.protocol.statistics import equivalence_pvalue
 
 STUDIES = 20_000
 

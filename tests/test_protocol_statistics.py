@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dmlbench.errors import UserInputError
-from dmlbench.protocol.correlations import (
+from dmlbench.analysis.correlations import (
     _kendall,
     correlation,
     lag_one_autocorrelation,
     mean_lag_one_autocorrelation,
     within_group_correlation,
 )
-from dmlbench.protocol.statistics import (
+from dmlbench.analysis.statistics import (
     cohen_dz,
     compare_methods,
     compare_pairs,
@@ -23,6 +22,7 @@ from dmlbench.protocol.statistics import (
     mean_interval,
     paired_comparison,
 )
+from dmlbench.errors import UserInputError
 
 VALUES = [0.512, 0.498, 0.530, 0.505, 0.521, 0.490, 0.515, 0.509, 0.526, 0.501]
 

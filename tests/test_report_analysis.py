@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dmlbench.analysis.correlations import correlation, rank_agreement
+from dmlbench.analysis.statistics import compare_methods, compare_pairs, holm, mean_interval
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome
-from dmlbench.protocol.correlations import correlation, rank_agreement
-from dmlbench.protocol.statistics import compare_methods, compare_pairs, holm, mean_interval
 from dmlbench.report.analysis import analyse
 
 

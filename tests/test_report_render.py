@@ -318,7 +318,7 @@ def test_the_class_bootstrap_covers_the_primary_endpoint_and_its_cross_domain_mo
     reproductions were scored before the cross-domain sums were stored says so in that section."""
     import torch
 
-    from dmlbench.protocol.class_bootstrap import class_sums, queries_of
+    from dmlbench.analysis.class_bootstrap import class_sums, queries_of
     from dmlbench.report import uncertainty
 
     data = _data()

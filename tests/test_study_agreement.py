@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dmlbench.analysis.correlations import resampled_taus, split_half_tau, study_agreement
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.correlations import resampled_taus, split_half_tau, study_agreement
 
 
 def _studies(seed: int, methods: int = 6, reproductions: int = 5, noise: float = 1.0) -> tuple[dict, dict]:

@@ -91,11 +91,11 @@ def benchmark_command(
         if jobs != str(prepared.jobs) and not quiet:
             typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
         if dry_run:
+            from dmlbench.analysis.planning import dry_run_plan
             from dmlbench.protocol.cost import dry_run as estimate
-            from dmlbench.protocol.power import dry_run_plan
 
             typer.echo(estimate(prepared, started, report=write_report))  # the real run's report writer, timed
-            typer.echo(dry_run_plan(prepared.spec))
+            typer.echo(dry_run_plan(prepared.spec.planned_family(), prepared.spec.analysis.planning_sd))
             return
         if not quiet:
             typer.echo(f"output: {output_dir} ({layout.REPORT_FILE} and {layout.REPORT_HTML} at the end)", err=True)

@@ -1,4 +1,4 @@
-"""``dmlbench report`` and ``dmlbench audit``: read a benchmark directory, train nothing."""
+"""``dmlbench report``, ``audit``, ``plan`` and ``rejudge``: read a benchmark directory or config, train nothing."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import typer
 
 from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_directory, require_yaml
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.layout import BENCHMARK_FILE
-
+from dmlbench.protocol.layout import BENCHMARK_FILE, COMPARISONS_CSV, RUNS_CSV
 
 STORAGE_HELP = (f"Read this storage URL instead of the one DIR/{BENCHMARK_FILE} records (password from PGPASSWORD or "
                 "~/.pgpass).")
@@ -21,6 +20,7 @@ def register(app: typer.Typer) -> None:
     app.command("report", cls=Command)(report_command)
     app.command("audit", cls=Command)(audit_command)
     app.command("plan", cls=Command)(plan_command)
+    app.command("rejudge", cls=Command)(rejudge_command)
 
 
 def _require_benchmark(directory: Path) -> None:
@@ -91,13 +91,36 @@ def plan_command(
     if sd is not None and not 0.0 < sd < 1.0:
         raise UserInputError(f"--sd must lie strictly between 0 and 1 (score units), got {sd}")
     require_yaml(config_path, "benchmark config")
-    from dmlbench.protocol import power
+    from dmlbench.analysis import planning
     from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
+    from dmlbench.protocol.results import read_runs
 
     spec, others = apply_spec_overrides(load_spec(config_path), list(overrides or []))
     if others:  # a run setting cannot change a power calculation: say so rather than ignore it
         raise UserInputError(f"plan takes protocol.* and analysis.* overrides only; got {others[0]!r}")
+    family = spec.planned_family()
     if pilot is not None:
-        typer.echo(power.plan_text(spec, power.pilot_sds(pilot, spec), f"measured in {pilot} per comparison"))
+        typer.echo(planning.plan_text(family, planning.pilot_sds(read_runs(pilot, "pilot"), family), f"measured in {pilot} per comparison"))
     else:
-        typer.echo(power.plan_text(spec, {pair: sd for pair in power.comparisons_of(spec)}, f"{100 * sd:.2f} points (--sd)"))
+        typer.echo(planning.plan_text(family, {pair: sd for pair in family.comparisons}, f"{100 * sd:.2f} points (--sd)"))
+
+
+def rejudge_command(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help=f"A benchmark or report folder with {RUNS_CSV} and {BENCHMARK_FILE}.", show_default=False)],
+    check: Annotated[bool, typer.Option("--check", help=f"Only compare with the committed {COMPARISONS_CSV}; write nothing.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
+) -> None:
+    """Re-judge a committed study from its runs.csv and benchmark.json alone (no storage, no checkpoints) by
+    today's rules, and rewrite its comparisons.csv.
+
+    Exit codes: 0 written (or, with --check, the same), 1 with --check the committed file differs, or a
+    write failed for lack of space, 2 no runs.csv or benchmark.json in DIR, 130 interrupted by Ctrl-C,
+    143 by SIGTERM.
+    """
+    _require_benchmark(directory)
+    from dmlbench.protocol.committed import rejudge
+
+    outcome = rejudge(directory, write=not check)
+    typer.echo(outcome.summary)
+    if check and outcome.changed:
+        raise typer.Exit(1)

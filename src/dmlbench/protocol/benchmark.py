@@ -4,7 +4,6 @@ checks it and ``protocol.schedule`` runs it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,9 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from dmlbench import config as config_module
 from dmlbench import plugins
+from dmlbench.analysis.endpoints import declared_comparisons
+from dmlbench.analysis.planning import Family
+from dmlbench.analysis.statistics import DEFAULT_EQUIVALENCE_MARGIN
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
-from dmlbench.protocol.statistics import DEFAULT_EQUIVALENCE_MARGIN
 
 DEFAULT_BENCHMARK = Path(__file__).resolve().parent.parent / "configs" / "benchmark.yaml"
 # A 95% interval and a paired test need two reproductions (seeds) per method at least.
@@ -123,20 +124,6 @@ class AnalysisSpec(BaseModel):
     planning_sd: float | None = Field(None, gt=0.0, lt=1.0)
 
 
-def declared_comparisons(references: Sequence[str], pairs: Sequence[Sequence[str]], methods: Sequence[str]) -> list[tuple[str, str]]:
-    """The comparisons of one Holm family, ``(a, b)`` for ``a - b``: each method against each reference, then
-    the pairs; a pair of methods already compared keeps its first orientation; none declared: every pair."""
-    present = set(methods)
-    candidates = [(name, reference) for reference in references if reference in present for name in methods if name != reference]
-    candidates += [(a, b) for a, b in pairs if a in present and b in present]
-    if not references and not pairs:
-        candidates = [(a, b) for index, a in enumerate(methods) for b in methods[index + 1:]]
-    chosen: dict[frozenset[str], tuple[str, str]] = {}
-    for a, b in candidates:
-        chosen.setdefault(frozenset((a, b)), (a, b))
-    return list(chosen.values())
-
-
 class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     plugins: list[str] = Field(default_factory=list)  # modules or .py files that register components
@@ -144,6 +131,13 @@ class BenchmarkSpec(BaseModel):
     methods: list[MethodSpec] = Field(min_length=1)
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+
+    def planned_family(self) -> Family:
+        """The declared comparisons of the primary endpoint as ``analysis.planning`` plans them."""
+        methods = [method.name for method in self.methods]
+        primary = self.analysis.primary
+        return Family(declared_comparisons(self.analysis.references, self.analysis.pairs, methods),
+                      self.protocol.reproductions, self.analysis.equivalence_margin, (primary.mode, primary.metric))
 
 
 def load_spec(path: Path | None) -> BenchmarkSpec:

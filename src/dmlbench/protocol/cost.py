@@ -7,8 +7,8 @@ them) and estimates the wall time of the whole command from pieces measured here
 fold, in this process (one worker):
 
 - a training step of every method (its loss, miner and sampler; the first method's when several
-  share them): ``WARMUP_STEPS`` steps discarded (the first ones allocate memory and build the
-  kernels), then the median of ``TIMED_STEPS`` (a step of the real run is a warm one), taken by the
+  share them): ``timings.WARMUP_STEPS`` steps discarded (the first ones allocate memory and build the
+  kernels), then the median of ``timings.TIMED_STEPS`` (a step of the real run is a warm one), taken by the
   training loop itself under a step budget (``training.loop.time_steps``), after its warm-up epochs;
   methods' steps differ by up to several times (a miner, a proxy loss), so one method's step would
   misjudge the others';
@@ -39,14 +39,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dmlbench.protocol import timings
 from dmlbench.protocol.plan import repeated_searches
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import ReportWriter
-from dmlbench.protocol.rehearsal import SplitSize, made_up_test_split, rehearse
+from dmlbench.protocol.rehearsal import SplitSize, rehearse
 from dmlbench.training.threads import resolve_threads
 
-WARMUP_STEPS = 3
-TIMED_STEPS = 10
 ONE_STEP_RUNS = 3  # one run's overhead (a fraction of a second) varies several times on a busy machine
 
 
@@ -94,7 +93,7 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
         f"at most {epochs} epochs each = {runs * epochs} epochs of {measured.steps_per_epoch} steps "
         f"({runs * epochs * measured.steps_per_epoch * config.training.batch_size:,} training samples)",
         f"measured here (method {next(iter(prepared.configs))!r}, fold 0): {measured.step:.3f} s per training step "
-        f"(median of {TIMED_STEPS} after {WARMUP_STEPS} warm-up steps{_other_steps(measured)}), "
+        f"(median of {timings.TIMED_STEPS} after {timings.WARMUP_STEPS} warm-up steps{_other_steps(measured)}), "
         f"{measured.setup:.2f} s to set up a model, "
         f"{measured.validation:.2f} s per validation pass, {measured.checkpoint:.3f} s per checkpoint, "
         f"{measured.run_overhead:.2f} s more per run (set-up, records), "
@@ -178,17 +177,17 @@ def measure(prepared: Prepared, startup: float = 0.0, report: ReportWriter | Non
     # What only the first set-up of a process pays (reading the data, torch's lazy imports on the first
     # optimiser) is part of the command's start: seconds on a small benchmark.
     startup += max(first_setup - setup_seconds, 0.0)
-    step, steps_per_epoch, first_step = _step_seconds(config, setup, device)
+    step, steps_per_epoch, first_step = timings.step_seconds(config, setup, device)
     method_steps = _method_steps(prepared, device)
-    validation, embed_per_image, width, first_validation = _validation_seconds(config, setup, device)
+    validation, embed_per_image, width, first_validation = timings.validation_seconds(config, setup, device)
     startup += first_step + first_validation  # likewise once: what the process's first step and pass pay more
     domains = len(setup.dataset.images_per_domain() or {}) if config.evaluation.cross_domain else 0
     test = SplitSize(len(setup.full_splits.test), len(prepared.layout.test_classes), width, domains)
-    test_scoring, class_sums = _scoring_seconds(config, test, prepared.spec.protocol.folds)
+    test_scoring, class_sums = timings.scoring_seconds(config, test, prepared.spec.protocol.folds)
     with tempfile.TemporaryDirectory() as directory:
-        checkpoint = _checkpoint_seconds(setup, Path(directory))
+        checkpoint = timings.checkpoint_seconds(setup, Path(directory))
         run_overhead, first_run = _run_overhead(config, Path(directory), step, validation, checkpoint)
-        fold_run = _fold_run_seconds(Path(directory) / "run")
+        fold_run = timings.fold_run_seconds(Path(directory) / "run")
         unit, look, study, storage_setup = _storage_seconds(prepared, Path(directory))
         rehearsal = Path(directory) / "rehearsal"
         report_seconds = 0.0 if report is None else _report_seconds(prepared, rehearsal, test, report)
@@ -206,101 +205,15 @@ def _method_steps(prepared: Prepared, device: Any) -> dict[str, float]:
     from dmlbench.training.setup import set_up_training
 
     (first, *others) = prepared.plans.values()
-    seen = {_training_identity(first.run_config({}, prepared.layout.folds[0]))}
+    seen = {timings.training_identity(first.run_config({}, prepared.layout.folds[0]))}
     steps = {}
     for plan in others:
         config = plan.run_config({}, prepared.layout.folds[0])
-        if (identity := _training_identity(config)) in seen:
+        if (identity := timings.training_identity(config)) in seen:
             continue
         seen.add(identity)
-        steps[plan.name] = _step_seconds(config, set_up_training(config, device), device)[0]
+        steps[plan.name] = timings.step_seconds(config, set_up_training(config, device), device)[0]
     return steps
-
-
-def _training_identity(config: Any) -> str:
-    """What sets a step's cost, less the seed (methods often differ only by their seeds)."""
-    dumped = config.model_dump(mode="json")
-    return repr([dumped.get(key) for key in ("loss", "miner", "sampler", "optimizer", "model", "training")])
-
-
-def _step_seconds(config: Any, setup: Any, device: Any) -> tuple[float, int, float]:
-    """The median seconds of a training step after the warm-up, the steps of an epoch, and what the
-    first step took more than the median."""
-    from dmlbench.training.loop import ImageBatches, time_steps
-
-    steps_per_epoch = len(setup.sampler)
-    if config.training.max_steps_per_epoch is not None:
-        steps_per_epoch = min(steps_per_epoch, config.training.max_steps_per_epoch)
-    timings = time_steps(config, ImageBatches(config, setup), device, WARMUP_STEPS + TIMED_STEPS)
-    timed = timings[WARMUP_STEPS:] or timings
-    median = statistics.median(timed) if timed else 0.0
-    return median, steps_per_epoch, max(timings[0] - median, 0.0) if timings else 0.0
-
-
-def _validation_seconds(config: Any, setup: Any, device: Any) -> tuple[float, float, int, float]:
-    """Seconds of a warm validation pass (embedding and scoring), seconds to embed one image, the
-    embedding's width, and what the first pass (its embedding at the evaluation's batch shapes, its
-    scoring's first calls) took more."""
-    from dmlbench.evaluation import evaluate
-    from dmlbench.training.embed import embed
-
-    model, validation_set, batch_size = setup.components.model, setup.validation_set, config.evaluation.batch_size
-    passes = []
-    for _ in range(2):  # the first is a warm-up
-        started = time.perf_counter()
-        embeddings, labels = embed(model, validation_set, batch_size, device)
-        embedded = time.perf_counter()
-        evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed,
-                 rerank=config.evaluation.rerank.method())
-        passes.append((time.perf_counter() - started, embedded - started))
-    (first, _), (warm, embedding) = passes
-    return warm, embedding / max(len(validation_set), 1), int(embeddings.shape[1]), max(first - warm, 0.0)
-
-
-def _scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, float]:
-    """Seconds to score the test split (in every setting a mode is scored in: all-versus-all,
-    cross-domain, re-ranked) and to sum a reproduction's per-class scores of its ``folds`` fold models
-    (``class_bootstrap.class_sums``), timed on random unit vectors (the test data itself is opened only
-    by the reproductions)."""
-    from dmlbench.evaluation import evaluate
-    from dmlbench.protocol.class_bootstrap import class_sums
-
-    if test.images == 0:
-        return 0.0, 0.0
-    embeddings, labels, domains = made_up_test_split(test, config.seed, folds)
-    first = embeddings["fold 0"]
-    started = time.perf_counter()
-    evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed)
-    if domains is not None:  # each mode is scored cross-domain too
-        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, domains=domains)
-    if config.evaluation.rerank.kind != "none":  # and re-ranked
-        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, rerank=config.evaluation.rerank.method())
-    scored = time.perf_counter()
-    class_sums(embeddings, labels, config.evaluation.metrics, None, domains)
-    return scored - started, time.perf_counter() - scored
-
-
-def _fold_run_seconds(run_dir: Path) -> float:
-    """Seconds a reproduction spends on a fold run besides its test embedding: opening it (record,
-    config, dataset, best checkpoint) and its embedding-space analysis on its training classes."""
-    from dmlbench.protocol.reproductions import training_space
-    from dmlbench.training.runs import Run
-
-    started = time.perf_counter()
-    training_space(Run.open(run_dir))
-    return time.perf_counter() - started
-
-
-def _checkpoint_seconds(setup: Any, directory: Path) -> float:
-    """Seconds to write one checkpoint of the run's model, loss and optimiser (every epoch writes one)."""
-    from dmlbench import files
-
-    components = setup.components
-    payload = {"model": components.model.state_dict(), "loss": components.loss.state_dict(),
-               "optimizer": components.optimizer.state_dict()}
-    started = time.perf_counter()
-    files.atomic_torch_save(directory / "checkpoint.pt", payload)
-    return time.perf_counter() - started
 
 
 def _run_overhead(config: Any, directory: Path, step: float, validation: float, checkpoint: float) -> tuple[float, float]:

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from dmlbench.analysis.class_bootstrap import class_sums
 from dmlbench.evaluation import COUNT_KEYS
 from dmlbench.protocol import layout, storage, work
 from dmlbench.protocol.baseline import Baseline
-from dmlbench.protocol.class_bootstrap import class_sums
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import write_benchmark_file
 from dmlbench.protocol.reproductions import MethodReproduction

@@ -6,7 +6,7 @@ compute accuracy using two methods: Concatenated [...] Separated [...]. We do 10
 the best hyperparameters, and report the average across these runs, as well as confidence intervals."
 
 Here reproduction ``r`` of every method uses seed ``first_seed + r`` (so reproductions pair across
-methods by seed, ``protocol.statistics.compare_methods``) and trains one run per fold of the same
+methods by seed, ``analysis.statistics.compare_methods``) and trains one run per fold of the same
 class-disjoint layout as the search. Once all its folds are trained, the fold models' best checkpoints
 embed the standard test split and ``evaluation.evaluate_many`` scores them ``concatenated`` and
 ``separated``; the scores are stored in ``METHOD/reproduction_RR/test_metrics.json`` and read from there
@@ -26,14 +26,13 @@ from optuna.trial import FrozenTrial
 from torch import Tensor
 
 from dmlbench import files, provenance
+from dmlbench.analysis.class_bootstrap import class_sums
+from dmlbench.analysis.endpoints import MODES, cross_domain_mode
 from dmlbench.evaluation import embedding_space
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
 from dmlbench.protocol import layout, work
-from dmlbench.protocol.class_bootstrap import class_sums
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
-from dmlbench.protocol.results import (
-    COMPLETED_CLASS_SUMS, MODES, MethodReproductions, cross_domain_mode, read_reproductions, stored_class_sums,
-)
+from dmlbench.protocol.results import COMPLETED_CLASS_SUMS, MethodReproductions, read_reproductions, stored_class_sums
 from dmlbench.protocol.scoring import objective, record_test_access, score_modes
 from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves
 from dmlbench.training import records, tracking, train_or_resume
@@ -87,7 +86,7 @@ class MethodReproduction(Unit):
             for run_dir in run_dirs:
                 tracking.log_test_scores(run_dir, self.plan.config.tracking, scores)
             attributes["scores"] = scores
-            if per_class is not None:  # for the report's bootstrap over test classes (``protocol.class_bootstrap``)
+            if per_class is not None:  # for the report's bootstrap over test classes (``analysis.class_bootstrap``)
                 attributes["class_scores"] = per_class
             return objective(scores)
 

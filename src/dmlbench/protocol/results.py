@@ -18,28 +18,30 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import files
-from dmlbench.errors import UserInputError
-from dmlbench.protocol import layout, work
-from dmlbench.protocol.statistics import (
+from dmlbench.analysis.endpoints import (
+    ALL_MODES,
+    MODES,
+    RERANKED_SUFFIX,
+    RUNS_COLUMNS,
+    ScoreTable,
+    common_seeds,
+    read_score_table,
+    reranked_mode,
+)
+from dmlbench.analysis.statistics import (
     DEFAULT_EQUIVALENCE_MARGIN,
     PairedComparison,
     compare_methods,
     compare_pairs,
     mean_interval,
 )
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import layout, work
 
-MODES = ("concatenated", "separated")
 # A reproduction study's attribute, + slot: per-class test sums computed after its trial finished
 # (``reproductions.complete_class_sums``), for reproductions scored by a version that stored none.
 COMPLETED_CLASS_SUMS = "class_scores_completed/"
-# With evaluation.cross_domain each mode is scored again with every query's gallery restricted to the
-# other domains; those modes are stored only then.
-CROSS_DOMAIN_SUFFIX = "_cross_domain"
-# With evaluation.rerank each mode is scored again with every query's list re-ranked (not cross-domain).
-RERANKED_SUFFIX = "_reranked"
-ALL_MODES = (*MODES, *(f"{mode}{CROSS_DOMAIN_SUFFIX}" for mode in MODES), *(f"{mode}{RERANKED_SUFFIX}" for mode in MODES))
 RESULTS_COLUMNS = ("method", "mode", "metric", "mean", "ci_low", "ci_high", "n")
-RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
 
 
 @dataclass
@@ -61,16 +63,6 @@ class MethodReproductions:
     params: dict[str, Any]
     fold_layout_hash: str
     outcomes: list[ReproductionOutcome] = field(default_factory=list)
-
-
-def cross_domain_mode(mode: str) -> str:
-    """The name of ``mode`` scored cross-domain (``concatenated`` -> ``concatenated_cross_domain``)."""
-    return f"{mode}{CROSS_DOMAIN_SUFFIX}"
-
-
-def reranked_mode(mode: str) -> str:
-    """The name of ``mode`` scored with re-ranking (``concatenated`` -> ``concatenated_reranked``)."""
-    return f"{mode}{RERANKED_SUFFIX}"
 
 
 def scored_modes(results: Mapping[str, MethodReproductions]) -> list[str]:
@@ -162,13 +154,6 @@ def seed_scores(results: Mapping[str, MethodReproductions], mode: str, metric: s
     return common_seeds(scores)
 
 
-def common_seeds(scores: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
-    """``method -> seed -> score`` kept for the seeds (or reproduction numbers) every method scored, in
-    order: a failed reproduction removes its seed from all methods, so every comparison stays paired."""
-    common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
-    return {method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()}
-
-
 def compare_reranking(
     results: Mapping[str, MethodReproductions], mode: str = "concatenated", metric: str = "map_at_r",
     margin: float = DEFAULT_EQUIVALENCE_MARGIN,
@@ -204,18 +189,14 @@ def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) 
     return paths
 
 
-def read_runs(output_dir: str | Path) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
+def read_runs(output_dir: str | Path, role: str | None = None) -> ScoreTable:
     """Every score of a stored benchmark's ``runs.csv`` (baselines included), in the file's order:
     ``(mode, metric) -> method -> reproduction -> value``."""
     path = Path(output_dir) / layout.RUNS_CSV
     if not path.is_file():
-        raise UserInputError(f"{output_dir} holds no {layout.RUNS_CSV} (a finished benchmark directory)")
-    table: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
-    with path.open(newline="") as stream:
-        for row in csv.DictReader(stream):
-            by_method = table.setdefault((row["mode"], row["metric"]), {})
-            by_method.setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
-    return table
+        named = output_dir if role is None else f"{role} {output_dir}"
+        raise UserInputError(f"{named} holds no {layout.RUNS_CSV} (a finished benchmark directory)")
+    return read_score_table(path)
 
 
 def _cell(value: Any) -> Any:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench import provenance
+from dmlbench.analysis.endpoints import MODES, cross_domain_mode, reranked_mode
 from dmlbench.evaluation import COUNT_KEYS, evaluate_many
 from dmlbench.protocol import layout
-from dmlbench.protocol.results import MODES, cross_domain_mode, reranked_mode
 
 
 def score_modes(embeddings: Mapping[str, Any], labels: Any, metrics: list[str], seed: int,

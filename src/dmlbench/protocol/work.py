@@ -10,10 +10,9 @@ its ``k``-th budgeted trial, slot ``r`` of a reproduction study its reproduction
   (Ctrl-C: ``interrupted``), killed (its heartbeat went stale, or, for a file storage on this machine,
   its process is gone). Such a slot is enqueued again with the same parameters (``retry_of``), once.
 
-Workers decide what to take under ``storage.WorkLock`` (count, decide, enqueue, ``study.ask()``), so
-a budget of ``n`` trials never gets trial ``n + 1`` because another worker's trial is still running,
-and a slot is never taken twice. Only the retried slot is ever evaluated twice, with the same
-parameters and seed, and only one of its trials counts.
+Workers decide what to take under ``storage.WorkLock`` (count, decide, enqueue, ``study.ask()``), so a
+budget of ``n`` trials never gets trial ``n + 1`` while another worker's trial still runs, and a slot is
+never taken twice. Only a retried slot is evaluated twice (same parameters and seed; one trial counts).
 """
 
 from __future__ import annotations
@@ -33,10 +32,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench import provenance
-from dmlbench.ownership import process_exists
 from dmlbench.errors import PluginFailed, RunInterrupted, UserInputError
 from dmlbench.files import storage_error
-from dmlbench.ownership import DirectoryInUse
+from dmlbench.ownership import DirectoryInUse, process_exists
 from dmlbench.protocol import storage as storage_module
 
 WAIT, DONE = "wait", "done"
@@ -99,8 +97,7 @@ def done(trial: FrozenTrial) -> bool:
 def slots(trials: Iterable[FrozenTrial]) -> dict[int, list[FrozenTrial]]:
     grouped: dict[int, list[FrozenTrial]] = {}
     for trial in trials:
-        slot = slot_of(trial)
-        if slot is not None:
+        if (slot := slot_of(trial)) is not None:
             grouped.setdefault(slot, []).append(trial)
     return grouped
 

@@ -16,7 +16,7 @@
   ``treated - control``, read from the family.
 * **Sensitivity and power** (primary endpoint): the verdicts at half and twice the margin beside the
   chosen one, and each comparison's achieved power and minimal detectable difference at its observed
-  SD of paired differences (``protocol.power``).
+  SD of paired differences (``analysis.power``).
 * **Embedding space against test** (seed 003 §5, Fig. 5): per reproduction, the mean over its fold
   models of rho and pi_ratio on their own training classes (``protocol.reproductions.training_space``)
   against the reproduction's test P@1; *separated* P@1 is the mean of the same fold models' P@1, so
@@ -50,21 +50,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from dmlbench.analysis.correlations import Correlation, RankAgreement, correlation, rank_agreement, within_group_correlation
+from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, MODES, declared_comparisons
+from dmlbench.analysis.power import ComparisonPower, comparison_power, paired_sd
+from dmlbench.analysis.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, OUTCOMES, PairedComparison, compare_pairs
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.benchmark import declared_comparisons
-from dmlbench.protocol.correlations import Correlation, RankAgreement, correlation, rank_agreement, within_group_correlation
 from dmlbench.protocol.layout import BASELINES
-from dmlbench.protocol.power import ComparisonPower, comparison_power, paired_sd
 from dmlbench.protocol.results import (
-    CROSS_DOMAIN_SUFFIX,
-    MODES,
     MethodReproductions,
     compare_reranking,
     compared_modes,
     result_rows,
     seed_scores,
 )
-from dmlbench.protocol.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, OUTCOMES, PairedComparison, compare_pairs
 
 CLAIM_METRICS = ("precision_at_1", "map_at_r")
 FAMILY_METRICS = ("precision_at_1", "r_precision", "map_at_r")

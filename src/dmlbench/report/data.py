@@ -18,17 +18,18 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from dmlbench import provenance
+from dmlbench.analysis.correlations import mean_lag_one_autocorrelation
+from dmlbench.analysis.statistics import PairedComparison
+from dmlbench.analysis.verdicts import LEADERBOARD_METRICS
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark
-from dmlbench.protocol.correlations import mean_lag_one_autocorrelation
 from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction_study
 from dmlbench.protocol.results import MethodReproductions, compared_modes, read_reproductions, stored_class_sums
-from dmlbench.protocol.statistics import PairedComparison
 from dmlbench.report.analysis import Claims, analyse
 
-LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
+
 CURVE_METRICS = ("precision_at_1", "map_at_r")
 
 
@@ -47,7 +48,7 @@ class ReportData:
     reproduction_curves: dict[str, list[tuple[int, list[dict[str, list[float]]]]]] = field(default_factory=dict)  # (slot, folds)
     claims: Claims = field(default_factory=Claims)
     report_commit: str | None = None  # read once, before any file is written
-    # method -> reproduction seed -> per-class test sums (``protocol.class_bootstrap.class_sums``)
+    # method -> reproduction seed -> per-class test sums (``analysis.class_bootstrap.class_sums``)
     class_scores: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     # method -> the names of its repeated searches (``METHOD@searchK``); their trials are in ``trials`` and
     # their costs in ``reproduction_costs`` under those names, their reproductions in ``repeat_results``

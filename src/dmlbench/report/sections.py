@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from dmlbench.analysis.correlations import Correlation, RankAgreement
+from dmlbench.analysis.power import MAX_REPRODUCTIONS, TARGET_POWER
+from dmlbench.analysis.statistics import OUTCOMES, PairedComparison
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.benchmark import MIN_REPRODUCTIONS
-from dmlbench.protocol.correlations import Correlation, RankAgreement
 from dmlbench.protocol.layout import CLAIM_COMPARISONS_CSV, RAW_PIXELS, UNTRAINED, VALIDATION_CURVES_CSV
-from dmlbench.protocol.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.protocol.results import result_rows
-from dmlbench.protocol.statistics import OUTCOMES, PairedComparison
 from dmlbench.report import plots, tables, uncertainty
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
 from dmlbench.report.data import ReportData

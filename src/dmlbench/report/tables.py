@@ -8,19 +8,16 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
+from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode
+from dmlbench.analysis.power import ComparisonPower
+from dmlbench.analysis.verdicts import comparison_csv
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredProtocol
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE
-from dmlbench.protocol.power import ComparisonPower
-from dmlbench.protocol.results import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode, result_rows, scored_modes
+from dmlbench.protocol.results import result_rows, scored_modes
 from dmlbench.report.analysis import ALPHA, scored_methods
 from dmlbench.report.data import LEADERBOARD_METRICS, ReportData, computed_metrics, validation_curves
-
-COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
-                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
-                      "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
-
 
 def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "map_at_r")) -> tuple[list[str], list[list[str]]]:
     """Header and rows: mean ± 95% CI half-width (in %) per method, mode and metric, sorted by the ``primary``
@@ -128,19 +125,7 @@ def pvalue_text(value: float) -> str:
 
 
 def comparisons_csv(data: ReportData) -> str:
-    stream = io.StringIO()
-    writer = csv.writer(stream, lineterminator="\n")
-    writer.writerow(COMPARISON_COLUMNS)
-    for mode, metric, comparisons in data.comparisons:
-        if isinstance(comparisons, str):
-            continue
-        for c in comparisons:
-            writer.writerow([mode, metric, c.a, c.b, c.n, repr(c.mean_difference), repr(c.t_statistic),
-                             repr(c.t_pvalue_holm), repr(c.wilcoxon_statistic), repr(c.wilcoxon_pvalue_holm),
-                             repr(c.cohen_dz), repr(c.difference_low), repr(c.difference_high), repr(c.t_pvalue),
-                             repr(c.wilcoxon_pvalue), repr(c.tost_pvalue), repr(c.tost_pvalue_holm), repr(c.margin),
-                             c.outcome(ALPHA)])
-    return stream.getvalue()
+    return comparison_csv([(mode, metric, family) for mode, metric, family in data.comparisons if not isinstance(family, str)], ALPHA)
 
 
 BUDGET_HEADER = ["method", "trials", "failed / pruned trials", "best val. MAP@R (%)", "best parameters",

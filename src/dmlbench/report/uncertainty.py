@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap
+from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, cross_domain_mode
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
 from dmlbench.protocol.layout import CLASS_BOOTSTRAP_CSV, SEARCH_REPEATS_CSV
-from dmlbench.protocol.class_bootstrap import ClassBootstrap, class_bootstrap
-from dmlbench.protocol.results import CROSS_DOMAIN_SUFFIX, cross_domain_mode, result_rows
+from dmlbench.protocol.results import result_rows
 from dmlbench.report.analysis import scored_methods
 from dmlbench.report.data import ReportData
 

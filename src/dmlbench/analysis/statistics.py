@@ -1,5 +1,5 @@
 """Statistics over reproductions: t-intervals, paired tests with Holm correction, effect sizes and the
-verdict of a comparison (``protocol.correlations`` holds the correlations, rank agreement and the
+verdict of a comparison (``analysis.correlations`` holds the correlations, rank agreement and the
 lag-one autocorrelation).
 
 Musgrave et al. 2020 (seed 001) §3.3-§4 report the mean of 10 reproductions with a 95% confidence

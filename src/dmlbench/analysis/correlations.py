@@ -4,7 +4,7 @@ the lag-one autocorrelation of a validation curve.
 
 ``lag_one_autocorrelation`` is the statistic of seed 001 §3.2 that justifies validation accuracy as a
 smooth, selectable signal (P@1 0.73, MAP@R 0.81 there), here of the curve's fluctuation around its
-linear trend. Like ``protocol.statistics``, every function takes plain floats and returns plain
+linear trend. Like ``analysis.statistics``, every function takes plain floats and returns plain
 floats; the heavy lifting is ``scipy.stats``.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from dmlbench.analysis.statistics import DEFAULT_CONFIDENCE, finite_array
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.statistics import DEFAULT_CONFIDENCE, finite_array
 
 
 @dataclass(frozen=True)

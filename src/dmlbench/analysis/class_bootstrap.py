@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dmlbench.analysis.endpoints import cross_domain_mode
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.api import concatenate
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS, query_scores
-from dmlbench.protocol.results import cross_domain_mode
 
 DEFAULT_SEED = 0
 # Independent streams of one seed: the classes of each replicate, then its seeds.

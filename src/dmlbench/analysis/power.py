@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from scipy import integrate, optimize, stats
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import layout
-from dmlbench.protocol.benchmark import BenchmarkSpec, declared_comparisons
-from dmlbench.protocol.results import read_runs
 
 TARGET_POWER = 0.8
 MAX_REPRODUCTIONS = 1000  # planning looks no further: beyond this the design, not n, must change
@@ -162,63 +158,3 @@ def paired_sd(differences: np.ndarray | list[float]) -> float:
     """The sample standard deviation (ddof 1) of paired differences; NaN with fewer than two."""
     array = np.asarray(differences, dtype=np.float64)
     return float(array.std(ddof=1)) if array.size >= 2 else math.nan
-
-
-# ---------------------------------------------------------------- planning a benchmark's comparisons
-
-def pilot_sds(pilot_dir: Path, spec: BenchmarkSpec) -> dict[tuple[str, str], float]:
-    """The SD of each declared comparison's paired differences on the primary endpoint in a stored benchmark's
-    ``runs.csv`` (reproductions paired by number, i.e. by seed); comparisons the pilot lacks are left out."""
-    if not (Path(pilot_dir) / layout.RUNS_CSV).is_file():
-        raise UserInputError(f"pilot {pilot_dir} holds no {layout.RUNS_CSV} (a finished benchmark directory)")
-    primary = spec.analysis.primary
-    values = read_runs(pilot_dir).get((primary.mode, primary.metric), {})
-    sds = {}
-    for a, b in comparisons_of(spec):
-        if a in values and b in values:
-            common = sorted(set(values[a]) & set(values[b]))
-            sd = paired_sd([values[a][r] - values[b][r] for r in common])
-            if math.isfinite(sd) and sd > 0.0:
-                sds[(a, b)] = sd
-    return sds
-
-
-def comparisons_of(spec: BenchmarkSpec) -> list[tuple[str, str]]:
-    """The declared comparisons of the benchmark's one Holm family per endpoint."""
-    methods = [method.name for method in spec.methods]
-    return declared_comparisons(spec.analysis.references, spec.analysis.pairs, methods)
-
-
-def plan_text(spec: BenchmarkSpec, sds: Mapping[tuple[str, str], float], source: str, alpha: float = 0.05) -> str:
-    """The planning table: per declared comparison its SD, the power of both tests at the configured
-    reproductions (unadjusted / strictest Holm threshold) and the reproductions needed for 80%."""
-    comparisons = comparisons_of(spec)
-    n, margin = spec.protocol.reproductions, spec.analysis.equivalence_margin
-    primary = spec.analysis.primary
-    lines = [f"power ({primary.mode} {primary.metric}, the primary endpoint): {len(comparisons)} comparison{'s' if len(comparisons) != 1 else ''} in one Holm "
-             f"family, {n} reproductions, margin ±{100 * margin:g} points, SD of paired differences {source}; "
-             f"t-test power at a true difference of one margin, TOST power at a true difference of 0, each "
-             f"unadjusted / at the strictest Holm threshold alpha/{len(comparisons)} = {alpha / len(comparisons):.4g}; "
-             f"reproductions needed: both tests at 80% at that threshold"]
-    if n < 2:
-        return "\n".join([*lines, "  fewer than 2 reproductions: no paired test is possible"])
-    for a, b in comparisons:
-        sd = sds.get((a, b))
-        if sd is None:
-            lines.append(f"  {a} vs {b}: no SD (the pilot lacks this comparison)")
-            continue
-        result = comparison_power(a, b, n, sd, margin, len(comparisons), alpha)
-        needed = f"more than {MAX_REPRODUCTIONS}" if result.needed is None else str(result.needed)
-        lines.append(f"  {a} vs {b}: SD {100 * sd:.2f} points; t-test {result.ttest:.2f} / {result.ttest_holm:.2f}; "
-                     f"TOST {result.tost:.2f} / {result.tost_holm:.2f}; needed {needed}; "
-                     f"detectable difference {100 * result.detectable:.2f} points")
-    return "\n".join(lines)
-
-
-def dry_run_plan(spec: BenchmarkSpec) -> str:
-    """What ``benchmark --dry-run`` prints about power: the plan at ``analysis.planning_sd``, or how to get one."""
-    sd = spec.analysis.planning_sd
-    if sd is None:
-        return ("power: no analysis.planning_sd in the config; `dmlbench plan CONFIG --pilot DIR` measures it on a "
-                "stored benchmark, `--sd X` states it")
-    return plan_text(spec, {pair: sd for pair in comparisons_of(spec)}, f"{100 * sd:.2f} points (analysis.planning_sd)")

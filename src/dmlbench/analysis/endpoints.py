@@ -1,0 +1,64 @@
+"""What a study is judged on: its endpoints (a mode and a metric), the scores of ``runs.csv`` per
+endpoint, reproductions paired by seed, and the comparisons declared as one Holm family.
+
+These are the judging half's view of a study's committed files; the running half (``protocol``) writes
+them, and ``protocol.layout`` names them, so every function here takes a path or plain values."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+MODES = ("concatenated", "separated")
+# With evaluation.cross_domain each mode is scored again with every query's gallery restricted to the
+# other domains; those modes are stored only then.
+CROSS_DOMAIN_SUFFIX = "_cross_domain"
+# With evaluation.rerank each mode is scored again with every query's list re-ranked (not cross-domain).
+RERANKED_SUFFIX = "_reranked"
+ALL_MODES = (*MODES, *(f"{mode}{CROSS_DOMAIN_SUFFIX}" for mode in MODES), *(f"{mode}{RERANKED_SUFFIX}" for mode in MODES))
+RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
+
+# (mode, metric) -> method -> reproduction -> value
+ScoreTable = dict[tuple[str, str], dict[str, dict[int, float]]]
+
+
+def cross_domain_mode(mode: str) -> str:
+    """The name of ``mode`` scored cross-domain (``concatenated`` -> ``concatenated_cross_domain``)."""
+    return f"{mode}{CROSS_DOMAIN_SUFFIX}"
+
+
+def reranked_mode(mode: str) -> str:
+    """The name of ``mode`` scored with re-ranking (``concatenated`` -> ``concatenated_reranked``)."""
+    return f"{mode}{RERANKED_SUFFIX}"
+
+
+def read_score_table(path: Path) -> ScoreTable:
+    """Every score of a ``runs.csv`` at ``path`` (baselines included), in the file's order."""
+    table: ScoreTable = {}
+    with Path(path).open(newline="") as stream:
+        for row in csv.DictReader(stream):
+            by_method = table.setdefault((row["mode"], row["metric"]), {})
+            by_method.setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
+    return table
+
+
+def common_seeds(scores: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
+    """``method -> seed -> score`` kept for the seeds (or reproduction numbers) every method scored, in
+    order: a failed reproduction removes its seed from all methods, so every comparison stays paired."""
+    common = set.intersection(*(set(values) for values in scores.values())) if scores else set()
+    return {method: {seed: values[seed] for seed in sorted(common)} for method, values in scores.items()}
+
+
+def declared_comparisons(references: Sequence[str], pairs: Sequence[Sequence[str]], methods: Sequence[str]) -> list[tuple[str, str]]:
+    """The comparisons of one Holm family, ``(a, b)`` for ``a - b``: each method against each reference, then
+    the pairs; a pair of methods already compared keeps its first orientation; none declared: every pair."""
+    present = set(methods)
+    candidates = [(name, reference) for reference in references if reference in present for name in methods if name != reference]
+    candidates += [(a, b) for a, b in pairs if a in present and b in present]
+    if not references and not pairs:
+        candidates = [(a, b) for index, a in enumerate(methods) for b in methods[index + 1:]]
+    chosen: dict[frozenset[str], tuple[str, str]] = {}
+    for a, b in candidates:
+        chosen.setdefault(frozenset((a, b)), (a, b))
+    return list(chosen.values())

@@ -1,0 +1,64 @@
+"""A study's verdicts re-judged from its committed scores by today's rules, and ``comparisons.csv`` as
+the report writes it.
+
+The rules are the report's: one Holm family per endpoint (mode, metric) holding every declared
+comparison (``endpoints.declared_comparisons``: each method against each reference, then the pairs;
+none declared, every pair), reproductions paired by number (each number is one seed for every method;
+only the numbers every method scored), better / worse from the Holm-adjusted paired t-test, equivalent
+from the Holm-adjusted TOST within the declared margin (``statistics.compare_pairs``,
+``PairedComparison.outcome``). A re-ranked mode is compared with its raw self, not in a family."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from dmlbench.analysis.endpoints import ALL_MODES, RERANKED_SUFFIX, ScoreTable, common_seeds, declared_comparisons
+from dmlbench.analysis.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, PairedComparison, compare_pairs
+
+# Endpoint (mode, metric) -> its family of declared comparisons.
+Families = dict[tuple[str, str], list[PairedComparison]]
+
+# The metrics whose families ``comparisons.csv`` lists (the leaderboard's), in its order.
+LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
+COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
+                      "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
+                      "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
+
+
+def judge(scores: ScoreTable, analysis: Mapping[str, Any], excluded: Collection[str] = ()) -> Families:
+    """Every endpoint's declared family re-judged from ``scores`` (a ``runs.csv`` table) under the analysis
+    in force (``references``, ``pairs``, ``equivalence_margin``); ``excluded`` methods (the baselines)
+    are never compared. Endpoints in sorted order."""
+    margin = float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN))
+    families: Families = {}
+    for endpoint, stored in sorted(scores.items()):
+        paired = common_seeds({method: values for method, values in stored.items() if method not in excluded})
+        declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(paired))
+        families[endpoint] = compare_pairs(paired, declared, margin) if declared and len(paired) >= 2 else []
+    return families
+
+
+def comparison_csv(families: Sequence[tuple[str, str, Sequence[PairedComparison]]], alpha: float = DEFAULT_ALPHA) -> str:
+    """``comparisons.csv``: one row per comparison of each ``(mode, metric, family)``, every float as its repr."""
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(COMPARISON_COLUMNS)
+    for mode, metric, family in families:
+        for c in family:
+            writer.writerow([mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
+                c.mean_difference, c.t_statistic, c.t_pvalue_holm, c.wilcoxon_statistic, c.wilcoxon_pvalue_holm,
+                c.cohen_dz, c.difference_low, c.difference_high, c.t_pvalue, c.wilcoxon_pvalue, c.tost_pvalue,
+                c.tost_pvalue_holm, c.margin)), c.outcome(alpha)])
+    return stream.getvalue()
+
+
+def rejudged_comparison_csv(scores: ScoreTable, analysis: Mapping[str, Any], excluded: Collection[str] = ()) -> str:
+    """``comparisons.csv`` of a committed study as the report would write it today from its ``runs.csv``
+    alone: the leaderboard metrics' families, modes in the report's order, re-ranked modes left out."""
+    families = judge(scores, analysis, excluded)
+    listed = [(mode, metric, families[(mode, metric)]) for mode in ALL_MODES if not mode.endswith(RERANKED_SUFFIX)
+              for metric in LEADERBOARD_METRICS if families.get((mode, metric))]
+    return comparison_csv(listed)
