@@ -119,26 +119,28 @@ def test_missing_file_and_missing_arguments_are_user_errors(tmp_path):
 
 
 def test_run_directory_prints_trained_and_untrained_columns(monkeypatch, tmp_path):
-    from dmlbench.training import runs
+    from dmlbench.training import run_evaluation
 
     calls = []
-    opened = object()
 
-    def fake_open(cls, run_dir):
-        calls.append(("open", run_dir))
-        return opened
+    class FakeEvaluation:
+        def __init__(self, run_dir):
+            calls.append(("open", run_dir))
 
-    def fake_evaluate_run(run, **options):
-        calls.append((run, options))
-        return {"map_at_r": 0.5, "num_queries": 10, "untrained": {"map_at_r": 0.125, "num_queries": 10}}
+        @classmethod
+        def open(cls, run_dir):
+            return cls(run_dir)
 
-    monkeypatch.setattr(runs.Run, "open", classmethod(fake_open))
-    monkeypatch.setattr(runs, "evaluate_run", fake_evaluate_run)
+        def scores(self, **options):
+            calls.append(("scores", options))
+            return {"map_at_r": 0.5, "num_queries": 10, "untrained": {"map_at_r": 0.125, "num_queries": 10}}
+
+    monkeypatch.setattr(run_evaluation, "RunEvaluation", FakeEvaluation)
     out = tmp_path / "run.json"
     code, stdout, stderr = _run(["evaluate", str(tmp_path), "--metrics", "map_at_r", "--json", str(out)])
     assert code == 0, stderr
     header, row = stdout.splitlines()[:2]
     assert header.split() == ["metric", "trained", "untrained"]
     assert row.split() == ["map_at_r", "0.5000", "0.1250"]
-    assert calls == [("open", tmp_path), (opened, {"metrics": "map_at_r"})]  # the run opened once, then passed on
+    assert calls == [("open", tmp_path), ("scores", {"metrics": "map_at_r"})]  # the run opened once, then scored
     assert json.loads(out.read_text())["untrained"]["map_at_r"] == 0.125

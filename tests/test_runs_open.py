@@ -16,7 +16,8 @@ from dmlbench import config as config_module
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.training import runs, train
-from dmlbench.training.runs import Run, embed_run, embed_test_split, evaluate_run, run_test_domains
+from dmlbench.training.run_evaluation import evaluate_run
+from dmlbench.training.runs import Run, embed_run, embed_test_split, run_test_domains
 from protocol_fixtures import benchmark_spec, reproduce
 from training_fixtures import TINY
 
@@ -119,3 +120,35 @@ def test_a_reproduction_opens_each_fold_run_once(tmp_path: Path, monkeypatch: py
     # 2 reproductions x 2 folds; opening a run for every read took 2 x (2 folds + 2 + 2 folds) = 12
     assert sorted(opened) == ["fold_0", "fold_0", "fold_1", "fold_1"]
     assert loads == [4]
+
+
+def test_one_evaluate_call_embeds_each_split_once_per_model(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``dmlbench evaluate RUN --analysis --per-query --verification --open-set``: the test split once with the
+    trained model and once with the untrained one (the scores), the training split once (the analysis);
+    per-query results, verification and the open set reuse the trained test embeddings."""
+    from cli_runner import run_cli
+
+    from dmlbench.training import run_evaluation
+
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in run_dir.iterdir():
+        if path.is_file() and path.name != "test_metrics.json":  # no stored scores: everything is computed
+            (copy / path.name).write_bytes(path.read_bytes())
+    embedded: list[tuple[int, bool]] = []
+    original = run_evaluation.embed
+
+    def counted(model: torch.nn.Module, dataset: ImageDataset, batch_size: int, device: torch.device):
+        embedded.append((len(dataset), model.training))
+        return original(model, dataset, batch_size, device)
+
+    monkeypatch.setattr(run_evaluation, "embed", counted)
+    code, out, err = run_cli(["evaluate", str(copy), "--analysis", "--per-query", str(tmp_path / "q.csv"), "--verification",
+                              "--open-set", "--json", str(tmp_path / "e.json")], capsys)
+    assert code == 0, err
+    run = Run.open(copy)
+    sizes = {name: len(getattr(run.splits, name)) for name in ("train", "test")}
+    assert sorted(size for size, _ in embedded) == sorted([sizes["test"], sizes["test"], sizes["train"]])
+    results = json.loads((tmp_path / "e.json").read_text())
+    assert {"untrained", "analysis", "verification", "open_set"} <= set(results)

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_file, require_run_dir
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write, load_array
-
-if TYPE_CHECKING:
-    from dmlbench.training.runs import Run
 
 
 def register(app: typer.Typer) -> None:
@@ -79,32 +76,13 @@ def evaluate_command(
                                    "metrics": metrics, "k": k, "seed": seed, "block_size": block_size, "nprobe": nprobe},
                                   query_mask, rerank_option(rerank, rerank_params))
 
-    if run is not None:
-        opened = _open_run(run)  # once: the scores, the analysis, the diagnostics and the open set share it
-        results = _evaluate_run(opened, options)
-        if analysis:
-            results = {**results, "analysis": _analyze_training_split(opened, drop, center, normalize, plot)}
-        if per_query or worst or verification:
-            results = {**results, **_diagnose(opened, per_query, worst, html, verification, roc, seed)}
-        results = {**results, **_open_set(opened, open_set, calibration, seed)}
-        _write_json(json_path, results)
-        return
+    from dmlbench.deploy.evaluate import EvaluateRequest, evaluate
 
-    if labels is None:
-        raise UserInputError("--embeddings needs --labels")
-    label_array = load_array(labels, "labels")
-    matrices = {str(path): load_array(path, "embeddings") for path in embeddings or []}
-    results = _evaluate_arrays(matrices, label_array, mode, options, None if domains is None else load_array(domains, "domains"))
-    if analysis:
-        import torch
-
-        from dmlbench.evaluation import concatenate
-
-        arrays = list(matrices.values())
-        # Several models are analysed as evaluated: each L2-normalised, then concatenated.
-        combined = arrays[0] if len(arrays) == 1 else concatenate(torch.as_tensor(array) for array in arrays)
-        results = {**results, "analysis": _analyze(combined, label_array, drop, center, normalize, plot, "analysis")}
-    _write_json(json_path, results)
+    request = EvaluateRequest(
+        run=run, embeddings=list(embeddings or []), labels=labels, domains=domains, mode=mode, options=options,
+        analysis=analysis, plot=plot, drop=drop, center=center, per_query=per_query, worst=worst, html=html,
+        verification=verification, roc=roc, open_set=open_set, calibration=calibration, seed=seed)
+    _write_json(json_path, evaluate(request, typer.echo))
 
 
 def _evaluation_options(given: dict[str, Any], query_mask: Path | None, rerank: dict[str, Any] | None) -> dict[str, Any]:
@@ -138,29 +116,6 @@ def rerank_option(kind: str | None, params: list[str] | None) -> dict[str, Any] 
     return {"kind": kind, "params": values}
 
 
-def _evaluate_arrays(matrices: dict[str, Any], labels: Any, mode: str, options: dict[str, Any], domains: Any) -> dict[str, Any]:
-    """Metrics of stored embeddings printed as a table; with ``domains`` also cross-domain, with ``rerank``
-    also re-ranked, beside them."""
-    from dmlbench import evaluation
-    from dmlbench.evaluation.table import format_table
-
-    options = dict(options)
-    rerank = options.pop("rerank", None)
-
-    def score(extra: dict[str, Any]) -> dict[str, Any]:
-        if len(matrices) == 1:
-            return evaluation.evaluate(next(iter(matrices.values())), labels, **options, **extra)
-        return evaluation.evaluate_many(matrices, labels, mode=mode, **options, **extra)
-
-    results = score({})
-    columns, added = {"all": results}, {}
-    if rerank is not None and rerank["kind"] != "none":
-        added["reranked"] = columns["re-ranked"] = score({"rerank": rerank})
-    if domains is not None:
-        added["cross_domain"] = columns["cross-domain"] = score({"domains": domains})  # answered from the other domains only
-    typer.echo(format_table(columns if added else results))
-    return {**results, **added}
-
 
 def _check_options(
     run: Path | None, embeddings: list[Path] | None, per_query: Path | None, worst: int | None, html: Path | None,
@@ -177,94 +132,9 @@ def _check_options(
         raise UserInputError("--roc goes with --verification")
 
 
-def _open_run(run: Path) -> Run:
-    from dmlbench.training.runs import Run
-
-    return Run.open(run)
 
 
-def _evaluate_run(run: Run, options: dict[str, Any]) -> dict[str, Any]:
-    """A run's test scores, trained and untrained, printed as a table; only options changed from their
-    defaults are passed on, so the run's own evaluation settings hold otherwise."""
-    from dmlbench.evaluation.table import format_table
-    from dmlbench.training.runs import evaluate_run
 
-    run_defaults = {"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}
-    changed = {name: value for name, value in options.items() if run_defaults.get(name, object()) != value}
-    results = evaluate_run(run, **changed)
-    extra = ("untrained", "reranked", "untrained_reranked", "cross_domain", "untrained_cross_domain")
-    trained = {name: value for name, value in results.items() if name not in extra}
-    columns = {"trained": trained}
-    if "reranked" in results:  # --rerank, or the run's config sets evaluation.rerank
-        columns["trained, re-ranked"] = results["reranked"]
-    columns["untrained"] = results.get("untrained", {})
-    if "reranked" in results:
-        columns["untrained, re-ranked"] = results["untrained_reranked"]
-    if "cross_domain" in results:  # the run's config sets evaluation.cross_domain
-        columns.update({"trained, cross-domain": results["cross_domain"],
-                        "untrained, cross-domain": results["untrained_cross_domain"]})
-    typer.echo(format_table(columns))
-    return results
-
-
-def _analyze_training_split(run: Run, drop: int, center: bool, normalize: bool, plot: Path | None) -> dict[str, Any]:
-    """``_analyze`` of the run's training split: Roth et al. 2020 measure the embedding space on the
-    training data, never on the test split."""
-    from dmlbench.training.runs import embed_run
-
-    train_embeddings, train_labels = embed_run(run, "train")
-    return _analyze(train_embeddings, train_labels, drop, center, normalize, plot, "train split")
-
-
-def _analyze(
-    embeddings: Any, labels: Any, drop: int, center: bool, normalize: bool, plot: Path | None, title: str
-) -> dict[str, Any]:
-    """rho, pi_intra, pi_inter, pi_ratio printed as a table, the spectrum optionally plotted."""
-    from dmlbench.evaluation import embedding_space
-    from dmlbench.evaluation.table import format_table
-
-    space = embedding_space.analyze(embeddings, labels, drop=drop, center=center, normalize=normalize)
-    typer.echo("")
-    typer.echo(format_table({title: {key: value for key, value in space.items() if key != "singular_values"}}))
-    if plot is not None:
-        embedding_space.plot_spectrum(space["singular_values"], plot, drop=drop)
-        typer.echo(f"spectrum plot: {plot}")
-    return space
-
-
-def _diagnose(
-    run: Run, per_query_path: Path | None, worst: int | None, html: Path | None, verification: bool, roc: Path | None,
-    seed: int | None,
-) -> dict[str, Any]:
-    """Per-query results, the worst queries' page and verification thresholds of the run's test split."""
-    from dmlbench.deploy import diagnostics
-    from dmlbench.evaluation.per_query import per_query
-    from dmlbench.evaluation.table import format_table
-
-    split = diagnostics.load_test_split(run)
-    added: dict[str, Any] = {}
-    if per_query_path is not None or worst is not None:
-        found = per_query(split.embeddings, split.labels, query_mask=split.query_mask)
-        if per_query_path is not None:
-            diagnostics.write_per_query_csv(per_query_path, found, split.names)
-            typer.echo(f"per-query results: {per_query_path} ({len(found.query_ids)} queries)")
-        if worst is not None and html is not None:
-            diagnostics.write_worst_page(html, found, split, worst, f"The {worst} worst test queries of {run.run_dir}")
-            typer.echo(f"worst queries: {html}")
-    if verification:
-        summary = diagnostics.verification_summary(split, roc, 0 if seed is None else seed)
-        lines = {
-            f"FMR {point['target_fmr']:g}": {"threshold": point["threshold"], "fmr": point["fmr"], "fnmr": point["fnmr"]}
-            for point in summary["operating_points"]
-        }
-        typer.echo("")
-        typer.echo(format_table(lines))
-        typer.echo(
-            f"equal error rate {summary['equal_error_rate']:.4f} over {_pairs_used(summary, 'positive')} and "
-            f"{_pairs_used(summary, 'negative')}" + (f"; ROC: {roc}" if roc is not None else "")
-        )
-        added["verification"] = summary
-    return added
 
 
 def _check_open_set_options(run: Path | None, open_set: bool, calibration: Path | None) -> None:
@@ -279,30 +149,6 @@ def _check_open_set_options(run: Path | None, open_set: bool, calibration: Path 
     if calibration is not None and run is not None:
         calibrations.check_same_model(calibrations.load_calibration(calibration), run_hashes(run), str(calibration), f"run {run}")
 
-
-def _open_set(run: Run, open_set: bool, calibration: Path | None, seed: int | None) -> dict[str, Any]:
-    """``{"open_set": ...}``: DIR and FAR at the default FAR targets and at the calibrated thresholds,
-    printed with their 95% intervals (nothing without ``--open-set``)."""
-    from dmlbench.deploy.calibration import open_set_of_run
-    from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS
-
-    if not open_set:
-        return {}
-    found = open_set_of_run(run, calibration, DEFAULT_FAR_TARGETS, seed=0 if seed is None else seed)
-
-    def span(values: list[float] | None) -> str:
-        return "[n/a]" if values is None else f"[{values[0]:.3f}, {values[1]:.3f}]"
-
-    typer.echo("")
-    typer.echo(f"open set: {found['enrolled_classes']} enrolled classes ({found['gallery_items']} gallery items, "
-               f"{found['known_queries']} known queries), {found['unknown_classes']} unknown classes "
-               f"({found['unknown_queries']} queries); rank-1 identification {found['rank_1_identification_rate']:.4f}")
-    for point in found["at_far"] + found["at_calibrated_threshold"]:
-        at = f"FAR {point['target_far']:g}" if "target_far" in point else f"calibrated FMR {point['target_fmr']:g}"
-        unreachable = "" if point.get("reachable", True) else " (too few unknown queries for this FAR)"
-        typer.echo(f"  {at:>22}: threshold {point['threshold']:.4f}  DIR {point['dir']:.4f} {span(point['dir_ci'])}"
-                   f"  FAR {point['far']:.4f} {span(point['far_ci'])}{unreachable}")
-    return {"open_set": found}
 
 
 def _check_writable(option: str, path: Path | None) -> None:
@@ -324,11 +170,3 @@ def _write_json(path: Path | None, results: dict[str, Any]) -> None:
         return
     text = json.dumps(results, indent=2) + "\n"
     atomic_write(path, lambda stream: stream.write(text.encode()))
-
-
-def _pairs_used(summary: dict[str, Any], kind: str) -> str:
-    """``all 160,210 positive pairs`` or ``2,000,000 of 51,042,345 negative pairs (sampled without replacement, seed 0)``."""
-    used, total = summary[f"{kind}_pairs"], summary[f"{kind}_pairs_total"]
-    if used == total:
-        return f"all {total:,} {kind} pairs"
-    return f"{used:,} of {total:,} {kind} pairs (sampled without replacement, seed {summary['seed']})"

@@ -16,15 +16,13 @@ from typing import Any
 import numpy as np
 
 from dmlbench import files, provenance
-from dmlbench.deploy.diagnostics import load_test_split
 from dmlbench.deploy.embeddings import prefix_of, side_file
-from dmlbench.deploy.model import load_run_model
+from dmlbench.deploy.model import open_run
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.calibration import DEFAULT_REPLICATES, calibrate, check_reachable, check_targets
-from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS, open_set
+from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS
 from dmlbench.training import records
-from dmlbench.training.embed import embed
-from dmlbench.training.runs import Run
+from dmlbench.training.run_evaluation import RunEvaluation
 
 FORMAT = "dmlbench calibration"
 HASH_KEYS = ("model_sha256", "config_sha256")
@@ -42,14 +40,11 @@ def parse_targets(text: str) -> tuple[float, ...]:
 def calibrate_run(run_dir: Path, targets: Sequence[float], *, seed: int = 0, replicates: int = DEFAULT_REPLICATES) -> dict[str, Any]:
     """Thresholds chosen on the run's validation classes, measured on its test classes."""
     targets = check_targets(targets)
-    run = load_run_model(run_dir)
-    dataset = run.dataset()
-    splits = run.run.splits
+    run = RunEvaluation(open_run(run_dir))
     # Too few validation classes for a target is said before anything is embedded.
-    check_reachable(np.asarray(dataset.labels)[splits.validation], targets, "validation split")
-    batch_size = run.config.evaluation.batch_size
-    validation_embeddings, validation_labels = embed(run.model, dataset.subset(splits.validation), batch_size, run.device)
-    test_embeddings, test_labels = embed(run.model, dataset.subset(splits.test), batch_size, run.device)
+    check_reachable(np.asarray(run.run.dataset.labels)[run.run.splits.validation], targets, "validation split")
+    validation_embeddings, validation_labels = run.embedded("validation")
+    test_embeddings, test_labels = run.embedded("test")
     result = calibrate(validation_embeddings, validation_labels, test_embeddings, test_labels, targets,
                        seed=seed, replicates=replicates)
     source = {"run": str(Path(run_dir).resolve()), "calibration": "the run's validation classes",
@@ -139,7 +134,7 @@ def select_target(calibration: dict[str, Any], fmr: float | None, calibration_na
 
 
 def open_set_of_run(
-    run: Path | Run, calibration_path: Path | None, far_targets: Sequence[float], *, seed: int = 0,
+    run: RunEvaluation, calibration_path: Path | None, far_targets: Sequence[float], *, seed: int = 0,
     replicates: int = DEFAULT_REPLICATES,
 ) -> dict[str, Any]:
     """Open-set identification on the run's test classes, at the calibration's thresholds when given."""
@@ -147,13 +142,10 @@ def open_set_of_run(
     calibrated = None
     if calibration_path is not None:
         calibration = load_calibration(calibration_path)
-        run_dir = run.run_dir if isinstance(run, Run) else Path(run)
+        run_dir = run.run.run_dir
         check_same_model(calibration, records.run_hashes(run_dir), str(calibration_path), f"run {run_dir}")
         calibrated = {float(point["target_fmr"]): float(point["threshold"]) for point in calibration["targets"]}
-    split = load_test_split(run)
-    mask = None if split.query_mask is None else split.query_mask.numpy()
-    return open_set(split.embeddings, split.labels, far_targets=far_targets, calibrated=calibrated, seed=seed,
-                    replicates=replicates, query_mask=mask)
+    return run.open_set(calibrated=calibrated, far_targets=far_targets, seed=seed, replicates=replicates)
 
 
 def _document(source: dict[str, Any], hashes: dict[str, str] | None, result: dict[str, Any]) -> dict[str, Any]:

@@ -1,56 +1,19 @@
-"""What a person reads to understand a model's failures: per-query results on a run's test split, the
-worst queries with their neighbours, and verification thresholds."""
+"""What a person reads to understand a model's failures: per-query results on a run's test split as a CSV
+file, and the worst queries with their neighbours as a page (``training.run_evaluation`` computes them)."""
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from torch import Tensor
-
-from dmlbench.data.base import ImageDataset
 from dmlbench.deploy.images import thumbnail_data_uri
-from dmlbench.deploy.model import load_run_model
 from dmlbench.deploy.pages import Row, Thumbnails, Tile, write_page
-from dmlbench.evaluation import verification
 from dmlbench.evaluation.per_query import PerQuery
 from dmlbench.files import atomic_write
-from dmlbench.training.embed import embed
-from dmlbench.training.runs import Run, query_mask
+from dmlbench.training.run_evaluation import TestSplit
 
 CSV_COLUMNS = ("query", "path", "label", "relevant", "first_correct_rank", "average_precision_at_r")
-
-
-@dataclass
-class TestSplit:
-    """A run's test split under its best checkpoint: items, their names, embeddings and labels."""
-
-    items: ImageDataset
-    names: list[str]
-    embeddings: Tensor
-    labels: Tensor
-    query_mask: Tensor | None
-
-
-def load_test_split(run: str | Path | Run) -> TestSplit:
-    """Embed the standard test split with the run's validation-selected checkpoint (with its
-    query/gallery roles, when the dataset declares them); an opened ``Run`` lends its dataset and splits."""
-    run = load_run_model(run)
-    dataset = run.dataset()
-    indices = run.run.splits.test
-    test = dataset.subset(indices)
-    embeddings, labels = embed(run.model, test, run.config.evaluation.batch_size, run.device)
-    return TestSplit(test, item_names(dataset, test), embeddings, labels, query_mask(dataset, indices))
-
-
-def item_names(dataset: ImageDataset, subset: ImageDataset) -> list[str]:
-    """File paths where the dataset has them, else ``<dataset>:<index in the full dataset>``."""
-    sources = subset.source_indices.tolist() if subset.source_indices is not None else range(len(subset))
-    paths = getattr(dataset, "paths", None)
-    return [str(paths[i]) if paths is not None else f"{dataset.name}:{i}" for i in sources]
 
 
 def write_per_query_csv(path: Path, diagnostics: PerQuery, names: list[str]) -> None:
@@ -95,14 +58,3 @@ def _thumbnail(thumbnails: Thumbnails, split: TestSplit, row: int) -> str | None
     if found is None and hasattr(split.items, "images"):
         return thumbnail_data_uri(split.items.images[row])
     return found
-
-
-def verification_summary(split: TestSplit, roc: Path | None, seed: int) -> dict[str, Any]:
-    """FNMR at target FMRs over the test split's pairs, optionally with the ROC plotted."""
-    pairs = verification.pair_distances(split.embeddings, split.labels, seed=seed)
-    summary = verification.summarize(pairs)
-    summary["seed"] = seed
-    if roc is not None:
-        roc.parent.mkdir(parents=True, exist_ok=True)
-        verification.plot_roc(pairs, roc)
-    return summary

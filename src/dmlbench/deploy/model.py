@@ -69,17 +69,23 @@ class RunModel:
         return self.model(images.to(self.device)).float().cpu()
 
 
+def open_run(run: str | Path | Run) -> Run:
+    """A run with a validation-selected checkpoint, opened (``Run``: itself); unlike ``Run.open`` it need
+    not have completed: an interrupted run's best checkpoint can be deployed."""
+    if isinstance(run, Run):
+        return run
+    run_dir = Path(run)
+    record = records.require_run_dir(run_dir)
+    if not (run_dir / records.BEST_CHECKPOINT).is_file():
+        raise UserInputError(f"run {run_dir} has no checkpoint ({records.BEST_CHECKPOINT}); train it first")
+    return Run(run_dir, record, load_run_config(run_dir))
+
+
 def load_run_model(run: str | Path | Run, device: str | None = None) -> RunModel:
     """Load the validation-selected checkpoint of a run (``Run``: one already opened, whose dataset it
     shares); ``device`` defaults to the run's. A run directory needs its best checkpoint, not a
     completed status."""
-    if not isinstance(run, Run):
-        run_dir = Path(run)
-        record = records.require_run_dir(run_dir)
-        checkpoint = run_dir / records.BEST_CHECKPOINT
-        if not checkpoint.is_file():
-            raise UserInputError(f"run {run_dir} has no checkpoint ({records.BEST_CHECKPOINT}); train it first")
-        run = Run(run_dir, record, load_run_config(run_dir))
+    run = open_run(run)
     resolved = resolve_device(device or run.config.training.device)
     model, epoch = best_model(run.run_dir, run.config, resolved)
     model.eval()

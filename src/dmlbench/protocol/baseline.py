@@ -62,21 +62,20 @@ class Baseline(Unit):
             "stage": layout.REPRODUCTION_STAGE, "method": self.kind, "reproduction": directory.name,
             "model": self.kind, "reference": self.reference.name, "runs": [],
         })
-        embeddings, labels, mask, domains = {}, None, None, None
-        for fold in self.context.layout.folds:
-            config = self.reference.run_config(self.params, fold, seed)
-            dataset = load_dataset(config)
-            device = resolve_device(config.training.device)
-            # The model exactly as reproduction ``r`` of the reference started training it (same seed),
-            # or no model: the pixels of the images as the reference's data pipeline hands them over.
-            model = (build_model(config) if self.kind == layout.UNTRAINED else nn.Flatten()).to(device)
-            test = make_splits(config, dataset).test
-            # Named as a reproduction names its fold models: after the fold's run directory.
-            embeddings[layout.fold_dir(directory, fold.index).name], labels = embed(
-                model, dataset.subset(test), config.evaluation.batch_size, device)
-            mask = query_mask(dataset, test)  # queries against the gallery for a dataset with roles
-            domains = test_domains(dataset, test, config)
-        assert labels is not None
+        # The test split and the model are the same in every fold (the folds split the development classes
+        # only, and the model is built from the reproduction's seed), so it is embedded once and shared.
+        config = self.reference.run_config(self.params, self.context.layout.folds[0], seed)
+        dataset = load_dataset(config)
+        device = resolve_device(config.training.device)
+        # The model exactly as reproduction ``r`` of the reference started training it (same seed),
+        # or no model: the pixels of the images as the reference's data pipeline hands them over.
+        model = (build_model(config) if self.kind == layout.UNTRAINED else nn.Flatten()).to(device)
+        test = make_splits(config, dataset).test
+        embedded, labels = embed(model, dataset.subset(test), config.evaluation.batch_size, device)
+        mask = query_mask(dataset, test)  # queries against the gallery for a dataset with roles
+        domains = test_domains(dataset, test, config)
+        # Named as a reproduction names its fold models: after the fold's run directory.
+        embeddings = {layout.fold_dir(directory, fold.index).name: embedded for fold in self.context.layout.folds}
         # Re-ranked (when evaluation.rerank is set) with the reference's best parameters, like its reproductions.
         scores = score_modes(embeddings, labels, self.reference.config.evaluation.metrics, seed, mask, domains,
                              config.evaluation.rerank.method())

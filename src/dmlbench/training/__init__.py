@@ -2,6 +2,6 @@
 
 from dmlbench.training.loop import train, train_or_resume
 from dmlbench.training.step import TrainingDiverged, TrainResult
-from dmlbench.training.runs import evaluate_run
+from dmlbench.training.run_evaluation import evaluate_run
 
 __all__ = ["TrainResult", "TrainingDiverged", "evaluate_run", "train", "train_or_resume"]

@@ -1,8 +1,8 @@
-"""A finished run opened once (``Run.open``), and evaluated on its test split once, beside the untrained model."""
+"""A finished run opened once (``Run.open``): its record, config, dataset, splits and models
+(``training.run_evaluation`` evaluates it in one pass)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -11,11 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from dmlbench import config as config_module
-from dmlbench import evaluation, files, plugins, provenance
+from dmlbench import files, plugins
 from dmlbench.data.base import ImageDataset
 from dmlbench.data.splits import Splits
 from dmlbench.errors import UserInputError
-from dmlbench.evaluation.rerank import build as build_rerank
 from dmlbench.training import records
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.setup import build_model, load_dataset, make_splits
@@ -26,59 +25,6 @@ def load_run_config(run_dir: Path) -> config_module.Config:
     record = files.read_json(run_dir / records.RUN_FILE) if (run_dir / records.RUN_FILE).is_file() else {}
     plugins.load_recorded(record.get("plugins") or [], f"run {run_dir}")
     return config_module.load(run_dir / records.CONFIG_FILE)
-
-
-def evaluate_run(run: str | Path | Run, *, rerank: Mapping[str, Any] | None = None, **evaluate_kwargs: Any) -> dict[str, Any]:
-    """Test metrics of the run's best (validation-selected) checkpoint and of the untrained model.
-
-    A dataset with query/gallery roles (In-Shop, a CSV with ``role``) is evaluated queries against
-    the gallery (``test_query_mask``), every other one all-vs-all. With re-ranking (``rerank``:
-    ``{"kind": ..., "params": {...}}``, default the run config's ``evaluation.rerank``) the metrics
-    are also computed re-ranked, under ``reranked`` and ``untrained_reranked`` beside the raw ones.
-
-    The test split is embedded once: the result is stored in the run directory and returned as
-    stored on later calls with the same options (without loading the dataset).
-    """
-    run = opened(run)
-    stored_path = run.run_dir / records.TEST_METRICS_FILE
-    settings = run.config.evaluation.rerank if rerank is None else _rerank_settings(rerank)
-    method = settings.method()
-    # Only when re-ranking, so that the stored results of runs without it keep their options.
-    options = {key: _jsonable(value) for key, value in sorted(
-        {**evaluate_kwargs, **({} if method is None else {"rerank": settings.model_dump(mode="json")})}.items())}
-    if stored_path.exists():
-        stored = files.read_json(stored_path)
-        if stored.get("options") == options:
-            return stored["results"]
-    evaluate_kwargs.setdefault("seed", run.config.seed)
-    query_mask = run.test_query_mask()
-    if query_mask is not None:
-        evaluate_kwargs["query_mask"] = query_mask
-    trained_embeddings, labels = embed(run.trained_model(), run.split("test"), run.batch_size, run.device)
-    untrained_embeddings, _ = embed(run.untrained_model(), run.split("test"), run.batch_size, run.device)
-    results = dict(evaluation.evaluate(trained_embeddings, labels, **evaluate_kwargs))
-    results["untrained"] = dict(evaluation.evaluate(untrained_embeddings, labels, **evaluate_kwargs))
-    if method is not None:
-        results["reranked"] = dict(evaluation.evaluate(trained_embeddings, labels, rerank=method, **evaluate_kwargs))
-        results["untrained_reranked"] = dict(evaluation.evaluate(untrained_embeddings, labels, rerank=method,
-                                                                 **evaluate_kwargs))
-    domains = run.test_domains()
-    if domains is not None:  # beside the all-vs-all numbers: each query answered from the other domains
-        results["cross_domain"] = dict(evaluation.evaluate(trained_embeddings, labels, domains=domains, **evaluate_kwargs))
-        results["untrained_cross_domain"] = dict(evaluation.evaluate(untrained_embeddings, labels, domains=domains,
-                                                                     **evaluate_kwargs))
-    files.write_json(stored_path, {"evaluated": provenance.now(), "options": options, "results": results})
-    return results
-
-
-def _rerank_settings(rerank: Mapping[str, Any]) -> config_module.RerankConfig:
-    """``{"kind": ..., "params": {...}}`` as the config section, validated (one line on an error)."""
-    unknown = sorted(set(rerank) - {"kind", "params"})
-    if unknown:
-        raise UserInputError(f"rerank takes kind and params, not {unknown[0]!r}")
-    kind, params = str(rerank.get("kind", "none")), dict(rerank.get("params") or {})
-    build_rerank(kind, **params)  # the one-line error, before pydantic wraps it
-    return config_module.RerankConfig(kind=kind, params=params)
 
 
 def embed_test_split(run: str | Path | Run, *, untrained: bool = False) -> tuple[Tensor, Tensor]:
@@ -212,11 +158,3 @@ def _completed_record(run_dir: Path) -> dict[str, Any]:
     if not (run_dir / records.BEST_CHECKPOINT).is_file():
         raise UserInputError(f"run {run_dir} has no {records.BEST_CHECKPOINT}")
     return record
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
