@@ -344,3 +344,34 @@ def test_all_triplets_enumerates_in_index_order() -> None:
 def test_every_registered_miner_is_known() -> None:
     assert set(mining.MINERS.names()) >= {*TRIPLET_MINERS, "multi_similarity"}
 
+
+
+def test_the_semihard_window_follows_the_loss_margin_unless_the_miner_sets_its_own(tmp_path) -> None:
+    """A searched triplet margin moves the semihard window with it (with a fixed 0.2 window every margin above
+    0.2 mined the same triplets and trained the same model); a miner margin given explicitly is kept, and
+    run.json records the parameters the miner was built with."""
+    from dmlbench import config as config_module
+    from dmlbench.files import read_json
+    from dmlbench.training import train
+    from dmlbench.training.setup import build_loss_and_miner, miner_params
+    from training_fixtures import TINY
+
+    def config(*overrides: str) -> config_module.Config:
+        return config_module.load(None, [*TINY, "loss.name=triplet", "miner.name=semihard", *overrides])
+
+    follows = config("loss.params={margin: 0.4}")
+    assert miner_params(follows) == {"margin": 0.4}
+    assert build_loss_and_miner(follows, 40, torch.device("cpu"))[1].margin == 0.4
+    own = config("loss.params={margin: 0.4}", "miner.params={margin: 0.1}")
+    assert build_loss_and_miner(own, 40, torch.device("cpu"))[1].margin == 0.1
+    assert miner_params(config()) == {}  # neither set: each keeps its default (0.2 both)
+    assert miner_params(config("miner.name=distance_weighted", "loss.name=margin", "loss.params={margin: 0.3}")) == {}
+    # Two margins above the old fixed window now mine different triplets.
+    embeddings, labels = torch.randn(32, 8, generator=torch.Generator().manual_seed(0)), torch.arange(8).repeat(4)
+    mined = [build_loss_and_miner(config(f"loss.params={{margin: {m}}}"), 40, torch.device("cpu"))[1](embeddings, labels)
+             for m in (0.3, 1.5)]
+    assert mined[0].anchors.numel() != mined[1].anchors.numel() or not torch.equal(mined[0].negatives, mined[1].negatives)
+    run = tmp_path / "run"
+    train(config_module.load(None, [*TINY, "loss.name=triplet", "miner.name=semihard", "loss.params={margin: 0.35}",
+                                    "training.epochs=1", "training.max_steps_per_epoch=1"]), run, progress=False)
+    assert read_json(run / "run.json")["miner"] == {"name": "semihard", "params": {"margin": 0.35}}

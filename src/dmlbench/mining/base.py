@@ -22,7 +22,11 @@ class Miner:
 
     Miners never build autograd graphs and always compute in at least float32 (outside autocast),
     so half-precision training mines the same tuples; all randomness comes from ``self.generator``.
+    A miner whose window is the loss's margin (``WINDOW_IS_LOSS_MARGIN``) takes ``loss.params.margin`` when
+    a config sets the loss's margin and not the miner's (``training.setup.miner_params``).
     """
+
+    WINDOW_IS_LOSS_MARGIN = False
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)

@@ -22,12 +22,15 @@ class SemihardMiner(Miner):
     The upper bound of the window is docs/decisions.md's (eq. 20 only asks ``d_ap < d_an``).
 
     Per anchor a random positive, then a random negative inside the window, measured with
-    ``distance`` (use the loss's distance and margin: Euclidean and 0.2 for the triplet loss).
+    ``distance`` (use the loss's distance; the margin is the loss's when a config sets only the loss's:
+    ``WINDOW_IS_LOSS_MARGIN``, so a search over the triplet loss's margin moves the window with it).
     Anchors whose window is empty give no triplet (the authors' code falls back to a random
     negative; here every mined triplet satisfies the window). ``all_triplets=True`` returns every
     (anchor, positive, negative) inside the window instead, as pytorch-metric-learning's
     ``TripletMarginMiner(type_of_triplets="semihard")`` does.
     """
+
+    WINDOW_IS_LOSS_MARGIN = True
 
     def __init__(
         self,

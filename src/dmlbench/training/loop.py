@@ -29,7 +29,7 @@ from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.features import FeatureBatches, FoldFeatures
 from dmlbench.training.schedule import set_learning_rates, set_warmup
-from dmlbench.training.setup import Components, TrainingSetup, set_up_training
+from dmlbench.training.setup import Components, TrainingSetup, miner_params, set_up_training
 from dmlbench.training.step import (
     BatchSource, SelectionState, TrainingDiverged, TrainResult, apply_gradients, backward, batch_loss, fail_run,
     finish_record,
@@ -474,6 +474,7 @@ def _start_record(
         "num_threads": torch.get_num_threads(),
         "environment": provenance.environment(str(stepper.device)),
         "plugins": plugins.used(config.plugins),
+        "miner": None if config.miner.name is None else {"name": config.miner.name, "params": miner_params(config)},
         "training_choices": {
             "model": config.model.model_dump(mode="json"),
             "optimizer": config.optimizer.model_dump(mode="json"),

@@ -245,8 +245,22 @@ def build_loss_and_miner(config: Config, num_classes: int, device: torch.device)
     miner = None
     if config.miner.name is not None:
         generator = torch.Generator().manual_seed(config.seed + 1)
-        miner = mining.build(config.miner.name, generator=generator, p_switch=config.miner.p_switch, **config.miner.params)
+        miner = mining.build(config.miner.name, generator=generator, p_switch=config.miner.p_switch, **miner_params(config))
     return loss, miner
+
+
+def miner_params(config: Config) -> dict[str, Any]:
+    """The miner's parameters as built (recorded in ``run.json``): the config's, and the loss's margin for a
+    miner whose window is that margin when the config sets the loss's margin but not the miner's; a miner
+    kept at its own default window while the loss's margin is searched would make every larger margin
+    train the same model."""
+    params = dict(config.miner.params)
+    if config.miner.name is None or config.miner.name not in mining.MINERS:
+        return params
+    constructor = mining.MINERS.get(config.miner.name)
+    if getattr(constructor, "WINDOW_IS_LOSS_MARGIN", False) and "margin" not in params and "margin" in config.loss.params:
+        params["margin"] = config.loss.params["margin"]
+    return params
 
 
 def build_optimizer(config: Config, model: Any, loss: nn.Module) -> torch.optim.Optimizer:

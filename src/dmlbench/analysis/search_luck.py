@@ -1,0 +1,164 @@
+"""The hyper-parameter search as a source of variance: a method is its search, not one draw of it.
+
+**Model.** Method ``m``'s score in reproduction ``r`` of its ``s``-th search is
+
+    y_msr = mu_m + u_ms + e_msr,   u_ms ~ N(0, sigma_s,m²) (search luck),   e_msr ~ N(0, sigma_e,m²) (seed),
+
+two nested random effects (search, then seed within search) around the method's mean ``mu_m``, the
+quantity a verdict about the *method* is about (Bouthillier et al., MLSys 2021, "Accounting for variance
+in machine learning benchmarks", randomise the search like every other source of variation).
+Searches ``s = 0..k-1`` of every method use the same search seed ``search_seed + s``, and their
+reproductions the same seeds, so two methods pair by search and, within a search, by seed.
+
+**Estimate and test.** For a balanced design (every method ``k`` searches of ``n`` scored seeds each),
+a method's search means ``ybar_ms`` are independent with variance ``sigma_s² + sigma_e²/n``, and the
+differences of two methods' search means ``d_s = ybar_as - ybar_bs`` are independent with variance
+``sigma_s,a² + sigma_s,b² + Var(ebar_a - ebar_b)``. The exact inference on ``mu_a - mu_b`` in this
+two-level model is therefore the one-sample t procedure on the ``k`` differences ``d_s`` (``k - 1``
+degrees of freedom): the method-level comparison is ``statistics.compare_pairs`` applied to search
+means keyed by search index, with its Holm families, TOST and verdicts unchanged. Seeds within a search
+only sharpen each search mean; they cannot replace searches (``sigma_s²`` does not shrink with ``n``).
+The variance components are the one-way random-effects ANOVA estimates (method of moments, the search
+component truncated at 0): ``sigma_e² = MS_within``, ``sigma_s² = (MS_between - MS_within) / n``.
+
+**One search.** With ``k = 1`` a verdict is conditional on that search. ``search_sd_allowance`` is the
+largest search SD (the same for both methods) under which the verdict would still be reached:
+the paired test's standard error becomes ``sqrt(2 sigma_s² + s_d²/n)`` (Holm's factor for the
+comparison held fixed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from dmlbench.analysis.power import MAX_REPRODUCTIONS, holm_strictest_alpha, tost_power, ttest_power
+from dmlbench.analysis.statistics import DEFAULT_ALPHA, PairedComparison
+from dmlbench.errors import UserInputError
+
+# method -> search index -> seed (or reproduction number) -> score
+SearchScores = Mapping[str, Mapping[int, Mapping[int, float]]]
+MAX_SEARCHES = 100  # planning looks no further
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """One method's search and seed variances (score units squared) from ``searches`` searches of
+    ``reproductions`` seeds each."""
+
+    search: float
+    seed: float
+    searches: int
+    reproductions: int
+
+    @property
+    def search_sd(self) -> float:
+        return math.sqrt(self.search)
+
+
+def search_means(scores: SearchScores) -> dict[str, dict[int, float]]:
+    """``method -> search -> mean score`` over the seeds every method scored in that search, for the searches
+    every method ran: the units of the method-level comparison (module docstring)."""
+    if not scores:
+        return {}
+    searches = sorted(set.intersection(*(set(by_search) for by_search in scores.values())))
+    means: dict[str, dict[int, float]] = {method: {} for method in scores}
+    for search in searches:
+        seeds = sorted(set.intersection(*(set(by_search[search]) for by_search in scores.values())))
+        if not seeds:
+            continue
+        for method, by_search in scores.items():
+            means[method][search] = float(np.mean([by_search[search][seed] for seed in seeds]))
+    return means
+
+
+def variance_components(scores: Mapping[int, Mapping[int, float]]) -> VarianceComponents:
+    """The one-way random-effects ANOVA estimates of one method's search and seed variances from
+    ``search -> seed -> score`` (balanced: the seeds every search scored; at least two searches of two)."""
+    searches = sorted(scores)
+    seeds = sorted(set.intersection(*(set(scores[s]) for s in searches))) if searches else []
+    if len(searches) < 2 or len(seeds) < 2:
+        raise UserInputError(f"variance components need at least 2 searches of 2 common seeds, got {len(searches)} "
+                             f"searches and {len(seeds)} common seeds")
+    table = np.array([[scores[s][seed] for seed in seeds] for s in searches], dtype=np.float64)
+    k, n = table.shape
+    within = float(((table - table.mean(axis=1, keepdims=True)) ** 2).sum() / (k * (n - 1)))
+    between = float(n * ((table.mean(axis=1) - table.mean()) ** 2).sum() / (k - 1))
+    return VarianceComponents(max((between - within) / n, 0.0), within, k, n)
+
+
+def search_sd_allowance(comparison: PairedComparison, alpha: float = DEFAULT_ALPHA) -> float | None:
+    """The largest search SD (score units, the same for both methods) under which a one-search verdict
+    still holds: ``inf`` when no search luck could undo it, ``None`` for an inconclusive verdict.
+
+    better / worse: ``|mean| / SE >= t_{1 - alpha_c/2, n-1}`` with ``SE² = 2 sigma² + s_d²/n``; equivalent:
+    ``(margin - |mean|) / SE >= t_{1 - alpha_c, n-1}``; ``alpha_c = alpha · p / p_Holm`` keeps the
+    comparison's Holm factor. ``s_d / sqrt(n)`` is read off the comparison's 95% interval."""
+    outcome = comparison.outcome(alpha)
+    if outcome == "inconclusive" or comparison.n < 2:
+        return None
+    df = comparison.n - 1
+    seed_se = (comparison.difference_high - comparison.difference_low) / (2 * stats.t.ppf(0.975, df))
+    if outcome == "equivalent":
+        factor = comparison.tost_pvalue_holm / comparison.tost_pvalue if comparison.tost_pvalue > 0 else 1.0
+        room, critical = comparison.margin - abs(comparison.mean_difference), stats.t.ppf(1 - alpha / factor, df)
+    else:
+        factor = comparison.t_pvalue_holm / comparison.t_pvalue if comparison.t_pvalue > 0 else 1.0
+        room, critical = abs(comparison.mean_difference), stats.t.ppf(1 - alpha / (2 * factor), df)
+    largest_se = room / critical
+    if not math.isfinite(seed_se) or seed_se <= 0.0:
+        return math.inf if largest_se > 0 else 0.0
+    return math.sqrt(max(largest_se**2 - seed_se**2, 0.0) / 2.0)
+
+
+@dataclass(frozen=True)
+class Design:
+    """A benchmark design over searches and seeds and what it buys: ``searches`` per method, ``reproductions``
+    per search, the training runs it costs per method (``folds`` each of ``trials`` search trials and
+    ``reproductions`` reproductions, per search) and the power of the method-level tests at the strictest
+    Holm threshold (t-test at a true difference of one margin, TOST at 0)."""
+
+    searches: int
+    reproductions: int
+    runs_per_method: int
+    ttest_power: float
+    tost_power: float
+
+
+def design_power(searches: int, reproductions: int, search_sd: float, seed_sd: float, margin: float, comparisons: int,
+                 alpha: float = DEFAULT_ALPHA) -> tuple[float, float]:
+    """Power of the method-level t-test and TOST with ``searches`` paired search means of ``reproductions``
+    seeds, for two methods of search SD ``search_sd`` each and paired seed differences of SD ``seed_sd``."""
+    sd = math.sqrt(2 * search_sd**2 + seed_sd**2 / reproductions)
+    strict = holm_strictest_alpha(alpha, comparisons)
+    return ttest_power(searches, margin, sd, strict), tost_power(searches, 0.0, margin, sd, strict)
+
+
+def cheapest_design(search_sd: float, seed_sd: float, margin: float, comparisons: int, trials: int, folds: int,
+                    target: float = 0.8, alpha: float = DEFAULT_ALPHA) -> Design | None:
+    """The design of fewest training runs per method whose method-level t-test and TOST both reach ``target``
+    power (ties: fewer searches); ``None`` when none within ``MAX_SEARCHES`` searches does. A search's
+    cost (``trials`` trials of ``folds`` runs) is paid once per search, a reproduction's (``folds`` runs)
+    once per search and seed. For each number of searches the fewest seeds reaching the target are
+    found by bisection (power grows with seeds, towards its limit at the search luck alone)."""
+    def reaches(searches: int, reproductions: int) -> bool:
+        return min(design_power(searches, reproductions, search_sd, seed_sd, margin, comparisons, alpha)) >= target
+
+    best: Design | None = None
+    for searches in range(2, MAX_SEARCHES + 1):
+        if best is not None and searches * folds * (trials + 2) >= best.runs_per_method:
+            break  # every further design costs more than the best one already found
+        if not reaches(searches, MAX_REPRODUCTIONS):
+            continue  # more seeds cannot make up for this few searches
+        low, high = 2, MAX_REPRODUCTIONS
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if reaches(searches, middle) else (middle + 1, high)
+        runs = searches * folds * (trials + low)
+        if best is None or runs < best.runs_per_method:
+            best = Design(searches, low, runs, *design_power(searches, low, search_sd, seed_sd, margin, comparisons, alpha))
+    return best

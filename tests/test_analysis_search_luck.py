@@ -1,0 +1,114 @@
+"""The two-level (search, seed) model of ``analysis.search_luck`` against simulations with known variance
+components, ``scipy.stats`` and brute force."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dmlbench.analysis.search_luck import (
+    cheapest_design,
+    design_power,
+    search_means,
+    search_sd_allowance,
+    variance_components,
+)
+from dmlbench.analysis.statistics import compare_pairs, paired_comparison
+
+SEARCH_SD, SEED_SD, SHARED_SD = 0.008, 0.006, 0.01  # search luck, a method's own seed noise, what a seed does to both
+
+
+def simulated_study(generator: np.random.Generator, difference: float, searches: int, seeds: int) -> dict:
+    """``method -> search -> seed -> score`` for two methods of the module's model: each search of each
+    method draws its luck; each seed moves both methods alike (SHARED_SD) and each one alone (SEED_SD)."""
+    study: dict = {"a": {}, "b": {}}
+    for search in range(searches):
+        shared = generator.normal(0.0, SHARED_SD, seeds)
+        for method, mean in (("a", 0.40 + difference), ("b", 0.40)):
+            luck = generator.normal(0.0, SEARCH_SD)
+            values = mean + luck + shared + generator.normal(0.0, SEED_SD, seeds)
+            study[method][search] = {1000 + seed: float(value) for seed, value in enumerate(values)}
+    return study
+
+
+def test_the_method_level_interval_covers_the_true_difference_95_percent_of_the_time() -> None:
+    """2,000 simulated studies of 4 searches x 5 seeds: the 95% interval of the method-level comparison (over
+    search means) covers the true difference within ±2 points of 95%; the interval of one search's seeds,
+    the conditional one, covers far less often (search luck is not in it)."""
+    generator = np.random.default_rng(47)
+    true_difference, covered, covered_one_search, studies = 0.005, 0, 0, 2000
+    for _ in range(studies):
+        study = simulated_study(generator, true_difference, searches=4, seeds=5)
+        (method_level,) = compare_pairs(search_means(study), [("a", "b")])
+        covered += method_level.difference_low <= true_difference <= method_level.difference_high
+        one_search = paired_comparison(study["a"][0], study["b"][0])
+        covered_one_search += one_search.difference_low <= true_difference <= one_search.difference_high
+    assert abs(covered / studies - 0.95) <= 0.02
+    assert covered_one_search / studies < 0.8
+
+
+def test_a_known_difference_is_detected_at_the_planned_power() -> None:
+    """1,000 simulated studies of 6 searches x 3 seeds at a true difference of 1.5 points: the share of
+    t-tests that reject at 5% is the planned power within ±0.05."""
+    generator = np.random.default_rng(4701)
+    searches, seeds, difference, studies = 6, 3, 0.015, 1000
+    seed_sd = math.sqrt(2) * SEED_SD  # the paired differences' seed SD: the shared part cancels
+    planned, _ = design_power(searches, seeds, SEARCH_SD, seed_sd, difference, comparisons=1)
+    rejected = 0
+    for _ in range(studies):
+        (comparison,) = compare_pairs(search_means(simulated_study(generator, difference, searches, seeds)), [("a", "b")])
+        rejected += comparison.t_pvalue < 0.05
+    assert 0.3 < planned < 0.95  # a design where power is informative
+    assert abs(rejected / studies - planned) <= 0.05
+
+
+def test_variance_components_are_the_one_way_anova_estimates() -> None:
+    generator = np.random.default_rng(3)
+    scores = {search: {seed: float(0.4 + luck + generator.normal(0, SEED_SD)) for seed in range(6)}
+              for search, luck in enumerate(generator.normal(0, 0.02, 5))}
+    found = variance_components(scores)
+    table = [list(values.values()) for values in scores.values()]
+    f_statistic = stats.f_oneway(*table).statistic
+    assert found.searches == 5 and found.reproductions == 6
+    assert (6 * found.search + found.seed) / found.seed == pytest.approx(f_statistic, rel=1e-10)
+    assert found.seed == pytest.approx(np.mean([np.var(row, ddof=1) for row in table]), rel=1e-12)
+
+
+def test_search_means_pair_by_search_and_by_the_seeds_every_method_scored() -> None:
+    scores = {"a": {0: {1: 1.0, 2: 3.0}, 1: {1: 5.0, 2: 7.0}, 2: {1: 9.0}},
+              "b": {0: {1: 0.0, 2: 2.0, 3: 100.0}, 1: {1: 4.0}}}
+    assert search_means(scores) == {"a": {0: 2.0, 1: 5.0}, "b": {0: 1.0, 1: 4.0}}
+
+
+def test_the_search_sd_allowance_is_where_the_verdict_flips() -> None:
+    """At the allowance the t-test's p-value with the search term added is exactly alpha; 1% more search
+    SD and the verdict is lost (brute force with scipy's t distribution)."""
+    a = {seed: 0.40 + 0.001 * (seed % 3) for seed in range(8)}
+    b = {seed: 0.38 + 0.002 * (seed % 2) for seed in range(8)}
+    comparison = paired_comparison(a, b)
+    assert comparison.outcome() == "better"
+    allowance = search_sd_allowance(comparison)
+    differences = np.array([a[s] - b[s] for s in a])
+    seed_se = differences.std(ddof=1) / math.sqrt(differences.size)
+
+    def pvalue(search_sd: float) -> float:
+        statistic = differences.mean() / math.sqrt(2 * search_sd**2 + seed_se**2)
+        return 2 * stats.t.sf(abs(statistic), differences.size - 1)
+
+    assert allowance is not None and 0 < allowance < 0.05
+    assert pvalue(allowance) == pytest.approx(0.05, rel=1e-9)
+    assert pvalue(1.01 * allowance) > 0.05
+    inconclusive = paired_comparison({0: 0.4, 1: 0.41, 2: 0.39}, {0: 0.41, 1: 0.39, 2: 0.40})
+    assert search_sd_allowance(inconclusive) is None
+
+
+def test_the_cheapest_design_reaches_the_power_and_nothing_cheaper_does() -> None:
+    search_sd, seed_sd, margin, comparisons, trials, folds = 0.004, 0.008, 0.01, 3, 4, 2
+    design = cheapest_design(search_sd, seed_sd, margin, comparisons, trials, folds)
+    assert design is not None and min(design.ttest_power, design.tost_power) >= 0.8
+    cheaper = [(k, n) for k in range(2, 40) for n in range(2, 60)
+               if k * folds * (trials + n) < design.runs_per_method
+               and min(design_power(k, n, search_sd, seed_sd, margin, comparisons)) >= 0.8]
+    assert cheaper == []
+    assert cheapest_design(0.05, seed_sd, margin, comparisons, trials, folds) is None  # search luck far above the margin
