@@ -5,15 +5,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from cli_runner import run_cli
 from test_architecture import MODULES, imported_modules
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-# Studies whose comparisons.csv the report wrote under today's family rules (the older ones are re-judged
-# by `dmlbench rejudge` and regenerated with their READMEs).
-CURRENT_STUDIES = ("converged_glyphs_strong", "default_strong_glyphs", "fixed_lr_converged_glyphs", "fixed_lr_short_glyphs",
-                   "lr_search_short_glyphs", "reality_check_emoji", "search_luck_glyphs")
+# Every committed study that can be re-judged from its committed files.
+STUDIES = sorted(path.name for path in RESULTS.iterdir() if (path / "runs.csv").is_file() and (path / "benchmark.json").is_file())
 
 
 def test_the_judging_half_imports_nothing_that_runs_a_study() -> None:
@@ -32,22 +29,38 @@ def test_no_module_of_either_half_is_longer_than_350_lines() -> None:
     assert {name: lines for name, lines in long.items() if lines > 350} == {}
 
 
-@pytest.mark.parametrize("study", CURRENT_STUDIES)
-def test_a_committed_study_rejudged_from_its_files_gives_its_comparisons(study: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_committed_study_holds_the_verdicts_todays_rules_give(study: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """No stale verdict: comparisons.csv, claim_comparisons.csv and method_comparisons.csv of every committed
+    study are what `dmlbench rejudge` computes from its runs.csv and benchmark.json alone."""
     code, out, _ = run_cli(["rejudge", str(RESULTS / study), "--check"], capsys)
     assert code == 0, out
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_the_judging_package_alone_gives_the_reports_comparisons(study: str) -> None:
+    """``analysis.verdicts.judge`` (plain scores in, families out) and the report's own analysis, run by
+    ``dmlbench rejudge``, agree on every committed study."""
+    from dmlbench.analysis.endpoints import read_score_table
+    from dmlbench.analysis.verdicts import rejudged_comparison_csv
+    from dmlbench.protocol.benchmark_file import read_benchmark
+    from dmlbench.protocol.layout import BASELINES
+
+    folder = RESULTS / study
+    text = rejudged_comparison_csv(read_score_table(folder / "runs.csv"), read_benchmark(folder).analysis_in_force(), BASELINES)
+    assert text == (folder / "comparisons.csv").read_text()
 
 
 def test_rejudge_rewrites_a_stale_comparisons_file_and_check_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     study = tmp_path / "study"
     study.mkdir()
-    for name in ("runs.csv", "benchmark.json", "comparisons.csv"):
+    for name in ("runs.csv", "benchmark.json", "comparisons.csv", "claim_comparisons.csv"):
         shutil.copy(RESULTS / "default_strong_glyphs" / name, study / name)
     committed = (study / "comparisons.csv").read_text()
     lines = committed.splitlines(keepends=True)
     (study / "comparisons.csv").write_text("".join([lines[0], *lines[2:]]))  # one comparison lost
     code, out, _ = run_cli(["rejudge", str(study), "--check"], capsys)
-    assert code == 1 and "1 rows differ" in out
+    assert code == 1 and "comparisons.csv: differs" in out
     assert (study / "comparisons.csv").read_text() != committed  # --check writes nothing
     assert run_cli(["rejudge", str(study)], capsys)[0] == 0
     assert (study / "comparisons.csv").read_text() == committed

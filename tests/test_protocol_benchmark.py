@@ -57,7 +57,7 @@ def test_benchmark_writes_the_report_and_records_every_run(finished: Path) -> No
     results = (finished / "results.csv").read_text().splitlines()
     assert results[0] == "method,mode,metric,mean,ci_low,ci_high,n"
     assert {line.split(",")[0] for line in results[1:]} == {"triplet", "contrastive", "untrained"}
-    assert (finished / "runs.csv").read_text().startswith("method,reproduction,mode,metric,value\n")
+    assert (finished / "runs.csv").read_text().startswith("method,reproduction,mode,metric,value,search\n")
     report = (finished / "report.md").read_text()
     for text in ("| untrained |", "| triplet |", "Paired comparisons", "fold layout hash", "git commit", "content hash"):
         assert text in report
@@ -118,10 +118,12 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
         assert 0.0 < float(rho) < 5.0 and 0.0 < float(pi_ratio) < 5.0
     comparisons = (finished / "claim_comparisons.csv").read_text().splitlines()
     assert comparisons[0].startswith("family,mode,metric,a,b,n,mean_difference,difference_ci_low")
-    assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome")
+    assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome,conditional_on_search,"
+                                   "search_sd_allowance,equivalence_ci_low,equivalence_ci_high")
     assert {line.split(",")[0] for line in comparisons[1:]} == {"reference:contrastive", "pairs"}
-    assert {line.split(",")[-1] for line in comparisons[1:]} <= {"better", "worse", "equivalent", "inconclusive"}
-    assert {line.split(",")[-2] for line in comparisons[1:]} == {"0.01"}
+    assert {line.split(",")[-5] for line in comparisons[1:]} <= {"better", "worse", "equivalent", "inconclusive"}
+    assert {line.split(",")[-6] for line in comparisons[1:]} == {"0.01"}
+    assert {line.split(",")[-4] for line in comparisons[1:]} == {"true"}  # one search per method
     # The plain-language summary comes first, before the leaderboard's details and the claims.
     assert report.index("## Summary") < report.index("## Every method against the references")
     assert "Against `contrastive`: " in report and "Primary endpoint MAP@R (concatenated)" in report

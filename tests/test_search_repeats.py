@@ -92,3 +92,65 @@ def test_the_new_protocol_keys_enter_the_description_only_when_set(tmp_path: Pat
         "triplet_semihard@search1": 1, "normalized_softmax@search1": 1,
         "triplet_semihard@search2": 2, "normalized_softmax@search2": 2}
     assert "reproductions:normalized_softmax@search2" in repeated.study_names()
+
+
+def test_every_search_is_in_runs_csv_and_the_methods_are_judged_over_their_searches(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both methods searched twice: runs.csv holds every reproduction of every search (column ``search``), the
+    report judges the methods on their search means (method_comparisons.csv, n = searches, not conditional
+    on a search; recomputed by hand here), and `dmlbench rejudge` gives the same files from runs.csv alone."""
+    from dmlbench.analysis.statistics import compare_pairs
+
+    out = tmp_path / "out"
+    code, _, err = run_cli(["benchmark", str(REPO / "configs" / "smoke.yaml"), "-o", str(out), "-q", *TINY,
+                            "protocol.search_repeats=2"], capsys)
+    assert code == 0, err
+    runs = list(csv.DictReader((out / "runs.csv").open()))
+    assert {(row["method"], row["search"]) for row in runs} == {
+        (method, search) for method in ("triplet_semihard", "normalized_softmax") for search in "01"} | {("untrained", "0")}
+    endpoint = [row for row in runs if (row["mode"], row["metric"]) == ("concatenated", "map_at_r")]
+    means = {method: {search: sum(float(r["value"]) for r in endpoint if (r["method"], r["search"]) == (method, str(search))) / 2
+                      for search in (0, 1)} for method in ("triplet_semihard", "normalized_softmax")}
+    (expected,) = compare_pairs(means, [("triplet_semihard", "normalized_softmax")])
+    rows = [row for row in csv.DictReader((out / "method_comparisons.csv").open())
+            if (row["mode"], row["metric"]) == ("concatenated", "map_at_r")]
+    assert len(rows) == 1 and rows[0]["n"] == "2" and rows[0]["conditional_on_search"] == "false"
+    assert float(rows[0]["mean_difference"]) == pytest.approx(expected.mean_difference, abs=1e-12)
+    assert rows[0]["outcome"] == expected.outcome()
+    assert "## Verdicts about the methods (search luck included)" in (out / "report.md").read_text()
+    assert {row["conditional_on_search"] for row in csv.DictReader((out / "comparisons.csv").open())} == {"true"}
+    code, out_text, _ = run_cli(["rejudge", str(out), "--check"], capsys)
+    assert code == 0, out_text
+
+
+def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys: pytest.CaptureFixture[str]) -> None:
+    """The committed search-luck study as pilot: its pooled search SD (search_repeats.csv's search means less
+    the seed variance of search 0, recomputed here) and the cheapest design over searches and seeds (its
+    minimality is tested in test_analysis_search_luck.py); a stated --search-sd plans the same way."""
+    import math
+
+    pilot = REPO / "results" / "search_luck_glyphs"
+    runs = [row for row in csv.DictReader((pilot / "runs.csv").open()) if (row["mode"], row["metric"]) == ("concatenated", "map_at_r")]
+    variances = []
+    for row_method in ("contrastive", "triplet_semihard", "margin", "multi_similarity", "normalized_softmax"):
+        means = [float(r["test_concatenated_map_at_r"]) for r in csv.DictReader((pilot / "search_repeats.csv").open())
+                 if r["method"] == row_method]
+        seeds = [float(r["value"]) for r in runs if r["method"] == row_method]
+        mean_of_means, mean_of_seeds = sum(means) / len(means), sum(seeds) / len(seeds)
+        between = sum((m - mean_of_means) ** 2 for m in means) / (len(means) - 1)
+        within = sum((s - mean_of_seeds) ** 2 for s in seeds) / (len(seeds) - 1)
+        variances.append(max(between - within / len(seeds), 0.0))
+    search_sd = math.sqrt(sum(variances) / len(variances))
+    code, out, err = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--pilot", str(pilot)], capsys)
+    assert code == 0, err
+    assert f"search SD {100 * search_sd:.2f} points (measured in {pilot}" in out
+    assert "its verdicts are conditional on that search" in out
+    line = next(text for text in out.splitlines() if "cheapest design" in text)
+    searches, reproductions = int(line.split("search_repeats=")[1].split()[0]), int(line.split("reproductions=")[1].split()[0])
+    code, out_sd, _ = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--sd", "0.008",
+                               "--search-sd", f"{search_sd}"], capsys)
+    assert code == 0 and "cheapest design" in out_sd
+    assert searches >= 2 and reproductions >= 2
+    code, _, err = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--sd", "0.008",
+                            "--search-sd", "-1"], capsys)
+    assert code == 2 and "--search-sd" in err

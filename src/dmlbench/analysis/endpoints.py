@@ -17,10 +17,14 @@ CROSS_DOMAIN_SUFFIX = "_cross_domain"
 # With evaluation.rerank each mode is scored again with every query's list re-ranked (not cross-domain).
 RERANKED_SUFFIX = "_reranked"
 ALL_MODES = (*MODES, *(f"{mode}{CROSS_DOMAIN_SUFFIX}" for mode in MODES), *(f"{mode}{RERANKED_SUFFIX}" for mode in MODES))
-RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value")
+# ``search``: which of the method's searches the reproduction reproduced (0, then the repeats of
+# ``protocol.search_repeats``); a file written before the column existed holds search 0 only.
+RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value", "search")
 
 # (mode, metric) -> method -> reproduction -> value
 ScoreTable = dict[tuple[str, str], dict[str, dict[int, float]]]
+# (mode, metric) -> method -> search -> reproduction -> value
+SearchTable = dict[tuple[str, str], dict[str, dict[int, dict[int, float]]]]
 
 
 def cross_domain_mode(mode: str) -> str:
@@ -33,14 +37,22 @@ def reranked_mode(mode: str) -> str:
     return f"{mode}{RERANKED_SUFFIX}"
 
 
-def read_score_table(path: Path) -> ScoreTable:
-    """Every score of a ``runs.csv`` at ``path`` (baselines included), in the file's order."""
-    table: ScoreTable = {}
+def read_search_table(path: Path) -> SearchTable:
+    """Every score of a ``runs.csv`` at ``path`` (baselines included) by search, in the file's order."""
+    table: SearchTable = {}
     with Path(path).open(newline="") as stream:
         for row in csv.DictReader(stream):
             by_method = table.setdefault((row["mode"], row["metric"]), {})
-            by_method.setdefault(row["method"], {})[int(row["reproduction"])] = float(row["value"])
+            by_search = by_method.setdefault(row["method"], {}).setdefault(int(row.get("search") or 0), {})
+            by_search[int(row["reproduction"])] = float(row["value"])
     return table
+
+
+def read_score_table(path: Path) -> ScoreTable:
+    """The scores of a ``runs.csv`` at ``path`` from each method's first search (search 0; baselines
+    included), in the file's order: what a comparison conditional on one search is made of."""
+    return {endpoint: {method: dict(by_search[0]) for method, by_search in methods.items() if 0 in by_search}
+            for endpoint, methods in read_search_table(path).items()}
 
 
 def common_seeds(scores: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:

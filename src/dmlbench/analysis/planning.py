@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from dmlbench.analysis.endpoints import ScoreTable
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, comparison_power, paired_sd
+from dmlbench.analysis.search_luck import MAX_SEARCHES, cheapest_design, design_power
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class Family:
     reproductions: int
     margin: float
     endpoint: tuple[str, str]
+    searches: int = 1  # each method's searches (protocol.search_repeats)
+    trials: int = 1  # trials per search
+    folds: int = 1  # runs per trial and per reproduction
 
 
 def pilot_sds(scores: ScoreTable, family: Family) -> dict[tuple[str, str], float]:
@@ -63,10 +67,44 @@ def plan_text(family: Family, sds: Mapping[tuple[str, str], float], source: str,
     return "\n".join(lines)
 
 
-def dry_run_plan(family: Family, planning_sd: float | None) -> str:
-    """What ``benchmark --dry-run`` prints about power: the plan at ``analysis.planning_sd``, or how to get one."""
+def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: float | None = None) -> str:
+    """What ``benchmark --dry-run`` prints about power: the plan at ``analysis.planning_sd`` (and over searches
+    and seeds at ``analysis.planning_search_sd``), or how to get them."""
     if planning_sd is None:
         return ("power: no analysis.planning_sd in the config; `dmlbench plan CONFIG --pilot DIR` measures it on a "
                 "stored benchmark, `--sd X` states it")
-    return plan_text(family, {pair: planning_sd for pair in family.comparisons},
-                     f"{100 * planning_sd:.2f} points (analysis.planning_sd)")
+    sds = {pair: planning_sd for pair in family.comparisons}
+    text = plan_text(family, sds, f"{100 * planning_sd:.2f} points (analysis.planning_sd)")
+    if planning_search_sd is None:
+        return text + ("\nsearches and seeds: no analysis.planning_search_sd in the config; `dmlbench plan CONFIG "
+                       "--search-sd X` plans searches and seeds (a pilot with repeated searches measures it)")
+    return text + "\n" + search_plan_text(family, sds, planning_search_sd, "analysis.planning_search_sd")
+
+
+def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float], search_sd: float, source: str,
+                     alpha: float = 0.05) -> str:
+    """Planning over searches and seeds (``analysis.search_luck``): for verdicts about the methods, the power of
+    the family's design and the cheapest design (searches x reproductions, in training runs per method) at
+    which every comparison's t-test and TOST reach 80% at the strictest Holm threshold, each comparison at its
+    seed SD and ``search_sd`` for every method."""
+    m = len(family.comparisons)
+    lines = [f"searches and seeds (verdicts about the methods, their search included): search SD {100 * search_sd:.2f} "
+             f"points ({source}); {family.trials} trials of {family.folds} fold runs per search; designs priced in "
+             f"training runs per method"]
+    if not sds:
+        return "\n".join([*lines, "  no SD of paired differences: nothing to plan"])
+    seed_sd = max(sds.values())  # the design must serve the noisiest comparison
+    if family.searches >= 2:
+        t_power, tost = design_power(family.searches, max(family.reproductions, 2), search_sd, seed_sd, family.margin, m, alpha)
+        lines.append(f"  this config ({family.searches} searches x {family.reproductions} reproductions): t-test {t_power:.2f}, "
+                     f"TOST {tost:.2f} at the largest seed SD ({100 * seed_sd:.2f} points)")
+    else:
+        lines.append("  this config searches once per method: its verdicts are conditional on that search "
+                     "(protocol.search_repeats >= 2 judges the methods)")
+    design = cheapest_design(search_sd, seed_sd, family.margin, m, family.trials, family.folds, alpha=alpha)
+    if design is None:
+        lines.append(f"  no design within {MAX_SEARCHES} searches reaches 80%: the search luck alone exceeds what the margin allows")
+    else:
+        lines.append(f"  cheapest design: protocol.search_repeats={design.searches} protocol.reproductions={design.reproductions} "
+                     f"({design.runs_per_method} training runs per method; t-test {design.ttest_power:.2f}, TOST {design.tost_power:.2f})")
+    return "\n".join(lines)

@@ -91,6 +91,16 @@ def variance_components(scores: Mapping[int, Mapping[int, float]]) -> VarianceCo
     return VarianceComponents(max((between - within) / n, 0.0), within, k, n)
 
 
+def search_variance_from_means(means: Mapping[int, float], seed_variance: float, reproductions: int) -> float:
+    """A method's search variance from its search means alone (each over ``reproductions`` seeds) and its
+    seed variance measured elsewhere (one search's scores): ``Var(search means) - sigma_seed² / n``,
+    truncated at 0 (the moment estimate of the module's model)."""
+    values = np.array(list(means.values()), dtype=np.float64)
+    if values.size < 2 or reproductions < 1:
+        raise UserInputError(f"a search variance needs at least 2 searches, got {values.size}")
+    return max(float(values.var(ddof=1)) - seed_variance / reproductions, 0.0)
+
+
 def search_sd_allowance(comparison: PairedComparison, alpha: float = DEFAULT_ALPHA) -> float | None:
     """The largest search SD (score units, the same for both methods) under which a one-search verdict
     still holds: ``inf`` when no search luck could undo it, ``None`` for an inconclusive verdict.

@@ -95,7 +95,8 @@ def benchmark_command(
             from dmlbench.protocol.cost import dry_run as estimate
 
             typer.echo(estimate(prepared, started, report=write_report))  # the real run's report writer, timed
-            typer.echo(dry_run_plan(prepared.spec.planned_family(), prepared.spec.analysis.planning_sd))
+            typer.echo(dry_run_plan(prepared.spec.planned_family(), prepared.spec.analysis.planning_sd,
+                                     prepared.spec.analysis.planning_search_sd))
             return
         if not quiet:
             typer.echo(f"output: {output_dir} ({layout.REPORT_FILE} and {layout.REPORT_HTML} at the end)", err=True)

@@ -75,10 +75,13 @@ def plan_command(
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help="protocol.KEY=VALUE or analysis.KEY=VALUE, as for benchmark (protocol.reproductions=20).", show_default=False)] = None,
     pilot: Annotated[Optional[Path], typer.Option("--pilot", metavar="DIR", help="A finished benchmark whose paired differences give each comparison's SD.")] = None,
     sd: Annotated[Optional[float], typer.Option("--sd", metavar="X", help="The SD of the paired differences, in score units (0.008 = 0.8 points).")] = None,
+    search_sd: Annotated[Optional[float], typer.Option("--search-sd", metavar="X", help="A method's search-luck SD, in score units: also plan searches and seeds (default: measured on a --pilot with repeated searches).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Print, for every declared comparison, the power of the paired t-test and of TOST at the config's
-    reproductions and margin, and the reproductions needed for 80% power after Holm; train nothing.
+    reproductions and margin, and the reproductions needed for 80% power after Holm; with a search SD
+    (--search-sd, or a pilot that repeated its searches) also the cheapest design of searches and seeds
+    for verdicts about the methods; train nothing.
 
     Exit codes: 0 printed, 2 bad input (neither or both of --pilot and --sd, no runs.csv in the pilot),
     130 interrupted by Ctrl-C, 143 by SIGTERM.
@@ -90,6 +93,8 @@ def plan_command(
         require_directory(pilot, "--pilot")
     if sd is not None and not 0.0 < sd < 1.0:
         raise UserInputError(f"--sd must lie strictly between 0 and 1 (score units), got {sd}")
+    if search_sd is not None and not 0.0 <= search_sd < 1.0:
+        raise UserInputError(f"--search-sd must lie in [0, 1) (score units), got {search_sd}")
     require_yaml(config_path, "benchmark config")
     from dmlbench.analysis import planning
     from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
@@ -100,9 +105,18 @@ def plan_command(
         raise UserInputError(f"plan takes protocol.* and analysis.* overrides only; got {others[0]!r}")
     family = spec.planned_family()
     if pilot is not None:
-        typer.echo(planning.plan_text(family, planning.pilot_sds(read_runs(pilot, "pilot"), family), f"measured in {pilot} per comparison"))
+        sds = planning.pilot_sds(read_runs(pilot, "pilot"), family)
+        typer.echo(planning.plan_text(family, sds, f"measured in {pilot} per comparison"))
     else:
-        typer.echo(planning.plan_text(family, {pair: sd for pair in family.comparisons}, f"{100 * sd:.2f} points (--sd)"))
+        sds = {pair: sd for pair in family.comparisons}
+        typer.echo(planning.plan_text(family, sds, f"{100 * sd:.2f} points (--sd)"))
+    source = "--search-sd"
+    if search_sd is None and pilot is not None:
+        from dmlbench.report.committed import pilot_search_sd
+
+        search_sd, source = pilot_search_sd(pilot, family.endpoint), f"measured in {pilot}, pooled over its repeated methods"
+    if search_sd is not None:
+        typer.echo(planning.search_plan_text(family, sds, search_sd, source))
 
 
 def rejudge_command(
@@ -111,14 +125,15 @@ def rejudge_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Re-judge a committed study from its runs.csv and benchmark.json alone (no storage, no checkpoints) by
-    today's rules, and rewrite its comparisons.csv.
+    today's rules, and rewrite its comparisons.csv, claim_comparisons.csv and (searches repeated)
+    method_comparisons.csv.
 
     Exit codes: 0 written (or, with --check, the same), 1 with --check the committed file differs, or a
     write failed for lack of space, 2 no runs.csv or benchmark.json in DIR, 130 interrupted by Ctrl-C,
     143 by SIGTERM.
     """
     _require_benchmark(directory)
-    from dmlbench.protocol.committed import rejudge
+    from dmlbench.report.committed import rejudge
 
     outcome = rejudge(directory, write=not check)
     typer.echo(outcome.summary)

@@ -112,7 +112,8 @@ class AnalysisSpec(BaseModel):
     two methods are *equivalent* when TOST puts their mean paired difference within ``±margin`` (score
     units: 0.01 is one percentage point), and ``margin_reason`` says why that difference is the one that
     matters. ``planning_sd``: the standard deviation of paired differences assumed by the power planning
-    of ``benchmark --dry-run`` (``dmlbench plan --pilot`` measures it)."""
+    of ``benchmark --dry-run`` (``dmlbench plan --pilot`` measures it); ``planning_search_sd``: the SD of a
+    method's search luck (``analysis.search_luck``) with which the dry run also plans searches and seeds."""
 
     model_config = ConfigDict(extra="forbid")
     primary: PrimaryEndpoint = Field(default_factory=PrimaryEndpoint)
@@ -122,6 +123,7 @@ class AnalysisSpec(BaseModel):
     equivalence_margin: float = Field(DEFAULT_EQUIVALENCE_MARGIN, gt=0.0, lt=1.0)
     margin_reason: str = ""
     planning_sd: float | None = Field(None, gt=0.0, lt=1.0)
+    planning_search_sd: float | None = Field(None, ge=0.0, lt=1.0)
 
 
 class BenchmarkSpec(BaseModel):
@@ -137,7 +139,8 @@ class BenchmarkSpec(BaseModel):
         methods = [method.name for method in self.methods]
         primary = self.analysis.primary
         return Family(declared_comparisons(self.analysis.references, self.analysis.pairs, methods),
-                      self.protocol.reproductions, self.analysis.equivalence_margin, (primary.mode, primary.metric))
+                      self.protocol.reproductions, self.analysis.equivalence_margin, (primary.mode, primary.metric),
+                      self.protocol.search_repeats, self.protocol.trials, self.protocol.folds)
 
 
 def load_spec(path: Path | None) -> BenchmarkSpec:

@@ -39,6 +39,7 @@ COMPARISONS_CSV = "comparisons.csv"
 RESULTS_TEX = "results.tex"
 # The claim files of ``report.analysis`` and ``report.uncertainty``.
 CLAIM_COMPARISONS_CSV = "claim_comparisons.csv"
+METHOD_COMPARISONS_CSV = "method_comparisons.csv"  # verdicts about the methods, their repeated searches included
 EMBEDDING_SPACE_CSV = "embedding_space.csv"
 CORRELATIONS_CSV = "correlations.csv"
 RANKINGS_CSV = "rankings.csv"

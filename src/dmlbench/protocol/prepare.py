@@ -23,7 +23,7 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol.benchmark import LATER_PROTOCOL_DEFAULTS, BenchmarkSpec, apply_spec_overrides
+from dmlbench.protocol.benchmark import LATER_PROTOCOL_DEFAULTS, AnalysisSpec, BenchmarkSpec, apply_spec_overrides
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark_if_any
 from dmlbench.protocol.folds import FoldLayout, fold_layout
 from dmlbench.protocol.method_checks import check_samplers, check_shared
@@ -243,7 +243,9 @@ def _check_analysis_change(prepared: Prepared, record: BenchmarkRecord, accept: 
         prepared.analysis_in_hash = False  # started before the analysis was fixed: report-only, as it was then
         return
     prepared.declared_analysis = record.declared_analysis()
-    current, wanted = record.analysis_in_force(), prepared.spec.analysis.model_dump(mode="json")
+    # A key added to the analysis after the benchmark started reads as its default (``StoredAnalysis``).
+    current = {**AnalysisSpec().model_dump(mode="json"), **record.analysis_in_force()}
+    wanted = prepared.spec.analysis.model_dump(mode="json")
     if current == wanted:
         return
     changed = sorted(key for key in {*current, *wanted} if current.get(key) != wanted.get(key))

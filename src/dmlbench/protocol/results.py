@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,15 +99,18 @@ def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, An
     return result
 
 
-def run_rows(results: Mapping[str, MethodReproductions]) -> list[dict[str, Any]]:
-    """One row per method, scored reproduction, mode and metric (the columns of ``runs.csv``)."""
+def run_rows(results: Mapping[str, MethodReproductions],
+             repeats: Mapping[str, Sequence[MethodReproductions]] | None = None) -> list[dict[str, Any]]:
+    """One row per method, search, scored reproduction, mode and metric (the columns of ``runs.csv``): each
+    method's first search (0), then the repeated searches of ``repeats`` (``method -> [search 1, 2, ...]``)."""
     rows = []
     for method, reproductions in results.items():
-        for outcome in reproductions.outcomes:
-            for mode, metrics in (outcome.scores or {}).items():
-                for metric, value in metrics.items():
-                    rows.append({"method": method, "reproduction": outcome.reproduction, "mode": mode,
-                                 "metric": metric, "value": value})
+        for search, searched in enumerate([reproductions, *(repeats or {}).get(method, [])]):
+            for outcome in searched.outcomes:
+                for mode, metrics in (outcome.scores or {}).items():
+                    for metric, value in metrics.items():
+                        rows.append({"method": method, "reproduction": outcome.reproduction, "mode": mode,
+                                     "metric": metric, "value": value, "search": search})
     return rows
 
 
@@ -174,12 +177,14 @@ def compare_reranking(
     return compare_pairs(scores, pairs, margin)
 
 
-def write_results(results: Mapping[str, MethodReproductions], output_dir: Path) -> tuple[Path, Path]:
-    """Write ``results.csv`` and ``runs.csv`` atomically (an undefined interval, n = 1, is written ``nan``)."""
+def write_results(results: Mapping[str, MethodReproductions], output_dir: Path,
+                  repeats: Mapping[str, Sequence[MethodReproductions]] | None = None) -> tuple[Path, Path]:
+    """Write ``results.csv`` (each method's first search) and ``runs.csv`` (every search: ``repeats``, as for
+    ``run_rows``) atomically (an undefined interval, n = 1, is written ``nan``)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = output_dir / layout.RESULTS_CSV, output_dir / layout.RUNS_CSV
-    for path, columns, rows in ((paths[0], RESULTS_COLUMNS, result_rows(results)), (paths[1], RUNS_COLUMNS, run_rows(results))):
+    for path, columns, rows in ((paths[0], RESULTS_COLUMNS, result_rows(results)), (paths[1], RUNS_COLUMNS, run_rows(results, repeats))):
         stream = io.StringIO()
         writer = csv.DictWriter(stream, fieldnames=list(columns), lineterminator="\n")
         writer.writeheader()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dmlbench import files
+from dmlbench.analysis.verdicts import comparison_csv
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
@@ -42,11 +43,17 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
                 paths[name] = output_dir / name
                 files.atomic_write_text(paths[name], (source / name).read_text())
     if data.results:
-        paths[layout.RESULTS_CSV], paths[layout.RUNS_CSV] = write_results(data.results, output_dir)
+        repeats = {method: [data.repeat_results[name] for name in names if name in data.repeat_results]
+                   for method, names in data.repeats.items()}
+        paths[layout.RESULTS_CSV], paths[layout.RUNS_CSV] = write_results(data.results, output_dir, repeats)
         paths[layout.COMPARISONS_CSV] = output_dir / layout.COMPARISONS_CSV
         files.atomic_write_text(paths[layout.COMPARISONS_CSV], tables.comparisons_csv(data))
         paths[layout.RESULTS_TEX] = output_dir / layout.RESULTS_TEX
         files.atomic_write_text(paths[layout.RESULTS_TEX], tables.latex(data))
+    method_families = uncertainty.method_families(data)
+    if method_families:
+        paths[layout.METHOD_COMPARISONS_CSV] = output_dir / layout.METHOD_COMPARISONS_CSV
+        files.atomic_write_text(paths[layout.METHOD_COMPARISONS_CSV], comparison_csv(method_families, conditional=False))
     for name, text in {**tables.claim_csvs(data), **uncertainty.uncertainty_csvs(data)}.items():
         paths[name] = output_dir / name
         files.atomic_write_text(paths[name], text)

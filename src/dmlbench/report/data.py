@@ -29,7 +29,6 @@ from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction
 from dmlbench.protocol.results import MethodReproductions, compared_modes, read_reproductions, stored_class_sums
 from dmlbench.report.analysis import Claims, analyse
 
-
 CURVE_METRICS = ("precision_at_1", "map_at_r")
 
 

@@ -60,7 +60,7 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     parts.append(setup_section(data))
     parts += _claim_sections(data.claims)
     # Uncertainty beyond the seeds: the test classes resampled, the search repeated.
-    uncertain = [*uncertainty.class_bootstrap_parts(data), uncertainty.search_repeat_part(data)]
+    uncertain = [*uncertainty.class_bootstrap_parts(data), uncertainty.method_verdict_part(data), uncertainty.search_repeat_part(data)]
     parts += [Section(title, paragraphs, tables=tables) for title, paragraphs, tables in filter(None, uncertain)]
     change = analysis_change_section(data)
     if change:
@@ -159,7 +159,10 @@ def _outcome_rule(claims: Claims) -> str:
     return (f"*better* / *worse*: Holm-adjusted paired t-test p < {ALPHA}; *equivalent*: not better or worse and the "
             f"two one-sided tests (TOST) put the mean difference within ±{points} (`analysis.equivalence_margin`), "
             f"Holm-adjusted p < {ALPHA}; *inconclusive*: neither, so the data can tell the methods neither apart "
-            "nor alike.")
+            "nor alike. Equivalence is read off the 90% interval (what TOST at 5% tests), a difference off the 95% one. "
+            "Each verdict rests on one search per method (`conditional_on_search` in the CSV files): another search "
+            "may move a method more than the seeds do; `search_sd_allowance` is the largest search SD that would leave "
+            "the verdict standing, and repeated searches (`protocol.search_repeats`) give verdicts about the methods.")
 
 
 def _saturation_section(claims: Claims) -> Section:

@@ -5,19 +5,21 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode
 from dmlbench.analysis.power import ComparisonPower
-from dmlbench.analysis.verdicts import comparison_csv
+from dmlbench.analysis.verdicts import SEARCH_COLUMNS, comparison_csv, search_cells
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredProtocol
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE
 from dmlbench.protocol.results import result_rows, scored_modes
-from dmlbench.report.analysis import ALPHA, scored_methods
+from dmlbench.report.analysis import ALPHA, Claims, scored_methods
 from dmlbench.report.data import LEADERBOARD_METRICS, ReportData, computed_metrics, validation_curves
+
 
 def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "map_at_r")) -> tuple[list[str], list[list[str]]]:
     """Header and rows: mean ± 95% CI half-width (in %) per method, mode and metric, sorted by the ``primary``
@@ -414,7 +416,7 @@ def latex(data: ReportData) -> str:
 
 CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
                  "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz",
-                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
+                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome", *SEARCH_COLUMNS)
 
 
 CORRELATION_COLUMNS = ("quantity", "test_metric", "mode", "level", "n", "kind", "estimate", "pvalue", "ci_low", "ci_high")
@@ -443,6 +445,27 @@ def _power_values(power: ComparisonPower | None) -> list[Any]:
             "" if power.needed is None else power.needed]
 
 
+def claim_rows(claims: Claims) -> list[list[Any]]:
+    """The rows of ``claim_comparisons.csv``: every method against each reference, the declared pairs and
+    re-ranked against raw, each resting on one search per method (``SEARCH_COLUMNS``)."""
+    comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
+    comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
+    comparisons += [("rerank", mode, metric, c) for mode, metric, pair in claims.reranking for c in pair]
+    return [[family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
+        c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm, c.wilcoxon_pvalue,
+        c.wilcoxon_pvalue_holm, c.cohen_dz, c.tost_pvalue, c.tost_pvalue_holm, c.margin)), c.outcome(ALPHA),
+        *search_cells(c, True, ALPHA)] for family, mode, metric, c in comparisons]
+
+
+def csv_text(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A CSV file's text: the header, then the rows."""
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return stream.getvalue()
+
+
 def claim_csvs(data: ReportData) -> dict[str, str]:
     """``claim_comparisons.csv`` (against the references and the pairs), ``embedding_space.csv`` (every
     fold model's rho and pi on its training classes), ``correlations.csv``, ``rankings.csv``,
@@ -450,9 +473,6 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
     ``power.csv`` (the primary family's power at its observed spread and its verdicts at half, the
     chosen and twice the equivalence margin: the report's Power and Sensitivity sections)."""
     claims = data.claims
-    comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
-    comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
-    comparisons += [("rerank", mode, metric, c) for mode, metric, pair in claims.reranking for c in pair]
     space = [[name, outcome.reproduction, outcome.seed, fold, *(repr(values[key]) for key in SPACE_COLUMNS[4:])]
              for name, result in data.results.items() for outcome in result.outcomes
              for fold, values in enumerate(outcome.embedding_space)]
@@ -471,24 +491,11 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
     power = [[*claims.primary, a, b, *_power_values(powers.get((a, b))), low, chosen, high]
              for a, b, low, chosen, high in claims.sensitivity]
     tables = {
-        layout.CLAIM_COMPARISONS_CSV: (CLAIM_COLUMNS, [
-            [family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
-                c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm,
-                c.wilcoxon_pvalue, c.wilcoxon_pvalue_holm, c.cohen_dz, c.tost_pvalue, c.tost_pvalue_holm, c.margin)),
-             c.outcome(ALPHA)] for family, mode, metric, c in comparisons]),
+        layout.CLAIM_COMPARISONS_CSV: (CLAIM_COLUMNS, claim_rows(claims)),
         layout.EMBEDDING_SPACE_CSV: (SPACE_COLUMNS, space),
         layout.CORRELATIONS_CSV: (CORRELATION_COLUMNS, correlations),
         layout.RANKINGS_CSV: (ranking_columns, rankings),
         layout.VALIDATION_CURVES_CSV: (CURVE_COLUMNS, curves),
         layout.POWER_CSV: (POWER_COLUMNS, power),
     }
-    texts = {}
-    for name, (columns, rows) in tables.items():
-        if not rows:
-            continue
-        stream = io.StringIO()
-        writer = csv.writer(stream, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows(rows)
-        texts[name] = stream.getvalue()
-    return texts
+    return {name: csv_text(columns, rows) for name, (columns, rows) in tables.items() if rows}

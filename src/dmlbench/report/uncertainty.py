@@ -1,7 +1,7 @@
 """Uncertainty beyond the seeds, for the report: the bootstrap over test classes of the primary endpoint
 and of its cross-domain mode where there is one (``protocol.class_bootstrap``), the spread over
-repeated searches (``protocol.search_repeats``) and the best values that lie at the edge of their
-search range. Each part is a title, paragraphs and tables (``report.sections`` makes them sections)
+repeated searches (``protocol.search_repeats``) with the verdicts about the methods they allow, and
+the best values that lie at the edge of their search range. Each part is a title, paragraphs and tables (``report.sections`` makes them sections)
 and a CSV of every number shown."""
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from typing import Any
 import numpy as np
 
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap
-from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, cross_domain_mode
+from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, cross_domain_mode
+from dmlbench.analysis.search_luck import search_means
+from dmlbench.analysis.statistics import PairedComparison
+from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, judge_methods
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
-from dmlbench.protocol.layout import CLASS_BOOTSTRAP_CSV, SEARCH_REPEATS_CSV
-from dmlbench.protocol.results import result_rows
+from dmlbench.protocol.layout import BASELINES, CLASS_BOOTSTRAP_CSV, METHOD_COMPARISONS_CSV, SEARCH_REPEATS_CSV
+from dmlbench.protocol.results import result_rows, run_rows
 from dmlbench.report.analysis import scored_methods
 from dmlbench.report.data import ReportData
 
@@ -235,3 +238,37 @@ def uncertainty_csvs(data: ReportData) -> dict[str, str]:
         writer.writerows([header, *rows])
         texts[name] = stream.getvalue()
     return texts
+
+
+def method_families(data: ReportData) -> list[tuple[str, str, list[PairedComparison]]]:
+    """The declared families judged on the methods, their repeated searches included (``verdicts.judge_methods``
+    over every method's search means), for the leaderboard metrics; nothing without search repeats."""
+    if not data.repeats:
+        return []
+    repeats = {method: [data.repeat_results[name] for name in names if name in data.repeat_results]
+               for method, names in data.repeats.items()}
+    table: dict[tuple[str, str], dict[str, dict[int, dict[int, float]]]] = {}
+    for row in run_rows(data.results, repeats):
+        by_search = table.setdefault((row["mode"], row["metric"]), {}).setdefault(row["method"], {})
+        by_search.setdefault(row["search"], {})[row["reproduction"]] = row["value"]
+    means = {endpoint: search_means({m: s for m, s in methods.items() if len(s) >= 2}) for endpoint, methods in table.items()}
+    families = judge_methods(means, data.benchmark.analysis_in_force(), BASELINES)
+    return [(mode, metric, families[(mode, metric)]) for mode in ALL_MODES if not mode.endswith(RERANKED_SUFFIX)
+            for metric in LEADERBOARD_METRICS if families.get((mode, metric))]
+
+
+def method_verdict_part(data: ReportData) -> Part | None:
+    """The primary endpoint's verdicts about the methods (search luck included), or none without repeats."""
+    primary = [family for mode, metric, family in method_families(data) if (mode, metric) == data.claims.primary]
+    if not primary:
+        return None
+    rows = [[f"{c.a} − {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f} [{100 * c.difference_low:+.2f}, "
+             f"{100 * c.difference_high:+.2f}]", f"{c.t_pvalue_holm:.3g}", f"{c.tost_pvalue_holm:.3g}", c.outcome()]
+            for c in primary[0]]
+    text = (f"Verdicts about the methods, their search included: each method's declared comparisons on "
+            f"{endpoint_title(data.claims.primary)} judged over its repeated searches (search means paired by search "
+            "index, so n counts searches; docs/protocol.md, \"Search luck\"), Holm across the family as above. These, not "
+            "the one-search verdicts of the other sections, are about the methods; all endpoints are in "
+            f"`{METHOD_COMPARISONS_CSV}`.")
+    return ("Verdicts about the methods (search luck included)", [text],
+            [(["difference", "searches", "difference (%) [95%]", "t p (Holm)", "TOST p (Holm)", "outcome"], rows)])

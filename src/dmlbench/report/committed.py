@@ -1,0 +1,129 @@
+"""A committed study re-judged from the files it was committed with, by today's rules: ``runs.csv`` and
+``benchmark.json`` (and ``search_repeats.csv`` where the searches were repeated), with no storage and
+no checkpoints. Its scores become the report's reproductions and go through the report's own analysis
+(``report.analysis.analyse``), so the verdict files come out as a new report would write them:
+``comparisons.csv``, ``claim_comparisons.csv`` and, with repeated searches, ``method_comparisons.csv``."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from dmlbench import files
+from dmlbench.analysis.endpoints import ALL_MODES, RERANKED_SUFFIX, SearchTable, read_search_table
+from dmlbench.analysis.search_luck import search_means, search_variance_from_means, variance_components
+from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, comparison_csv, judge_methods
+from dmlbench.errors import UserInputError
+from dmlbench.protocol import layout
+from dmlbench.protocol.benchmark_file import read_benchmark
+from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome, compared_modes
+from dmlbench.report.analysis import ALPHA, analyse
+from dmlbench.report.tables import CLAIM_COLUMNS, claim_rows, csv_text
+
+SearchMeans = dict[tuple[str, str], dict[str, dict[int, float]]]
+
+
+@dataclass(frozen=True)
+class Rejudged:
+    """The verdict files re-judged (name -> text), which of them differ from the stored ones, and a summary."""
+
+    texts: dict[str, str]
+    changed: list[str]
+    summary: str
+
+
+def rejudge(directory: Path, *, write: bool) -> Rejudged:
+    """The verdict files of the study in ``directory`` as today's rules give them from its committed files;
+    with ``write`` the ones that differ replace the stored ones (atomically)."""
+    directory = Path(directory)
+    if not (directory / layout.RUNS_CSV).is_file():
+        raise UserInputError(f"{directory} holds no {layout.RUNS_CSV} (a finished benchmark or report folder)")
+    texts = verdict_texts(directory)
+    changed = [name for name, text in texts.items()
+               if not (directory / name).is_file() or (directory / name).read_text() != text]
+    if write:
+        for name in changed:
+            files.atomic_write_text(directory / name, texts[name])
+    lines = [f"{directory / name}: {'rewritten' if write else 'differs from today' + chr(39) + 's rules'}" for name in changed]
+    same = [name for name in texts if name not in changed]
+    if same:
+        lines.append(f"{directory}: {', '.join(same)} the same as today's rules give")
+    return Rejudged(texts, changed, "\n".join(lines))
+
+
+def verdict_texts(directory: Path) -> dict[str, str]:
+    """``comparisons.csv``, ``claim_comparisons.csv`` and (searches repeated) ``method_comparisons.csv``."""
+    record = read_benchmark(directory)
+    analysis = record.analysis_in_force()
+    table = read_search_table(directory / layout.RUNS_CSV)
+    results = _reproductions(table, record.protocol.first_seed)
+    computed = list(record.metrics or LEADERBOARD_METRICS)
+    claims = analyse(results, analysis, {}, computed)
+    families = [(mode, metric, claims.families[(mode, metric)]) for mode in compared_modes(results)
+                for metric in LEADERBOARD_METRICS if (mode, metric) in claims.families]
+    texts = {layout.COMPARISONS_CSV: comparison_csv([f for f in families if not isinstance(f[2], str)], ALPHA)}
+    if claims.references or claims.pairs or claims.reranking:
+        texts[layout.CLAIM_COMPARISONS_CSV] = csv_text(CLAIM_COLUMNS, claim_rows(claims))
+    means = _search_means(table) or _repeat_means(directory)
+    method_families = judge_methods(means, analysis, layout.BASELINES)
+    listed = [(mode, metric, method_families[(mode, metric)]) for mode in ALL_MODES if not mode.endswith(RERANKED_SUFFIX)
+              for metric in LEADERBOARD_METRICS if method_families.get((mode, metric))]
+    if listed:
+        texts[layout.METHOD_COMPARISONS_CSV] = comparison_csv(listed, ALPHA, conditional=False)
+    return texts
+
+
+def _reproductions(table: SearchTable, first_seed: int) -> dict[str, MethodReproductions]:
+    """Each method's first search as the report's reproductions (seed ``first_seed + reproduction``)."""
+    scores: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
+    for (mode, metric), methods in table.items():
+        for method, by_search in methods.items():
+            for reproduction, value in by_search.get(0, {}).items():
+                scores.setdefault(method, {}).setdefault(reproduction, {}).setdefault(mode, {})[metric] = value
+    return {method: MethodReproductions(method, {}, "", [
+        ReproductionOutcome(reproduction, first_seed + reproduction, [], values) for reproduction, values in sorted(by_rep.items())])
+        for method, by_rep in scores.items()}
+
+
+def _search_means(table: SearchTable) -> SearchMeans:
+    """Each endpoint's search means where ``runs.csv`` holds more than one search of a method."""
+    return {endpoint: search_means({method: by_search for method, by_search in methods.items() if len(by_search) >= 2})
+            for endpoint, methods in table.items() if any(len(by_search) >= 2 for by_search in methods.values())}
+
+
+def _repeat_means(directory: Path) -> SearchMeans:
+    """The primary endpoint's search means from ``search_repeats.csv`` (studies whose ``runs.csv`` predates
+    its ``search`` column); its last column is ``test_<mode>_<metric>``."""
+    path = directory / layout.SEARCH_REPEATS_CSV
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    column = [name for name in rows[0] if name.startswith("test_")][0] if rows else ""
+    mode = next((m for m in sorted(ALL_MODES, key=len, reverse=True) if column.startswith(f"test_{m}_")), None)
+    if mode is None:
+        return {}
+    means: dict[str, dict[int, float]] = {}
+    for row in rows:
+        means.setdefault(row["method"], {})[int(row["search"])] = float(row[column])
+    return {(mode, column[len(f"test_{mode}_"):]): means}
+
+
+def pilot_search_sd(directory: Path, endpoint: tuple[str, str]) -> float | None:
+    """The search SD of a pilot study with repeated searches on ``endpoint``: each repeated method's search
+    variance (one-way ANOVA on ``runs.csv``'s searches, or, for a ``runs.csv`` without them, the variance of
+    ``search_repeats.csv``'s search means less the seed variance of search 0 over its seeds), pooled as the
+    mean variance over methods; ``None`` when no method's search was repeated."""
+    table = read_search_table(Path(directory) / layout.RUNS_CSV).get(endpoint, {})
+    variances = [variance_components(by_search).search for method, by_search in table.items()
+                 if method not in layout.BASELINES and len(by_search) >= 2]
+    if not variances:
+        means = _repeat_means(Path(directory)).get(endpoint, {})
+        for method, by_search in means.items():
+            seeds = list(table.get(method, {}).get(0, {}).values())
+            if len(by_search) >= 2 and len(seeds) >= 2:
+                seed_variance = float(sum((v - sum(seeds) / len(seeds)) ** 2 for v in seeds) / (len(seeds) - 1))
+                variances.append(search_variance_from_means(by_search, seed_variance, len(seeds)))
+    return math.sqrt(sum(variances) / len(variances)) if variances else None
