@@ -39,6 +39,7 @@ def test_folder_report_with_planted_defects(tmp_path: Path, capsys: pytest.Captu
     assert summary["train"] == {"classes": 3, "images": 11} and summary["test"] == {"classes": 2, "images": 5}
     assert summary["train_test_class_overlap"] == 0
     assert "2 unreadable images" in out and "PROBLEMS" in out
+    assert "class_0/0.png = class_3/copy.png" in out  # the identical files named without --json
 
 
 @pytest.mark.parametrize(("name", "splits"), [

@@ -176,6 +176,16 @@ def inshop(
     return _dataset("inshop", image_base, paths, class_keys, test=np.asarray(test), roles=np.asarray(roles), image_size=image_size, augmentation=augmentation, seed=seed, cache_dir=cache_dir, workers=workers)
 
 
+def require_utf8_name(path: Path) -> None:
+    """Refuse a file whose name is not UTF-8: Python keeps its bytes as surrogates, which every record
+    of it (paths in run.json, the index's paths.txt, the content hash) cannot encode."""
+    try:
+        str(path).encode()
+    except UnicodeEncodeError:
+        raise UserInputError(f"file name {os.fsencode(path)!r} is not UTF-8; rename it (and any such folder) "
+                             "to a UTF-8 name") from None
+
+
 @DATASETS.register("folder")
 def folder(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
@@ -187,6 +197,7 @@ def folder(
     for class_dir in sorted(path for path in base.iterdir() if path.is_dir()):
         for file in sorted(class_dir.rglob("*")):
             if file.is_file() and file.suffix.lower() in IMAGE_SUFFIXES:
+                require_utf8_name(file)
                 paths.append(file.relative_to(base).as_posix())
                 class_keys.append(class_dir.name)
     if not paths:
