@@ -119,10 +119,12 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
         assert 0.0 < float(rho) < 5.0 and 0.0 < float(pi_ratio) < 5.0
     comparisons = (finished / "claim_comparisons.csv").read_text().splitlines()
     assert comparisons[0].startswith("family,mode,metric,a,b,n,mean_difference,difference_ci_low")
-    assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome")
+    assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome,no_verdict")
     assert {line.split(",")[0] for line in comparisons[1:]} == {"reference:contrastive", "pairs"}
-    assert {line.split(",")[-1] for line in comparisons[1:]} <= {"better", "worse", "equivalent", "inconclusive"}
-    assert {line.split(",")[-2] for line in comparisons[1:]} == {"0.01"}
+    assert {line.split(",")[-2] for line in comparisons[1:]} <= {"better", "worse", "equivalent", "inconclusive"}
+    assert {line.split(",")[-3] for line in comparisons[1:]} == {"0.01"}
+    # Two reproductions: every row says why it has no verdict.
+    assert all(line.endswith("a verdict needs at least 3 reproductions") or "identical" in line for line in comparisons[1:])
     # The plain-language summary comes first, before the leaderboard's details and the claims.
     assert report.index("## Summary") < report.index("## Every method against the references")
     assert "Against `contrastive`: " in report and "Primary endpoint MAP@R (concatenated)" in report

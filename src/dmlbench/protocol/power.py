@@ -33,9 +33,13 @@ from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark import BenchmarkSpec, declared_comparisons
 from dmlbench.protocol.results import read_runs
+from dmlbench.protocol.statistics import zero_spread
 
 TARGET_POWER = 0.8
 MAX_REPRODUCTIONS = 1000  # planning looks no further: beyond this the design, not n, must change
+# The level of the upper confidence bound on a pilot's SD: planning at that bound gives the design its
+# target power whenever the true SD lies below the bound, which it does in 80% of pilots.
+SD_BOUND_CONFIDENCE = 0.8
 
 
 def _check(n: int, sd: float, alpha: float) -> None:
@@ -159,16 +163,34 @@ def _powers(n: int, sd: float, margin: float, comparisons: int, alpha: float) ->
 
 
 def paired_sd(differences: np.ndarray | list[float]) -> float:
-    """The sample standard deviation (ddof 1) of paired differences; NaN with fewer than two."""
+    """The sample standard deviation (ddof 1) of paired differences; NaN with fewer than two, or when
+    they are all equal (``statistics.zero_spread``): a power computed over that SD would divide by
+    zero, or by the rounding of equal scores."""
     array = np.asarray(differences, dtype=np.float64)
-    return float(array.std(ddof=1)) if array.size >= 2 else math.nan
+    return float(array.std(ddof=1)) if array.size >= 2 and not zero_spread(array) else math.nan
+
+
+def sd_upper_bound(sd: float, pairs: int, confidence: float = SD_BOUND_CONFIDENCE) -> float:
+    """One-sided upper ``confidence`` bound on the true SD behind a sample SD of ``pairs`` differences:
+    ``(pairs - 1) s² / σ² ~ chi²_{pairs-1}`` gives ``σ <= s · sqrt((pairs - 1) / chi²_{1-confidence, pairs-1})``."""
+    freedom = pairs - 1
+    return sd * math.sqrt(freedom / float(stats.chi2.ppf(1.0 - confidence, freedom)))
+
+
+@dataclass(frozen=True)
+class PilotSpread:
+    """A comparison's paired differences in a pilot: their SD (NaN: all equal) and how many there were."""
+
+    sd: float
+    pairs: int
 
 
 # ---------------------------------------------------------------- planning a benchmark's comparisons
 
-def pilot_sds(pilot_dir: Path, spec: BenchmarkSpec) -> dict[tuple[str, str], float]:
+def pilot_sds(pilot_dir: Path, spec: BenchmarkSpec) -> dict[tuple[str, str], PilotSpread]:
     """The SD of each declared comparison's paired differences on the primary endpoint in a stored benchmark's
-    ``runs.csv`` (reproductions paired by number, i.e. by seed); comparisons the pilot lacks are left out."""
+    ``runs.csv`` (reproductions paired by number, i.e. by seed), with their count; comparisons the pilot
+    lacks are left out."""
     if not (Path(pilot_dir) / layout.RUNS_CSV).is_file():
         raise UserInputError(f"pilot {pilot_dir} holds no {layout.RUNS_CSV} (a finished benchmark directory)")
     primary = spec.analysis.primary
@@ -177,9 +199,8 @@ def pilot_sds(pilot_dir: Path, spec: BenchmarkSpec) -> dict[tuple[str, str], flo
     for a, b in comparisons_of(spec):
         if a in values and b in values:
             common = sorted(set(values[a]) & set(values[b]))
-            sd = paired_sd([values[a][r] - values[b][r] for r in common])
-            if math.isfinite(sd) and sd > 0.0:
-                sds[(a, b)] = sd
+            if len(common) >= 2:
+                sds[(a, b)] = PilotSpread(paired_sd([values[a][r] - values[b][r] for r in common]), len(common))
     return sds
 
 
@@ -189,9 +210,11 @@ def comparisons_of(spec: BenchmarkSpec) -> list[tuple[str, str]]:
     return declared_comparisons(spec.analysis.references, spec.analysis.pairs, methods)
 
 
-def plan_text(spec: BenchmarkSpec, sds: Mapping[tuple[str, str], float], source: str, alpha: float = 0.05) -> str:
+def plan_text(spec: BenchmarkSpec, sds: Mapping[tuple[str, str], float | PilotSpread], source: str,
+              alpha: float = 0.05) -> str:
     """The planning table: per declared comparison its SD, the power of both tests at the configured
-    reproductions (unadjusted / strictest Holm threshold) and the reproductions needed for 80%."""
+    reproductions (unadjusted / strictest Holm threshold) and the reproductions needed for 80%; for
+    an SD measured in a pilot also its upper confidence bound and the reproductions needed there."""
     comparisons = comparisons_of(spec)
     n, margin = spec.protocol.reproductions, spec.analysis.equivalence_margin
     primary = spec.analysis.primary
@@ -203,16 +226,35 @@ def plan_text(spec: BenchmarkSpec, sds: Mapping[tuple[str, str], float], source:
     if n < 2:
         return "\n".join([*lines, "  fewer than 2 reproductions: no paired test is possible"])
     for a, b in comparisons:
-        sd = sds.get((a, b))
-        if sd is None:
+        value = sds.get((a, b))
+        if value is None:
             lines.append(f"  {a} vs {b}: no SD (the pilot lacks this comparison)")
             continue
+        if isinstance(value, PilotSpread) and not math.isfinite(value.sd):
+            lines.append(f"  {a} vs {b}: no SD (the pilot's {value.pairs} paired differences are all equal; "
+                         "state one with --sd)")
+            continue
+        sd = value.sd if isinstance(value, PilotSpread) else value
         result = comparison_power(a, b, n, sd, margin, len(comparisons), alpha)
-        needed = f"more than {MAX_REPRODUCTIONS}" if result.needed is None else str(result.needed)
         lines.append(f"  {a} vs {b}: SD {100 * sd:.2f} points; t-test {result.ttest:.2f} / {result.ttest_holm:.2f}; "
-                     f"TOST {result.tost:.2f} / {result.tost_holm:.2f}; needed {needed}; "
-                     f"detectable difference {100 * result.detectable:.2f} points")
+                     f"TOST {result.tost:.2f} / {result.tost_holm:.2f}; needed {_needed(result.needed)}; "
+                     f"detectable difference {100 * result.detectable:.2f} points"
+                     + (_at_upper_bound(value, margin, len(comparisons), alpha) if isinstance(value, PilotSpread) else ""))
     return "\n".join(lines)
+
+
+def _needed(needed: int | None) -> str:
+    return f"more than {MAX_REPRODUCTIONS}" if needed is None else str(needed)
+
+
+def _at_upper_bound(pilot: PilotSpread, margin: float, comparisons: int, alpha: float) -> str:
+    """How uncertain a pilot's SD is: its upper bound and the reproductions needed there. A few
+    reproductions estimate an SD poorly (from 2, the bound is about 4 times the estimate)."""
+    bound = sd_upper_bound(pilot.sd, pilot.pairs)
+    needed = comparison_power("", "", 2, bound, margin, comparisons, alpha).needed
+    return (f"; but from {pilot.pairs} pilot pairs ({pilot.pairs - 1} degree(s) of freedom) the SD may be up to "
+            f"{100 * bound:.2f} points ({100 * SD_BOUND_CONFIDENCE:g}% upper confidence bound, chi-square), "
+            f"which needs {_needed(needed)}")
 
 
 def dry_run_plan(spec: BenchmarkSpec) -> str:

@@ -176,7 +176,7 @@ def _saturation_section(claims: Claims) -> Section:
         others = [c.a for c in r.comparisons if c.a not in references]
         rows.append([r.mode, metric_title(r.metric), r.reference, str(len(others)),
                      *(str(len(r.methods(outcome, among=others))) for outcome in OUTCOMES),
-                     ", ".join(f"{c.a}: {c.outcome(ALPHA)}" for c in r.comparisons if c.a in references) or "-",
+                     ", ".join(f"{c.a}: {c.verdict(ALPHA)}" for c in r.comparisons if c.a in references) or "-",
                      _gap(r, max), _gap(r, min)])
     detail_header = ["method"] + [f"{metric_title(metric)} (con.) − {reference}" for reference in references
                                   for metric in ("precision_at_1", "map_at_r")]
@@ -185,7 +185,7 @@ def _saturation_section(claims: Claims) -> Section:
         if r.mode != "concatenated":
             continue
         for c in r.comparisons:
-            detail.setdefault(c.a, {})[(r.reference, r.metric)] = f"{_difference(c)} {c.outcome(ALPHA)}"
+            detail.setdefault(c.a, {})[(r.reference, r.metric)] = f"{_difference(c)} {c.verdict(ALPHA)}"
     detail_rows = [[name] + [cells.get((reference, metric), "-") for reference in references
                              for metric in ("precision_at_1", "map_at_r")] for name, cells in detail.items()]
     return Section("Every method against the references", paragraphs,
@@ -272,7 +272,7 @@ def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
 
 def _pairs_section(claims: Claims) -> Section:
     rows = [[f"{c.a} − {c.b}", mode, metric_title(metric), str(c.n), _difference(c), pvalue_text(c.t_pvalue),
-             pvalue_text(c.t_pvalue_holm), pvalue_text(c.tost_pvalue_holm), c.outcome(ALPHA), f"{c.cohen_dz:.2f}"]
+             pvalue_text(c.t_pvalue_holm), pvalue_text(c.tost_pvalue_holm), c.verdict(ALPHA), f"{c.cohen_dz:.2f}"]
             for mode, metric, comparisons in claims.pairs for c in comparisons]
     return Section("Treated against control",
                    ["Paired by reproduction seed; differences in percentage points with their 95% interval; "

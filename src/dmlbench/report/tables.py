@@ -19,7 +19,8 @@ from dmlbench.report.data import LEADERBOARD_METRICS, ReportData, computed_metri
 
 COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
                       "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
-                      "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
+                      "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome",
+                      "no_verdict")
 
 
 def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "map_at_r")) -> tuple[list[str], list[list[str]]]:
@@ -72,7 +73,7 @@ def comparison_rows(data: ReportData) -> list[list[str]]:
         for c in comparisons:
             rows.append([mode, metric_title(metric), f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
                          pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
-                         c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
+                         c.verdict(ALPHA), f"{c.cohen_dz:.2f}"])
     return rows
 
 
@@ -96,7 +97,7 @@ def rerank_rows(data: ReportData) -> list[list[str]]:
                          f"{100 * means[(c.b, reranked_mode(mode), metric)]:.2f}",
                          f"{100 * c.mean_difference:+.2f} [{100 * c.difference_low:+.2f}, {100 * c.difference_high:+.2f}]",
                          pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
-                         c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
+                         c.verdict(ALPHA), f"{c.cohen_dz:.2f}"])
     return rows
 
 
@@ -139,7 +140,7 @@ def comparisons_csv(data: ReportData) -> str:
                              repr(c.t_pvalue_holm), repr(c.wilcoxon_statistic), repr(c.wilcoxon_pvalue_holm),
                              repr(c.cohen_dz), repr(c.difference_low), repr(c.difference_high), repr(c.t_pvalue),
                              repr(c.wilcoxon_pvalue), repr(c.tost_pvalue), repr(c.tost_pvalue_holm), repr(c.margin),
-                             c.outcome(ALPHA)])
+                             c.outcome(ALPHA), c.no_verdict])
     return stream.getvalue()
 
 
@@ -429,7 +430,7 @@ def latex(data: ReportData) -> str:
 
 CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
                  "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz",
-                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome")
+                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome", "no_verdict")
 
 
 CORRELATION_COLUMNS = ("quantity", "test_metric", "mode", "level", "n", "kind", "estimate", "pvalue", "ci_low", "ci_high")
@@ -490,7 +491,7 @@ def claim_csvs(data: ReportData) -> dict[str, str]:
             [family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
                 c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm,
                 c.wilcoxon_pvalue, c.wilcoxon_pvalue_holm, c.cohen_dz, c.tost_pvalue, c.tost_pvalue_holm, c.margin)),
-             c.outcome(ALPHA)] for family, mode, metric, c in comparisons]),
+             c.outcome(ALPHA), c.no_verdict] for family, mode, metric, c in comparisons]),
         layout.EMBEDDING_SPACE_CSV: (SPACE_COLUMNS, space),
         layout.CORRELATIONS_CSV: (CORRELATION_COLUMNS, correlations),
         layout.RANKINGS_CSV: (ranking_columns, rankings),
