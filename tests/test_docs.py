@@ -241,3 +241,10 @@ def _fresh_virtual_environment(target: Path) -> Path:
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", str(target)], check=True, capture_output=True, timeout=300)
     return target / "bin"
+
+
+def test_the_smoke_configs_duration_is_the_one_the_protocol_page_gives() -> None:
+    """configs/smoke.yaml's header and docs/protocol.md state the same duration (they once said 3 minutes and 11 s)."""
+    stated = re.search(r"(\d+ to \d+ s) on 2 cores", (REPO / "configs" / "smoke.yaml").read_text())
+    assert stated is not None
+    assert f"`configs/smoke.yaml` (the whole protocol in {stated.group(1)} on 2 cores" in (REPO / "docs" / "protocol.md").read_text()

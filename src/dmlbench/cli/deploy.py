@@ -132,7 +132,7 @@ def index_command(
 
 def query_command(
     index: Annotated[Path, typer.Argument(metavar="INDEX", help="An index directory written by dmlbench index.", show_default=False)],
-    k: Annotated[int, typer.Option("-k", "--k", metavar="K", help="Neighbours per query.")] = 10,
+    k: Annotated[int, typer.Option("-k", "--k", metavar="K", min=1, help="Neighbours per query.")] = 10,
     image: Annotated[Optional[Path], typer.Option("--image", metavar="FILE", help="An image file, embedded with the index's run.", show_default=False)] = None,
     label: Annotated[Optional[int], typer.Option("--label", metavar="LABEL", help="With --image: its label, to mark correct neighbours.", show_default=False)] = None,
     query_embeddings: Annotated[Optional[Path], typer.Option("--embeddings", metavar="FILE", help="Query embeddings Q.npy [Q, D] (an embed output brings its paths and labels).", show_default=False)] = None,
