@@ -165,3 +165,15 @@ def test_zero_counts_are_refused_before_anything_is_read(argv: list[str], capsys
     # The option itself is refused: before the missing path is even looked at (and long before loading).
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and "greater than or equal to 1" in err and "missing" not in err
+
+
+def test_reranking_on_a_calibrated_index_is_refused_once_naming_why(
+    embedded: Path, calibrated: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The calibration holds two targets: the refusal comes first, not a request for --fmr.
+    index = tmp_path / "index"
+    assert run_cli(["index", str(embedded), "-o", str(index), "--calibration", str(calibrated["own"])], capsys)[0] == 0
+    for fmr in ([], ["--fmr", "1e-2"]):
+        code, _, err = run_cli(["query", str(index), "--embeddings", f"{embedded}.npy", "--rerank", "query_expansion", *fmr], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1
+        assert "thresholds were chosen on raw distances" in err and "--fmr" not in err

@@ -76,6 +76,12 @@ class StoredIndex:
     def __len__(self) -> int:
         return int(self.embeddings.shape[0])
 
+    @property
+    def class_names(self) -> list[str] | None:
+        """The names of the labels (label i is name i), as the embedding set recorded them; ``None`` if it did not."""
+        names = self.meta.get("embeddings", {}).get("class_names")
+        return None if names is None else [str(name) for name in names]
+
     @classmethod
     def load(cls, directory: str | Path) -> StoredIndex:
         directory = Path(directory)
