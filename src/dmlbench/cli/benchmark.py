@@ -114,7 +114,7 @@ def benchmark_command(
         _exit_on_failures(_recorded_failures(output_dir))
         return
     if not quiet:
-        typer.echo(report_summary((output_dir / layout.REPORT_FILE).read_text()))
+        typer.echo(report_summary((output_dir / layout.REPORT_FILE).read_text(), config_path, overrides))
     typer.echo(f"report: {output_dir / layout.REPORT_FILE} {output_dir / layout.REPORT_HTML}; "
                f"results: {output_dir / layout.RESULTS_CSV}")
     _exit_on_failures(outcome.failed)
@@ -152,9 +152,11 @@ def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str],
 SUMMARY_LINES = 12  # what a finished benchmark prints of its report; the whole report.md is hundreds of lines
 
 
-def report_summary(report: str) -> str:
+def report_summary(report: str, config_path: Path | None = None, overrides: list[str] | None = None) -> str:
     """The lines of ``report.md`` a finished benchmark prints: its plain-language ``Summary`` section,
-    or without one (no references to compare with) the leaderboard table; at most ``SUMMARY_LINES``."""
+    or without one (no references to compare with) the leaderboard table; at most ``SUMMARY_LINES``.
+    The report writes the command of a more decisive design with ``CONFIG`` (it does not know the
+    file); here it becomes this command's config and overrides, to be run as printed."""
     lines = report.splitlines()
     if "## Summary" in lines:
         section = takewhile(lambda line: not line.startswith("## "), lines[lines.index("## Summary") + 1:])
@@ -162,7 +164,9 @@ def report_summary(report: str) -> str:
     else:
         first = next((index for index, line in enumerate(lines) if line.startswith("|")), len(lines))
         chosen = list(takewhile(lambda line: line.startswith("|"), lines[first:]))
-    return "\n".join(chosen[:SUMMARY_LINES])
+    kept = [shlex.quote(item) for item in overrides or [] if not item.startswith("protocol.reproductions=")]
+    command = " ".join(["dmlbench benchmark", *([shlex.quote(str(config_path))] if config_path else []), *kept])
+    return "\n".join(chosen[:SUMMARY_LINES]).replace("`dmlbench benchmark CONFIG", f"`{command}")
 
 
 def search_command(
