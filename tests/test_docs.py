@@ -248,3 +248,11 @@ def test_the_smoke_configs_duration_is_the_one_the_protocol_page_gives() -> None
     stated = re.search(r"(\d+ to \d+ s) on 2 cores", (REPO / "configs" / "smoke.yaml").read_text())
     assert stated is not None
     assert f"`configs/smoke.yaml` (the whole protocol in {stated.group(1)} on 2 cores" in (REPO / "docs" / "protocol.md").read_text()
+
+
+def test_the_readme_stays_a_manual() -> None:
+    """At most 200 lines, no reading history (commit hashes, dated readings): those are docs/performance.md's."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    assert not re.search(r"commit [0-9a-f]{7}", readme), "measurement history belongs in docs/performance.md"
+    assert "docs/performance.md" in readme and "[docs/datasets.md](docs/datasets.md)" in readme
