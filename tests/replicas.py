@@ -154,7 +154,14 @@ def emoji(root: Path, classes: int = 160) -> Path:
 
 # The data the documentation's commands read, by the name a block's ``replica=NAME`` marker gives;
 # each builder writes under the folder it is given, which the block sees as ``~/data``.
-DOC_REPLICAS = {"emoji": emoji}
+def benchmarks(root: Path) -> Path:
+    """The standard benchmarks' folders side by side, as ``~/data`` holds them in docs/usage.md."""
+    for build in (cub200, cars196, sop, inshop):
+        build(root)
+    return root
+
+
+DOC_REPLICAS = {"emoji": emoji, "benchmarks": benchmarks}
 
 
 BUILDERS = {"cub200": cub200, "cars196": cars196, "sop": sop, "inshop": inshop, "folder": folder, "csv": csv}
