@@ -137,3 +137,11 @@ def test_a_file_name_that_is_not_utf8_is_named_by_embed_images(run_dir: Path, tm
     code, _, err = run_cli(["embed", str(run_dir), "--images", str(root), "-o", str(tmp_path / "e"), "-q"], capsys)
     assert_one_line(code, err, shown, "not UTF-8")
     assert not list(tmp_path.glob("e*"))
+
+
+def test_a_file_formats_setting_given_in_data_options_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # data.options={image_size: 16} is how glyphs takes its size; a folder dataset's is data.image_size.
+    root = replicas.folder(tmp_path, classes=4, per_class=3)
+    code, _, err = run_cli(["train", str(REPO / "configs" / "glyphs.yaml"), *TINY, "data.name=folder", f"data.root={root}",
+                            "data.options={image_size: 16}", "--output", str(tmp_path / "run"), "-q"], capsys)
+    assert_one_line(code, err, "data.options.image_size is data.image_size", "set data.image_size=")
