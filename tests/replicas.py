@@ -7,6 +7,7 @@ that depends on the item), so duplicate detection sees no false duplicates.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,43 @@ def csv(root: Path, roles: bool = True, extra_train: int = 0) -> Path:
         rows.append(f"{relative},{label},{split}" + (f",{role}" if roles else ""))
     (base / "labels.csv").write_text("\n".join(rows) + "\n")
     return base / "labels.csv"
+
+
+def emoji(root: Path, classes: int = 160) -> Path:
+    """``data fetch emoji``'s layout: ``emoji.json`` and ``img/<vendor>/64/*.png`` of four vendors, the
+    README's commands' ``~/data/emoji``; every fifth emoji drawn by two vendors only, as many real ones
+    are (so that a sampler asking 4 images of every class is refused, as on the real data)."""
+    base = root / "emoji"
+    vendors = ("apple", "google", "twitter", "facebook")
+    entries = []
+    for index in range(classes):
+        unified = f"{0x1F300 + index:X}"
+        drawn = vendors[1:3] if index % 5 == 4 else vendors
+        entries.append({"unified": unified, "name": unified, "image": f"{unified.lower()}.png", "sort_order": index,
+                        "category": "Objects", "subcategory": "x",
+                        **{f"has_img_{vendor}": vendor in drawn for vendor in vendors}})
+        for number, vendor in enumerate(drawn):
+            path = base / "img" / vendor / "64" / f"{unified.lower()}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pixels = np.random.default_rng(10 * index + number).integers(0, 256, (64, 64, 4), dtype=np.uint8)
+            Image.fromarray(pixels, "RGBA").save(path)
+    # A vendor drawing two emoji alike, as on the real data: data check reports it and exits 1.
+    first, last = (base / "img" / "google" / "64" / f"{entry['unified'].lower()}.png" for entry in (entries[0], entries[-1]))
+    last.write_bytes(first.read_bytes())
+    (base / "emoji.json").write_text(json.dumps(entries))
+    return base
+
+
+# The data the documentation's commands read, by the name a block's ``replica=NAME`` marker gives;
+# each builder writes under the folder it is given, which the block sees as ``~/data``.
+def benchmarks(root: Path) -> Path:
+    """The standard benchmarks' folders side by side, as ``~/data`` holds them in docs/usage.md."""
+    for build in (cub200, cars196, sop, inshop):
+        build(root)
+    return root
+
+
+DOC_REPLICAS = {"emoji": emoji, "benchmarks": benchmarks}
 
 
 BUILDERS = {"cub200": cub200, "cars196": cars196, "sop": sop, "inshop": inshop, "folder": folder, "csv": csv}

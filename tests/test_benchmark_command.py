@@ -3,6 +3,7 @@ folder named at the start and the report's summary (not the whole report) at the
 first seconds printing the command that continues, and the dry run's estimate built from the
 scheduler's real amount of work."""
 
+import re
 import signal
 import subprocess
 import sys
@@ -115,8 +116,13 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     code, out, err = run_cli(["benchmark", str(SMOKE), *overrides, "-o", str(output)], capsys)
     assert code == 0, err
     assert err.splitlines()[0] == f"output: {output} (report.md and report.html at the end)"
-    summary = report_summary((output / "report.md").read_text())
+    summary = report_summary((output / "report.md").read_text(), SMOKE, overrides)
     assert 0 < len(summary.splitlines()) <= SUMMARY_LINES and "## " not in out
+    # Two reproductions decide nothing: the summary gives the design that would, as this command with more.
+    needed = re.search(r"To decide the 1 undecided comparison\(s\): (\d+) reproductions per method", summary)
+    assert needed is not None and int(needed.group(1)) > 2, summary
+    assert (f"`dmlbench benchmark {SMOKE} protocol.trials=1 protocol.search_repeats={repeats} "
+            f"protocol.reproductions={needed.group(1)} -o NEW_DIR`") in summary
     assert out.endswith(f"{summary}\nreport: {output / 'report.md'} {output / 'report.html'}; "
                         f"results: {output / 'results.csv'}\n")
 

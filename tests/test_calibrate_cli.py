@@ -70,6 +70,7 @@ def test_calibrate_from_files_gives_the_same_thresholds(runs: tuple[Path, Path],
 @pytest.mark.parametrize("fmr, message", [
     ("0", "must lie in (0, 1)"), ("1.5", "must lie in (0, 1)"), ("1e-2,abc", "comma-separated numbers"),
     ("1e-2,1e-4", "1,536 impostor pairs; a target FMR of 0.0001 needs at least 10,000"),
+    ("", "give at least one target false match rate with --fmr"),
 ])
 def test_bad_calibrate_input_is_one_line_and_writes_nothing(
     runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], fmr: str, message: str
@@ -137,3 +138,42 @@ def test_query_answers_no_match_beyond_the_stored_threshold(
     assert code == 2 and "choose one with --fmr" in err
     code, _, err = run_cli(["query", str(index), "--embeddings", str(queries), "--calibration", str(calibrated["other"]), "--fmr", "1e-2"], capsys)
     assert code == 2 and "is of another model than index" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibration_and_test_embeddings_of_different_dimensions_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(0)
+    paths = {name: tmp_path / f"{name}.npy" for name in ("e16", "l16", "t8", "l8")}
+    np.save(paths["e16"], rng.standard_normal((200, 16)).astype(np.float32))
+    np.save(paths["t8"], rng.standard_normal((200, 8)).astype(np.float32))
+    for name in ("l16", "l8"):
+        np.save(paths[name], np.repeat(np.arange(20), 10))
+    out = tmp_path / "c.json"
+    code, _, err = run_cli(["calibrate", "--embeddings", str(paths["e16"]), "--labels", str(paths["l16"]), "--test-embeddings",
+                            str(paths["t8"]), "--test-labels", str(paths["l8"]), "--fmr", "1e-2", "-o", str(out)], capsys)
+    assert code == 2 and "16-dimensional rows but --test-embeddings" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["calibrate", "missing_run", "--fmr", "1e-2", "-o", "c.json", "--replicates", "0"],
+    ["evaluate", "missing_run", "-k", "0"],
+    ["query", "missing_index", "--embeddings", "q.npy", "-k", "0"],
+])
+def test_zero_counts_are_refused_before_anything_is_read(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # The option itself is refused: before the missing path is even looked at (and long before loading).
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "greater than or equal to 1" in err and "missing" not in err
+
+
+def test_reranking_on_a_calibrated_index_is_refused_once_naming_why(
+    embedded: Path, calibrated: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The calibration holds two targets: the refusal comes first, not a request for --fmr.
+    index = tmp_path / "index"
+    assert run_cli(["index", str(embedded), "-o", str(index), "--calibration", str(calibrated["own"])], capsys)[0] == 0
+    for fmr in ([], ["--fmr", "1e-2"]):
+        code, _, err = run_cli(["query", str(index), "--embeddings", f"{embedded}.npy", "--rerank", "query_expansion", *fmr], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1
+        assert "thresholds were chosen on raw distances" in err and "--fmr" not in err

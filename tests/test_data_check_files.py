@@ -39,6 +39,7 @@ def test_folder_report_with_planted_defects(tmp_path: Path, capsys: pytest.Captu
     assert summary["train"] == {"classes": 3, "images": 11} and summary["test"] == {"classes": 2, "images": 5}
     assert summary["train_test_class_overlap"] == 0
     assert "2 unreadable images" in out and "PROBLEMS" in out
+    assert "class_0/0.png = class_3/copy.png" in out  # the identical files named without --json
 
 
 @pytest.mark.parametrize(("name", "splits"), [
@@ -82,3 +83,14 @@ def test_truncated_jpeg_in_training_batch_is_a_clear_error(tmp_path: Path) -> No
     assert dataset.find_unreadable() == [0]
     with pytest.raises(UserInputError, match="unreadable image .*Bird_1_0.jpg"):
         dataset.batch([0, 1])
+
+
+def test_images_much_smaller_than_image_size_are_warned_about_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = replicas.folder(tmp_path, classes=4, per_class=3)  # 40 x 30 pictures
+    code, _, err = run_cli(["data", "check", "folder", "--root", str(root)], capsys)
+    assert code == 0, err
+    assert "images are about 30 px but data.image_size is 224" in err and "set data.image_size=30" in err
+    code, _, err = run_cli(["data", "check", "folder", "--root", str(root)], capsys)
+    assert "warning" not in err  # once per process: a benchmark loads the dataset for every run
+    code, _, err = run_cli(["data", "check", "folder", "--root", str(root), "image_size=32"], capsys)
+    assert code == 0 and "warning" not in err, err

@@ -184,13 +184,28 @@ def test_query_by_image_and_html_page(run_dir: Path, embedded: Path, tmp_path: P
     Image.fromarray(dataset.images[11, 0].numpy()).save(tmp_path / "q.png")
     assert run_cli(["index", str(embedded), "-o", str(tmp_path / "idx")], capsys)[0] == 0
     label = int(dataset.labels[11])
-    code, out, err = run_cli(["query", str(tmp_path / "idx"), "--image", str(tmp_path / "q.png"), "--label", str(label),
+    code, out, err = run_cli(["query", str(tmp_path / "idx"), "--image", str(tmp_path / "q.png"), "--label", f"#{label}",
                               "-k", "4", "--html", str(tmp_path / "q.html"), "--json", str(tmp_path / "q.json")], capsys)
     assert code == 0, err
     answer = json.loads((tmp_path / "q.json").read_text())[0]
     assert answer["neighbors"][0]["index"] == 11 and answer["neighbors"][0]["distance"] < 1e-5
     page = (tmp_path / "q.html").read_text()
     assert page.count("data:image/png;base64,") == 5 and 'class="tile correct"' in page
+    # The class name, as the index stores it from the embedding set, gives the same answer.
+    name = dataset.class_names[label]
+    assert json.loads(Path(f"{embedded}.json").read_text())["class_names"] == list(dataset.class_names)
+    code, out, err = run_cli(["query", str(tmp_path / "idx"), "--image", str(tmp_path / "q.png"), "--label", name,
+                              "-k", "4", "--json", str(tmp_path / "named.json")], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "named.json").read_text()) == json.loads((tmp_path / "q.json").read_text())
+    assert f"label {label} ({name})" in out
+    code, _, err = run_cli(["query", str(tmp_path / "idx"), "--image", str(tmp_path / "q.png"), "--label", "no such class"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "'no such class' is neither a class name of index" in err and f"its classes are {dataset.class_names[0]}" in err
+    # A class named like another label's number is refused, not guessed (glyphs has classes named by digits).
+    clash = next(i for i, other in enumerate(dataset.class_names) if other.isdigit() and int(other) != i)
+    code, _, err = run_cli(["query", str(tmp_path / "idx"), "--image", str(tmp_path / "q.png"), "--label", dataset.class_names[clash]], capsys)
+    assert code == 2 and "is ambiguous" in err and "give --label #" in err
     _check_in_browser(tmp_path / "q.html", tmp_path / "q_shot.png")
 
 

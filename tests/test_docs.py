@@ -30,11 +30,14 @@ from pathlib import Path
 
 import pytest
 
+import replicas
+
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_LANGUAGES = frozenset({"bash", "sh", "shell"})
 COMMAND_LANGUAGES = SHELL_LANGUAGES | {"", "console", "python", "py", "pycon"}
 RUNNABLE_OPTIONS = frozenset({"slow", "fresh", "ci"})
+VALUED_OPTIONS = frozenset({"exit", "replica"})  # exit=N; replica=NAME: replicas.DOC_REPLICAS[NAME] under ~/data
 BLOCK_TIMEOUT_S = 300
 SLOW_BLOCK_TIMEOUT_S = 3600
 # What a block may read besides what it creates: the shipped configs and the worked example.
@@ -112,8 +115,10 @@ def _marker_problems(block: Block) -> list[str]:
     for key, value in block.runnable_options().items():
         if key == "exit" and not value.isdigit():
             problems.append(f"{block.where}: exit={value!r} is not an exit code")
-        elif key != "exit" and (key not in RUNNABLE_OPTIONS or value):
-            problems.append(f"{block.where}: unknown runnable option {key!r} (slow, fresh, ci, exit=N)")
+        elif key == "replica" and value not in replicas.DOC_REPLICAS:
+            problems.append(f"{block.where}: no replica {value!r} (tests/replicas.py: {', '.join(replicas.DOC_REPLICAS)})")
+        elif key not in VALUED_OPTIONS and (key not in RUNNABLE_OPTIONS or value):
+            problems.append(f"{block.where}: unknown runnable option {key!r} (slow, fresh, ci, exit=N, replica=NAME)")
     if "fresh" in block.runnable_options() and not block.slow:
         problems.append(f"{block.where}: a fresh block installs from the package index: mark it slow too")
     return problems
@@ -213,6 +218,13 @@ def _run_block(block: Block, workdir: Path, tmp_path: Path) -> subprocess.Comple
         bin_dir = _fresh_virtual_environment(tmp_path / "fresh-venv")
         environment["VIRTUAL_ENV"] = str(bin_dir.parent)
     environment["PATH"] = f"{bin_dir}{os.pathsep}{environment.get('PATH', '')}"
+    replica = block.runnable_options().get("replica")
+    if replica:
+        # The block reads ~/data/NAME as a user's machine holds it: a small replica in a home of its own.
+        home = tmp_path / "home"
+        if not (home / "data" / replica).exists():
+            replicas.DOC_REPLICAS[replica](home / "data")
+        environment["HOME"] = str(home)
     script = tmp_path / f"block_{block.line}"
     if block.language == "python":
         script.write_text(block.text)
@@ -241,3 +253,18 @@ def _fresh_virtual_environment(target: Path) -> Path:
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", str(target)], check=True, capture_output=True, timeout=300)
     return target / "bin"
+
+
+def test_the_smoke_configs_duration_is_the_one_the_protocol_page_gives() -> None:
+    """configs/smoke.yaml's header and docs/protocol.md state the same duration (they once said 3 minutes and 11 s)."""
+    stated = re.search(r"(\d+ to \d+ s) on 2 cores", (REPO / "configs" / "smoke.yaml").read_text())
+    assert stated is not None
+    assert f"`configs/smoke.yaml` (the whole protocol in {stated.group(1)} on 2 cores" in (REPO / "docs" / "protocol.md").read_text()
+
+
+def test_the_readme_stays_a_manual() -> None:
+    """At most 200 lines, no reading history (commit hashes, dated readings): those are docs/performance.md's."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    assert not re.search(r"commit [0-9a-f]{7}", readme), "measurement history belongs in docs/performance.md"
+    assert "docs/performance.md" in readme and "[docs/datasets.md](docs/datasets.md)" in readme

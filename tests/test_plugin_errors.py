@@ -244,7 +244,7 @@ def test_a_plugin_constructor_that_raises_is_one_line_before_a_run_directory_exi
 
 
 def test_a_plugin_that_raises_in_a_benchmark_fails_its_unit_with_that_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plugin = tmp_path / "raising_bench.py"
     plugin.write_text(RAISING.format(name="errors_raising_bench"))
@@ -253,21 +253,42 @@ def test_a_plugin_that_raises_in_a_benchmark_fails_its_unit_with_that_line(
     spec["base"]["data"]["options"]["max_classes"] = 40
     spec["base"]["training"]["max_steps_per_epoch"] = 2
     spec["protocol"].update(trials=1, reproductions=2)
-    spec["methods"] = [{"name": "raising", "overrides": {"loss.name": "errors_raising_bench"}}]
+    # A second method that works: the untrained baseline starts from it, and keeps it once the first is retried.
+    spec["methods"] = [{"name": "raising", "overrides": {"loss.name": "errors_raising_bench"}},
+                       {"name": "contrastive", "overrides": {"loss.name": "contrastive"}}]
     config = tmp_path / "bench.yaml"
     config.write_text(json.dumps(spec))
     output = tmp_path / "out"
     code, _, error = run_cli(["benchmark", str(config), "-o", str(output), "-q"], capsys)
     assert code == 1
-    assert "Traceback" not in error and "dmlbench: error: method raising failed: no search trial completed (1 failed)\n" in error
     run_dir = layout.fold_dir(layout.trial_dir(output, "raising", 0), 0)
     record = json.loads((run_dir / records.RUN_FILE).read_text())
     reason = f"plugin {plugin} raised {DECODE_ERROR} (at {plugin}:{RAISING_LINE} in _parse)"
+    full = f"{reason}; run {run_dir} marked failed, traceback in {run_dir / 'error.log'}"
+    # The plugin's error on stderr (also under -q) and in report.md, with the way to run it again.
+    assert "Traceback" not in error and f"dmlbench: error: raising trial 0 failed ({full})\n" in error
+    assert f"dmlbench: error: method raising failed: no search trial completed (1 failed; the first: {full})\n" in error
+    assert "run the same command with --retry-failed" in error
+    assert f"- raising: no search trial completed (1 failed; the first: {full})" in (output / "report.md").read_text()
     assert record["status"] == "failed" and record["reason"] == reason
     assert "json.decoder.JSONDecodeError" in (run_dir / records.ERROR_LOG).read_text()
     study = optuna.load_study(study_name="raising", storage=f"sqlite:///{output / 'study.db'}")
     (trial,) = study.trials
-    assert trial.user_attrs["fail_reason"] == f"{reason}; run {run_dir} marked failed, traceback in {run_dir / 'error.log'}"
+    assert trial.user_attrs["fail_reason"] == full
+    # status: nothing is left of a method whose search failed.
+    code, out, _ = run_cli(["status", str(output)], capsys)
+    assert "search failed" in out and "time left: none" in out
+    # The same command again: still a failure, said so, not "done".
+    code, _, error = run_cli(["benchmark", str(config), "-o", str(output), "-q"], capsys)
+    assert code == 1 and "method raising failed" in error and "--retry-failed" in error
+    # Its cause fixed, --retry-failed runs the failed unit again and the benchmark completes.
+    monkeypatch.setenv("ERRORS_PLUGIN_HEALED", "1")
+    code, _, error = run_cli(["benchmark", str(config), "-o", str(output), "-q", "--retry-failed"], capsys)
+    assert code == 0, error
+    assert "--retry-failed: 1 failed unit(s) to run again" in error
+    assert "failed" not in (output / "report.md").read_text().split("## ")[1]  # the summary names no failure
+    code, out, _ = run_cli(["status", str(output)], capsys)
+    assert re.search(r"raising .* 2/2", out) and "time left: none" in out
 
 
 def test_continuing_another_benchmark_names_what_differs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

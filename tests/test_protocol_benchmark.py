@@ -1,5 +1,7 @@
 """``dmlbench benchmark`` / ``search`` / ``report`` / ``audit``: the whole protocol (seed 001 §3) end to end."""
 
+import csv
+import io
 import json
 import os
 import signal
@@ -118,12 +120,16 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
         assert 0.0 < float(rho) < 5.0 and 0.0 < float(pi_ratio) < 5.0
     comparisons = (finished / "claim_comparisons.csv").read_text().splitlines()
     assert comparisons[0].startswith("family,mode,metric,a,b,n,mean_difference,difference_ci_low")
-    assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome,conditional_on_search,"
+    assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome,no_verdict,conditional_on_search,"
                                    "search_sd_allowance,equivalence_ci_low,equivalence_ci_high")
-    assert {line.split(",")[0] for line in comparisons[1:]} == {"reference:contrastive", "pairs"}
-    assert {line.split(",")[-5] for line in comparisons[1:]} <= {"better", "worse", "equivalent", "inconclusive"}
-    assert {line.split(",")[-6] for line in comparisons[1:]} == {"0.01"}
-    assert {line.split(",")[-4] for line in comparisons[1:]} == {"true"}  # one search per method
+    rows = list(csv.DictReader(io.StringIO("\n".join(comparisons))))
+    assert {row["family"] for row in rows} == {"reference:contrastive", "pairs"}
+    assert {row["outcome"] for row in rows} <= {"better", "worse", "equivalent", "inconclusive"}
+    assert {row["equivalence_margin"] for row in rows} == {"0.01"}
+    assert {row["conditional_on_search"] for row in rows} == {"true"}  # one search per method
+    # Two reproductions: every row says why it has no verdict.
+    assert all(row["no_verdict"].endswith("a verdict needs at least 3 reproductions") or "identical" in row["no_verdict"]
+               for row in rows)
     # The plain-language summary comes first, before the leaderboard's details and the claims.
     assert report.index("## Summary") < report.index("## Every method against the references")
     assert "Against `contrastive`: " in report and "Primary endpoint MAP@R (concatenated)" in report
@@ -147,7 +153,7 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
 
 def test_power_csv_holds_the_power_and_sensitivity_of_the_primary_family(finished: Path) -> None:
     """``power.csv``: one row per comparison of the primary family (concatenated MAP@R), its power at the
-    SD of the paired differences in ``runs.csv`` (recomputed here with ``protocol.power``) and its
+    SD of the paired differences in ``runs.csv`` (recomputed here with ``analysis.power``) and its
     verdicts at half, the chosen and twice the margin (recomputed with ``statistics.compare_pairs``)."""
     import csv
 

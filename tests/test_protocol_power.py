@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +90,47 @@ def test_plan_command_takes_protocol_overrides(capsys: pytest.CaptureFixture[str
     assert code == 0 and "10 reproductions" in out and "20 reproductions" not in out
     code, _, err = run_cli(["plan", config, "training.epochs=3", "--sd", "0.008"], capsys)
     assert code == 2 and "plan takes protocol.* and analysis.* overrides only; got 'training.epochs=3'" in err
+
+
+def test_the_upper_bound_on_a_pilots_sd_is_the_chi_square_one() -> None:
+    # The 80% one-sided bound is the upper end of scipy's 60% two-sided chi-square interval...
+    for pairs in (2, 3, 10):
+        low, _ = stats.chi2.interval(0.6, pairs - 1)
+        assert power.sd_upper_bound(0.01, pairs) == pytest.approx(0.01 * math.sqrt((pairs - 1) / low))
+    # ... and covers the true SD in 80% of simulated pilots.
+    rng = np.random.default_rng(5)
+    samples = rng.normal(0.0, 0.02, size=(20000, 3))
+    bounds = np.array([power.sd_upper_bound(float(s), 3) for s in samples.std(axis=1, ddof=1)])
+    assert np.mean(bounds >= 0.02) == pytest.approx(power.SD_BOUND_CONFIDENCE, abs=0.01)
+
+
+def test_equal_paired_differences_have_no_sd_to_plan_with() -> None:
+    assert math.isnan(power.paired_sd([-5 / 480, -5 / 480]))
+    assert math.isnan(power.paired_sd([0.5 - 0.51, 0.52 - 0.53]))  # equal up to rounding
+    assert power.paired_sd([0.01, 0.03]) == pytest.approx(np.std([0.01, 0.03], ddof=1))
+
+
+def _pilot(directory: Path, differences: dict[str, list[float]]) -> Path:
+    """A pilot's runs.csv: the reference at 0.5 and each method at 0.5 + its differences."""
+    rows = ["method,reproduction,mode,metric,value"]
+    count = len(next(iter(differences.values())))
+    rows += [f"contrastive,{r},concatenated,map_at_r,0.5" for r in range(count)]
+    rows += [f"{name},{r},concatenated,map_at_r,{0.5 + d!r}" for name, values in differences.items() for r, d in enumerate(values)]
+    directory.mkdir()
+    (directory / "runs.csv").write_text("\n".join(rows) + "\n")
+    return directory
+
+
+def test_plan_with_a_pilot_says_how_uncertain_its_sd_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_runner import run_cli
+
+    pilot = _pilot(tmp_path / "pilot", {"margin": [0.01, 0.02], "triplet_semihard": [-5 / 480, -5 / 480]})
+    config = str(Path(__file__).resolve().parent.parent / "src" / "dmlbench" / "configs" / "benchmark.yaml")
+    code, out, err = run_cli(["plan", config, "--pilot", str(pilot)], capsys)
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.strip().startswith("margin vs contrastive"))
+    bound = power.sd_upper_bound(float(np.std([0.01, 0.02], ddof=1)), 2)
+    assert f"up to {100 * bound:.2f} points (80% upper confidence bound" in line and "1 degree(s) of freedom" in line
+    at_estimate, at_bound = (int(number) for number in re.findall(r"needed (\d+);.*which needs (\d+)$", line)[0])
+    assert at_bound > at_estimate
+    assert "triplet_semihard vs contrastive: no SD (the pilot's 2 paired differences are all equal" in out

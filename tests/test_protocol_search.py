@@ -86,8 +86,8 @@ def test_a_diverging_trial_is_failed_and_its_method_never_reproduced_with_defaul
                                trials=1, folds=2, epochs=1, sampler="tpe", reproductions=2)
     outcome = run_benchmark(prepare(benchmark, tmp_path), progress=False)
     assert outcome is not None
-    assert outcome.failed == {"sgd": "no search trial completed (1 failed)"}
     (trial,) = study(tmp_path, "sgd").trials
+    assert outcome.failed == {"sgd": f"no search trial completed (1 failed; the first: {trial.user_attrs['fail_reason']})"}
     assert trial.state == TrialState.FAIL and trial.value is None
     assert "NaN" in trial.user_attrs["fail_reason"]
     # Only the method with a completed trial is reproduced; the baseline takes it as its reference.

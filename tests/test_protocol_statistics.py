@@ -113,7 +113,35 @@ def test_compare_methods_holm_corrects_across_all_pairs() -> None:
 def test_cohen_dz_edge_cases() -> None:
     assert cohen_dz([1.0, 2.0, 3.0]) == pytest.approx(2.0)
     assert cohen_dz([0.0, 0.0]) == 0.0
-    assert cohen_dz([-0.1, -0.1]) == -math.inf
+    assert math.isnan(cohen_dz([-0.1, -0.1]))  # no spread: undefined, not infinite
+
+
+def test_identical_differences_give_no_verdict() -> None:
+    # The new user's case: P@1 over 480 queries, both reproductions exactly 5 queries worse.
+    b = {1000: 0.5, 1001: 0.52}
+    a = {seed: value - 5 / 480 for seed, value in b.items()}
+    result = paired_comparison(a, b, ("a", "b"))
+    assert result.outcome() == "inconclusive" and "identical" in result.no_verdict
+    assert result.t_pvalue == 1.0 and result.tost_pvalue == 1.0 and math.isnan(result.cohen_dz)
+    assert "identical" in result.verdict() and result.verdict().startswith("inconclusive (")
+    # scipy sees the last-bit rounding of a - b as a spread: t in the millions, p about 0 (what the report showed).
+    assert stats.ttest_rel(list(a.values()), list(b.values())).pvalue < 1e-6
+    # Holm over a family: the degenerate comparison does not rank first and ease the others.
+    many = compare_pairs({"a": a, "b": b, "c": {1000: 0.3, 1001: 0.9}}, [("a", "b"), ("c", "b")])
+    assert many[0].t_pvalue_holm == 1.0 and many[0].outcome() == "inconclusive"
+
+
+def test_two_differences_give_no_verdict_however_close() -> None:
+    # Two nearly equal differences: scipy's paired t-test is "significant" (d_z about -57 at n = 2).
+    a, b = {0: 0.400, 1: 0.420}, {0: 0.430, 1: 0.4505}
+    result = paired_comparison(a, b)
+    assert stats.ttest_rel([0.400, 0.420], [0.430, 0.4505]).pvalue < 0.05
+    assert result.t_pvalue < 0.05 and result.cohen_dz < -50
+    assert result.outcome() == "inconclusive" and "2 paired differences" in result.no_verdict
+    # The swapped reading keeps the reason; three spread differences give a verdict again.
+    assert result.swapped().no_verdict == result.no_verdict
+    three = paired_comparison({0: 0.40, 1: 0.42, 2: 0.41}, {0: 0.45, 1: 0.46, 2: 0.47})
+    assert three.no_verdict == "" and three.outcome() == "worse"
 
 
 def _lag_one_by_loops(series: list[float]) -> float:

@@ -121,10 +121,13 @@ def test_analyse_counts_methods_against_the_references_and_correlates_rho() -> N
                      ["precision_at_1", "map_at_r"])
     summary = next(r for r in claims.references if (r.mode, r.metric) == ("concatenated", "precision_at_1"))
     assert {c.a for c in summary.comparisons} == set(shifts) - {"contrastive"}  # never the baseline
-    assert summary.methods("better") == ["better", "regularised"] and summary.methods("worse") == ["worse"]
+    assert summary.methods("better") == ["regularised"] and summary.methods("worse") == ["worse"]
+    # better - contrastive is +0.1 in every reproduction (the same wiggle): a spread of zero, no verdict.
+    better = next(c for c in summary.comparisons if c.a == "better")
+    assert "identical" in better.no_verdict and math.isnan(better.cohen_dz)
     # triplet - contrastive wiggles by ±0.01 around 0, same - contrastive by ±0.02: with a margin of one
     # point neither is shown equivalent after Holm; with five points both are.
-    assert summary.methods("inconclusive") == ["triplet", "same"] and claims.margin == 0.01
+    assert summary.methods("inconclusive") == ["triplet", "same", "better"] and claims.margin == 0.01
     wide = analyse(results, {"references": ["contrastive"], "equivalence_margin": 0.05}, {}, ["precision_at_1"])
     assert wide.references[0].methods("equivalent") == ["triplet", "same"] and wide.margin == 0.05
     assert wide.references[0].methods("equivalent", among=["same"]) == ["same"]

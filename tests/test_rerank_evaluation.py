@@ -321,11 +321,11 @@ def test_query_refuses_k_reciprocal_and_a_threshold_with_reranking(tmp_path: Pat
                             "--rerank", "k_reciprocal", "--json", str(tmp_path / "a.json")], capsys)
     assert code == 2 and "query_expansion only" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "a.json").exists()
-    from dmlbench.deploy.query import Threshold, query_reranking
+    from dmlbench.deploy.query import query_reranking
 
     with pytest.raises(UserInputError, match="raw distances"):
-        query_reranking("query_expansion", {}, Threshold(0.5, 1e-3, "calibration.json"))
-    assert query_reranking("none", {}, Threshold(0.5, 1e-3, "calibration.json")) is None
+        query_reranking("query_expansion", {}, "calibration.json")
+    assert query_reranking("none", {}, "calibration.json") is None
 
 
 def test_a_run_with_rerank_validates_reranked_and_evaluate_shows_both(tmp_path: Path, capsys) -> None:

@@ -376,7 +376,9 @@ def test_update_memory_overwrites_rows():
         ({"big_batch_size": 8}, "big_batch_size=8 must be larger than batch_size=8"),
         ({"big_batch_size": 33}, "big_batch_size=33 is not divisible by samples_per_class=2"),
         ({"samples_per_class": 7, "batch_size": 14, "big_batch_size": 28},
-         r"samples_per_class=7 is larger than some classes: class \d+ has 6 images"),
+         # 6 would fit the classes, but batch sizes 14 and 28 take 2 (their largest common divisor up to 6).
+         r"samples_per_class=7 is larger than some classes: class \d+ has 6 images.*; "
+         r"set sampler.params.samples_per_class=2 \(the smallest class has 6 images\)"),
         ({"num_candidates": 0, "big_batch_size": 32}, "num_candidates must be an integer > 0"),
     ],
 )

@@ -273,7 +273,8 @@ def test_registry_lists_every_sampler():
     "kwargs, message",
     [
         (dict(name="spc", batch_size=10, samples_per_class=5),
-         "samples_per_class=5 is larger than some classes: class 1 has 2 images, class 7 has 4 images"),
+         "samples_per_class=5 is larger than some classes: class 1 has 2 images, class 7 has 4 images; "
+         r"set sampler.params.samples_per_class=2 \(the smallest class has 2 images\)"),
         (dict(name="spc", batch_size=10, samples_per_class=4), "batch_size=10 is not divisible by samples_per_class=4"),
         (dict(name="spc", batch_size=12, samples_per_class=1),
          "needs 12 distinct classes per batch, but the training set has only 3"),

@@ -111,6 +111,7 @@ def _staged(scenario: Scenario, monkeypatch: pytest.MonkeyPatch, search_only: bo
     monkeypatch.setattr(stages_module, "MethodReproduction", scenario.reproduction)
     monkeypatch.setattr(stages_module, "Baseline", scenario.baseline)
     monkeypatch.setattr(stages_module, "best_trial", scenario.best_trial)
+    monkeypatch.setattr(stages_module, "recorded_reference", lambda context, kinds: None)  # no storage here
     return schedule_module.Schedule(scenario.prepared(), SimpleNamespace(), search_only=search_only)
 
 

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import signal
 import sqlite3
 import tempfile
@@ -56,6 +57,23 @@ def atomic_torch_save(path: Path, payload: Any) -> None:
     import torch
 
     atomic_write(path, lambda stream: torch.save(payload, stream))
+
+
+def load_checkpoint(path: Path, remedy: str, *, map_location: Any = "cpu", weights_only: bool = False) -> Any:
+    """``torch.load`` of a checkpoint, or one line naming the file and ``remedy`` (what to do) when it
+    is damaged. A checkpoint cut short (a copy interrupted, a disk that filled before atomic writes)
+    makes torch raise a zip-reader ``RuntimeError``, an ``EOFError`` or a pickle error with a
+    traceback that names neither the file nor a way out."""
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=weights_only)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        # Other RuntimeErrors (a CUDA checkpoint on a machine without CUDA) are not damage.
+        if isinstance(error, RuntimeError) and "PytorchStreamReader" not in str(error):
+            raise
+        reason = str(error).split(". ")[0]
+        raise UserInputError(f"checkpoint {path} is damaged or truncated ({reason}); {remedy}") from None
 
 
 def _write_and_replace(path: Path, write: Callable[[BinaryIO], None]) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dmlbench.analysis.endpoints import ScoreTable
-from dmlbench.analysis.power import MAX_REPRODUCTIONS, comparison_power, paired_sd
+from dmlbench.analysis.power import MAX_REPRODUCTIONS, SD_BOUND_CONFIDENCE, PilotSpread, comparison_power, paired_sd, sd_upper_bound
 from dmlbench.analysis.search_luck import MAX_SEARCHES, cheapest_design, design_power
 
 
@@ -27,24 +27,30 @@ class Family:
     folds: int = 1  # runs per trial and per reproduction
 
 
-def pilot_sds(scores: ScoreTable, family: Family) -> dict[tuple[str, str], float]:
+def pilot_sds(scores: ScoreTable, family: Family) -> dict[tuple[str, str], PilotSpread]:
     """The SD of each declared comparison's paired differences on the family's endpoint in a stored
-    benchmark's scores (reproductions paired by number, i.e. by seed); comparisons the pilot lacks, or
-    whose differences have no spread, are left out."""
+    benchmark's scores (reproductions paired by number, i.e. by seed), with their count; comparisons
+    the pilot lacks are left out."""
     values = scores.get(family.endpoint, {})
     sds = {}
     for a, b in family.comparisons:
         if a in values and b in values:
             common = sorted(set(values[a]) & set(values[b]))
-            sd = paired_sd([values[a][r] - values[b][r] for r in common])
-            if math.isfinite(sd) and sd > 0.0:
-                sds[(a, b)] = sd
+            if len(common) >= 2:
+                sds[(a, b)] = PilotSpread(paired_sd([values[a][r] - values[b][r] for r in common]), len(common))
     return sds
 
 
-def plan_text(family: Family, sds: Mapping[tuple[str, str], float], source: str, alpha: float = 0.05) -> str:
+def spreads(sds: Mapping[tuple[str, str], float | PilotSpread]) -> dict[tuple[str, str], float]:
+    """The finite, positive SDs of ``sds`` as plain numbers (a pilot's all-equal differences have none)."""
+    found = {pair: value.sd if isinstance(value, PilotSpread) else value for pair, value in sds.items()}
+    return {pair: sd for pair, sd in found.items() if math.isfinite(sd) and sd > 0.0}
+
+
+def plan_text(family: Family, sds: Mapping[tuple[str, str], float | PilotSpread], source: str, alpha: float = 0.05) -> str:
     """The planning table: per declared comparison its SD, the power of both tests at the configured
-    reproductions (unadjusted / strictest Holm threshold) and the reproductions needed for 80%."""
+    reproductions (unadjusted / strictest Holm threshold) and the reproductions needed for 80%; for
+    an SD measured in a pilot also its upper confidence bound and the reproductions needed there."""
     comparisons, n, margin = family.comparisons, family.reproductions, family.margin
     mode, metric = family.endpoint
     lines = [f"power ({mode} {metric}, the primary endpoint): {len(comparisons)} comparison{'s' if len(comparisons) != 1 else ''} in one Holm "
@@ -55,16 +61,35 @@ def plan_text(family: Family, sds: Mapping[tuple[str, str], float], source: str,
     if n < 2:
         return "\n".join([*lines, "  fewer than 2 reproductions: no paired test is possible"])
     for a, b in comparisons:
-        sd = sds.get((a, b))
-        if sd is None:
+        value = sds.get((a, b))
+        if value is None:
             lines.append(f"  {a} vs {b}: no SD (the pilot lacks this comparison)")
             continue
+        if isinstance(value, PilotSpread) and not math.isfinite(value.sd):
+            lines.append(f"  {a} vs {b}: no SD (the pilot's {value.pairs} paired differences are all equal; "
+                         "state one with --sd)")
+            continue
+        sd = value.sd if isinstance(value, PilotSpread) else value
         result = comparison_power(a, b, n, sd, margin, len(comparisons), alpha)
-        needed = f"more than {MAX_REPRODUCTIONS}" if result.needed is None else str(result.needed)
         lines.append(f"  {a} vs {b}: SD {100 * sd:.2f} points; t-test {result.ttest:.2f} / {result.ttest_holm:.2f}; "
-                     f"TOST {result.tost:.2f} / {result.tost_holm:.2f}; needed {needed}; "
-                     f"detectable difference {100 * result.detectable:.2f} points")
+                     f"TOST {result.tost:.2f} / {result.tost_holm:.2f}; needed {_needed(result.needed)}; "
+                     f"detectable difference {100 * result.detectable:.2f} points"
+                     + (_at_upper_bound(value, margin, len(comparisons), alpha) if isinstance(value, PilotSpread) else ""))
     return "\n".join(lines)
+
+
+def _needed(needed: int | None) -> str:
+    return f"more than {MAX_REPRODUCTIONS}" if needed is None else str(needed)
+
+
+def _at_upper_bound(pilot: PilotSpread, margin: float, comparisons: int, alpha: float) -> str:
+    """How uncertain a pilot's SD is: its upper bound and the reproductions needed there. A few
+    reproductions estimate an SD poorly (from 2, the bound is about 4 times the estimate)."""
+    bound = sd_upper_bound(pilot.sd, pilot.pairs)
+    needed = comparison_power("", "", 2, bound, margin, comparisons, alpha).needed
+    return (f"; but from {pilot.pairs} pilot pairs ({pilot.pairs - 1} degree(s) of freedom) the SD may be up to "
+            f"{100 * bound:.2f} points ({100 * SD_BOUND_CONFIDENCE:g}% upper confidence bound, chi-square), "
+            f"which needs {_needed(needed)}")
 
 
 def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: float | None = None) -> str:
@@ -81,7 +106,7 @@ def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: 
     return text + "\n" + search_plan_text(family, sds, planning_search_sd, "analysis.planning_search_sd")
 
 
-def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float], search_sd: float, source: str,
+def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | PilotSpread], search_sd: float, source: str,
                      alpha: float = 0.05) -> str:
     """Planning over searches and seeds (``analysis.search_luck``): for verdicts about the methods, the power of
     the family's design and the cheapest design (searches x reproductions, in training runs per method) at
@@ -91,9 +116,10 @@ def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float], searc
     lines = [f"searches and seeds (verdicts about the methods, their search included): search SD {100 * search_sd:.2f} "
              f"points ({source}); {family.trials} trials of {family.folds} fold runs per search; designs priced in "
              f"training runs per method"]
-    if not sds:
+    finite = spreads(sds)
+    if not finite:
         return "\n".join([*lines, "  no SD of paired differences: nothing to plan"])
-    seed_sd = max(sds.values())  # the design must serve the noisiest comparison
+    seed_sd = max(finite.values())  # the design must serve the noisiest comparison
     if family.searches >= 2:
         t_power, tost = design_power(family.searches, max(family.reproductions, 2), search_sd, seed_sd, family.margin, m, alpha)
         lines.append(f"  this config ({family.searches} searches x {family.reproductions} reproductions): t-test {t_power:.2f}, "

@@ -28,10 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import integrate, optimize, stats
 
+from dmlbench.analysis.statistics import zero_spread
 from dmlbench.errors import UserInputError
 
 TARGET_POWER = 0.8
 MAX_REPRODUCTIONS = 1000  # planning looks no further: beyond this the design, not n, must change
+# The level of the upper confidence bound on a pilot's SD: planning at that bound gives the design its
+# target power whenever the true SD lies below the bound, which it does in 80% of pilots.
+SD_BOUND_CONFIDENCE = 0.8
 
 
 def _check(n: int, sd: float, alpha: float) -> None:
@@ -155,6 +159,23 @@ def _powers(n: int, sd: float, margin: float, comparisons: int, alpha: float) ->
 
 
 def paired_sd(differences: np.ndarray | list[float]) -> float:
-    """The sample standard deviation (ddof 1) of paired differences; NaN with fewer than two."""
+    """The sample standard deviation (ddof 1) of paired differences; NaN with fewer than two, or when
+    they are all equal (``statistics.zero_spread``): a power computed over that SD would divide by
+    zero, or by the rounding of equal scores."""
     array = np.asarray(differences, dtype=np.float64)
-    return float(array.std(ddof=1)) if array.size >= 2 else math.nan
+    return float(array.std(ddof=1)) if array.size >= 2 and not zero_spread(array) else math.nan
+
+
+def sd_upper_bound(sd: float, pairs: int, confidence: float = SD_BOUND_CONFIDENCE) -> float:
+    """One-sided upper ``confidence`` bound on the true SD behind a sample SD of ``pairs`` differences:
+    ``(pairs - 1) s² / σ² ~ chi²_{pairs-1}`` gives ``σ <= s · sqrt((pairs - 1) / chi²_{1-confidence, pairs-1})``."""
+    freedom = pairs - 1
+    return sd * math.sqrt(freedom / float(stats.chi2.ppf(1.0 - confidence, freedom)))
+
+
+@dataclass(frozen=True)
+class PilotSpread:
+    """A comparison's paired differences in a pilot: their SD (NaN: all equal) and how many there were."""
+
+    sd: float
+    pairs: int

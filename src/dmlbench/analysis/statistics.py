@@ -32,6 +32,10 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_ALPHA = 0.05
 DEFAULT_EQUIVALENCE_MARGIN = 0.01  # one percentage point of a score in [0, 1]
 OUTCOMES = ("better", "worse", "equivalent", "inconclusive")
+# Fewer paired differences than this give no verdict: with two, the spread rests on one degree of
+# freedom, and a significant t-test there needs |d_z| >= 9, i.e. two numbers that happened to fall
+# close together (with a discrete metric such as P@1, often exactly together).
+MIN_VERDICT_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class PairedComparison:
     margin: float = DEFAULT_EQUIVALENCE_MARGIN
     tost_pvalue: float = math.nan
     tost_pvalue_holm: float = math.nan
+    no_verdict: str = ""  # why these differences cannot carry a verdict (``spread_note``); "" when they can
 
     def swapped(self) -> "PairedComparison":
         """The same comparison read as ``b - a``: the same tests and p-values, the signs and the interval turned."""
@@ -81,10 +86,17 @@ class PairedComparison:
         TOST below ``alpha``: the whole difference lies within ``±margin``), else ``inconclusive``.
 
         A difference both significant and within the margin is reported as better or worse: it is
-        real, if small (``mean_difference`` says how small)."""
+        real, if small (``mean_difference`` says how small). Differences without a usable spread
+        (``no_verdict``) are inconclusive whatever their p-values."""
+        if self.no_verdict:
+            return "inconclusive"
         if self.t_pvalue_holm < alpha:
             return "better" if self.mean_difference > 0 else "worse"
         return "equivalent" if self.tost_pvalue_holm < alpha else "inconclusive"
+
+    def verdict(self, alpha: float = DEFAULT_ALPHA) -> str:
+        """``outcome`` as a table shows it: with the reason when the differences gave no verdict."""
+        return f"{self.outcome(alpha)} ({self.no_verdict})" if self.no_verdict else self.outcome(alpha)
 
 
 def finite_array(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
@@ -120,15 +132,36 @@ def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = DEFA
 def cohen_dz(differences: Sequence[float] | np.ndarray) -> float:
     """Cohen's ``d_z`` for paired data: mean of the differences / their sample standard deviation (ddof 1).
 
-    All differences zero gives 0; equal non-zero differences give ``±inf``.
+    All differences zero gives 0; equal non-zero differences (``zero_spread``) give NaN: an effect
+    size over a spread of zero is undefined, not infinite.
     """
     array = finite_array(differences, "differences")
     if array.size < 2:
         raise UserInputError("Cohen's d_z needs at least two paired differences")
     mean, sd = float(array.mean()), float(array.std(ddof=1))
-    if sd == 0.0:
-        return 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
+    if zero_spread(array):
+        return 0.0 if mean == 0.0 else math.nan
     return mean / sd
+
+
+def zero_spread(differences: np.ndarray) -> bool:
+    """Whether the differences are all equal, up to the rounding of equal scores computed apart
+    (``a - b`` of identical metric values can differ in the last bits)."""
+    return bool(differences.size) and float(np.ptp(differences)) <= 1e-9 * float(np.abs(differences).max())
+
+
+def spread_note(differences: np.ndarray) -> str:
+    """Why paired differences cannot carry a verdict, or "" when they can: all equal (a spread of zero
+    leaves a test nothing to measure the difference against; its t statistic is infinite or
+    undefined), or fewer than ``MIN_VERDICT_PAIRS`` of them."""
+    n = int(differences.size)
+    if zero_spread(differences):
+        same = "all zero: the methods scored the same in every reproduction" if not differences.any() else "identical"
+        return f"the {n} paired differences are {same}; a spread of zero gives no test"
+    if n < MIN_VERDICT_PAIRS:
+        return (f"{n} paired differences: their spread rests on {n - 1} degree of freedom; a verdict needs "
+                f"at least {MIN_VERDICT_PAIRS} reproductions")
+    return ""
 
 
 def holm(pvalues: Sequence[float] | np.ndarray) -> list[float]:
@@ -204,15 +237,18 @@ def paired_comparison(
         w_result = stats.wilcoxon(differences)
         t_statistic, t_pvalue = float(t_result.statistic), float(t_result.pvalue)
         w_statistic, w_pvalue = float(w_result.statistic), float(w_result.pvalue)
-        if math.isnan(t_pvalue):  # constant non-zero differences: infinitely strong evidence for the t-test
-            t_statistic, t_pvalue = math.copysign(math.inf, float(differences.mean())), 0.0
-    interval = mean_interval(differences)
     tost = equivalence_pvalue(differences, margin)
+    if zero_spread(differences):
+        # No spread, no evidence: scipy's t is NaN (or astronomically large from rounding), and TOST
+        # would call the equal differences certain; a p of 1 keeps them from easing Holm for the others.
+        t_statistic, t_pvalue, tost = (0.0 if not differences.any() else math.nan), 1.0, 1.0
+    interval = mean_interval(differences)
     return PairedComparison(
         a=names[0], b=names[1], n=int(x.size), mean_difference=float(differences.mean()),
         t_statistic=t_statistic, t_pvalue=t_pvalue, wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
         cohen_dz=cohen_dz(differences), t_pvalue_holm=t_pvalue, wilcoxon_pvalue_holm=w_pvalue,
         difference_low=interval.low, difference_high=interval.high, margin=margin, tost_pvalue=tost, tost_pvalue_holm=tost,
+        no_verdict=spread_note(differences),
     )
 
 

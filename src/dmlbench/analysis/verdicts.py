@@ -37,7 +37,7 @@ LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
 COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
                       "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
                       "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome",
-                      *("conditional_on_search", "search_sd_allowance", "equivalence_ci_low", "equivalence_ci_high"))
+                      "no_verdict", *("conditional_on_search", "search_sd_allowance", "equivalence_ci_low", "equivalence_ci_high"))
 SEARCH_COLUMNS = COMPARISON_COLUMNS[-4:]
 
 
@@ -99,7 +99,7 @@ def comparison_csv(families: Sequence[tuple[str, str, Sequence[PairedComparison]
             writer.writerow([mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
                 c.mean_difference, c.t_statistic, c.t_pvalue_holm, c.wilcoxon_statistic, c.wilcoxon_pvalue_holm,
                 c.cohen_dz, c.difference_low, c.difference_high, c.t_pvalue, c.wilcoxon_pvalue, c.tost_pvalue,
-                c.tost_pvalue_holm, c.margin)), c.outcome(alpha), *search_cells(c, conditional, alpha)])
+                c.tost_pvalue_holm, c.margin)), c.outcome(alpha), c.no_verdict, *search_cells(c, conditional, alpha)])
     return stream.getvalue()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -31,6 +32,8 @@ ACCEPT_HELP = ("Continue although a plugin's code changed since the benchmark st
                f"{layout.BENCHMARK_FILE}.")
 ACCEPT_ANALYSIS_HELP = ("Continue although the config's `analysis` differs from the one declared when the benchmark "
                         f"started; the change is recorded in {layout.BENCHMARK_FILE} and the report.")
+RETRY_FAILED_HELP = ("Run again, with the same parameters, every search trial and reproduction that failed (a plugin "
+                     "that raised, a NaN loss), once its cause is fixed; the failed attempts stay recorded.")
 DB_RETRY_HELP = ("Seconds a worker waits for a database server that went away (a restart), retrying with a doubling "
                  "pause, before it stops with exit 1 (the same command continues later).")
 
@@ -59,6 +62,7 @@ def benchmark_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)] = False,
     accept_plugin_changes: Annotated[bool, typer.Option("--accept-plugin-changes", help=ACCEPT_HELP)] = False,
     accept_analysis_change: Annotated[bool, typer.Option("--accept-analysis-change", help=ACCEPT_ANALYSIS_HELP)] = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help=RETRY_FAILED_HELP)] = False,
 ) -> None:
     """Run the whole protocol: search, reproductions on new seeds, untrained baseline, paired tests, report.
 
@@ -100,18 +104,37 @@ def benchmark_command(
             return
         if not quiet:
             typer.echo(f"output: {output_dir} ({layout.REPORT_FILE} and {layout.REPORT_HTML} at the end)", err=True)
+        if retry_failed:
+            from dmlbench.protocol.schedule import retry_failed_units
+
+            typer.echo(f"--retry-failed: {retry_failed_units(prepared)} failed unit(s) to run again", err=True)
         outcome = _run_prepared(prepared, config_path, overrides, quiet, write_report)
     if outcome is None:
-        typer.echo(f"done: another worker sharing this benchmark wrote the report: {output_dir / layout.REPORT_FILE} "
+        typer.echo(f"done: every unit is finished and the report is written: {output_dir / layout.REPORT_FILE} "
                    f"(`dmlbench report {output_dir}` rebuilds it from the storage)")
+        _exit_on_failures(_recorded_failures(output_dir))
         return
     if not quiet:
-        typer.echo(report_summary((output_dir / layout.REPORT_FILE).read_text()))
+        typer.echo(report_summary((output_dir / layout.REPORT_FILE).read_text(), config_path, overrides))
     typer.echo(f"report: {output_dir / layout.REPORT_FILE} {output_dir / layout.REPORT_HTML}; "
                f"results: {output_dir / layout.RESULTS_CSV}")
-    for name, reason in outcome.failed.items():
+    _exit_on_failures(outcome.failed)
+
+
+def _recorded_failures(output_dir: Path) -> dict[str, str]:
+    """The methods that had failed when the report was written (``results.json``): finding the work
+    done is no success for them."""
+    results = output_dir / layout.RESULTS_FILE
+    return dict(json.loads(results.read_text()).get("failed", {})) if results.is_file() else {}
+
+
+def _exit_on_failures(failed: dict[str, str]) -> None:
+    """Each failed method on stderr with the way to run its failed units again, then exit 1."""
+    for name, reason in failed.items():
         print(f"dmlbench: error: method {name} failed: {reason}", file=sys.stderr)
-    if outcome.failed:
+    if failed:
+        print("dmlbench: fix the cause, then run the same command with --retry-failed to run the failed units again",
+              file=sys.stderr)
         raise typer.Exit(1)
 
 
@@ -130,9 +153,11 @@ def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str],
 SUMMARY_LINES = 12  # what a finished benchmark prints of its report; the whole report.md is hundreds of lines
 
 
-def report_summary(report: str) -> str:
+def report_summary(report: str, config_path: Path | None = None, overrides: list[str] | None = None) -> str:
     """The lines of ``report.md`` a finished benchmark prints: its plain-language ``Summary`` section,
-    or without one (no references to compare with) the leaderboard table; at most ``SUMMARY_LINES``."""
+    or without one (no references to compare with) the leaderboard table; at most ``SUMMARY_LINES``.
+    The report writes the command of a more decisive design with ``CONFIG`` (it does not know the
+    file); here it becomes this command's config and overrides, to be run as printed."""
     lines = report.splitlines()
     if "## Summary" in lines:
         section = takewhile(lambda line: not line.startswith("## "), lines[lines.index("## Summary") + 1:])
@@ -140,7 +165,9 @@ def report_summary(report: str) -> str:
     else:
         first = next((index for index, line in enumerate(lines) if line.startswith("|")), len(lines))
         chosen = list(takewhile(lambda line: line.startswith("|"), lines[first:]))
-    return "\n".join(chosen[:SUMMARY_LINES])
+    kept = [shlex.quote(item) for item in overrides or [] if not item.startswith("protocol.reproductions=")]
+    command = " ".join(["dmlbench benchmark", *([shlex.quote(str(config_path))] if config_path else []), *kept])
+    return "\n".join(chosen[:SUMMARY_LINES]).replace("`dmlbench benchmark CONFIG", f"`{command}")
 
 
 def search_command(

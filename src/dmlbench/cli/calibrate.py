@@ -24,7 +24,7 @@ def calibrate_command(
     test_embeddings: Annotated[Optional[Path], typer.Option("--test-embeddings", metavar="FILE", help="Test embeddings T.npy (other classes).", show_default=False)] = None,
     test_labels: Annotated[Optional[Path], typer.Option("--test-labels", metavar="FILE", help="Their integer labels (.npy).", show_default=False)] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the pair sample (beyond 2 million pairs) and of the class bootstrap.")] = 0,
-    replicates: Annotated[int, typer.Option(metavar="N", help="Class-bootstrap replicates of the 95% intervals.")] = 1000,
+    replicates: Annotated[int, typer.Option(metavar="N", min=1, help="Class-bootstrap replicates of the 95% intervals.")] = 1000,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """For each target FMR: the threshold chosen on the validation classes only, the test FMR and FNMR

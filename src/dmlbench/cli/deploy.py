@@ -132,9 +132,9 @@ def index_command(
 
 def query_command(
     index: Annotated[Path, typer.Argument(metavar="INDEX", help="An index directory written by dmlbench index.", show_default=False)],
-    k: Annotated[int, typer.Option("-k", "--k", metavar="K", help="Neighbours per query.")] = 10,
+    k: Annotated[int, typer.Option("-k", "--k", metavar="K", min=1, help="Neighbours per query.")] = 10,
     image: Annotated[Optional[Path], typer.Option("--image", metavar="FILE", help="An image file, embedded with the index's run.", show_default=False)] = None,
-    label: Annotated[Optional[int], typer.Option("--label", metavar="LABEL", help="With --image: its label, to mark correct neighbours.", show_default=False)] = None,
+    label: Annotated[Optional[str], typer.Option("--label", metavar="LABEL", help="With --image: its class name or label number, to mark correct neighbours.", show_default=False)] = None,
     query_embeddings: Annotated[Optional[Path], typer.Option("--embeddings", metavar="FILE", help="Query embeddings Q.npy [Q, D] (an embed output brings its paths and labels).", show_default=False)] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Write every query's neighbors here.", show_default=False)] = None,
     html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Write a page of queries and neighbour thumbnails here.", show_default=False)] = None,
@@ -168,8 +168,9 @@ def query_command(
 
     asked = rerank_option(rerank, rerank_params)
     stored = StoredIndex.load(index)
+    method = (None if asked is None else
+              querying.query_reranking(asked["kind"], asked["params"], querying.calibration_source(stored, calibration)))
     threshold = querying.query_threshold(stored, calibration, fmr)
-    method = None if asked is None else querying.query_reranking(asked["kind"], asked["params"], threshold)
     queries = (
         querying.image_queries(stored, image, label, device) if image is not None
         else querying.embedding_queries(query_embeddings)
@@ -180,7 +181,7 @@ def query_command(
         if threshold is not None:
             typer.echo(f"  {threshold.verdict(hits)}")
         for rank, hit in enumerate(hits, start=1):
-            label_text = "" if hit.label is None else f"  label {hit.label}"
+            label_text = "" if hit.label is None else f"  label {hit.label}" + querying.class_name_text(stored, hit.label)
             typer.echo(f"  {rank:>3}. {hit.distance:.6f}  #{hit.index}{label_text}  {hit.path}")
     if json_path is not None:
         querying.write_json(json_path, queries, answers, threshold)

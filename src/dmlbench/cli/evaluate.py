@@ -36,7 +36,7 @@ def evaluate_command(
     backend: Annotated[str, typer.Option(metavar="NAME", help="torch, faiss (exact), faiss_approx (inverted lists) or faiss_hnsw (graph).")] = "torch",
     binarize: Annotated[bool, typer.Option("--binarize", help="Sign bits and Hamming distance.")] = False,
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise before searching.")] = True,
-    k: Annotated[int | None, typer.Option("-k", "--k", metavar="K", help="Neighbours per query (default: the largest class size).", show_default=False)] = None,
+    k: Annotated[int | None, typer.Option("-k", "--k", metavar="K", min=1, help="Neighbours per query (default: the largest class size).", show_default=False)] = None,
     seed: Annotated[int | None, typer.Option(metavar="N", help="k-means seed (default 0, or the run's seed).", show_default=False)] = None,
     block_size: Annotated[int | None, typer.Option(metavar="N", help="Rows per block of the torch engine.", show_default=False)] = None,
     nprobe: Annotated[int | None, typer.Option(metavar="N", help="Inverted lists probed by faiss_approx.", show_default=False)] = None,

@@ -308,6 +308,10 @@ def format_file_summary(summary: dict[str, Any]) -> str:
     lines.append(f"unreadable     {unreadable['count']} images" + (": " + ", ".join(unreadable["files"][:5]) if unreadable["count"] else ""))
     duplicates = summary["duplicate_files"]
     lines.append(f"duplicates     {duplicates['groups']} groups of identical files ({duplicates['files']} files)")
+    # Named here too: a count alone sends the user to --json to find which files to remove.
+    lines += [f"  identical    {' = '.join(group)}" for group in duplicates["examples"]]
+    if duplicates["groups"] > len(duplicates["examples"]):
+        lines.append(f"  (the first {len(duplicates['examples'])} of {duplicates['groups']} groups)")
     lines.append(f"overlap        {summary['train_test_class_overlap']} classes in both train and test")
     if "queries_without_gallery_class" in summary:
         lines.append(f"queries        {summary['queries_without_gallery_class']} whose class has no gallery image")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from dmlbench.data.base import DATASETS
 from dmlbench.data.files import FileDataset
@@ -78,8 +80,34 @@ def _dataset(
     position = {key: index for index, key in enumerate(keys)}
     labels = torch.tensor([position[key] for key in class_keys], dtype=torch.int64)
     names = [str((class_names or {}).get(key, key)) for key in keys]
+    _warn_if_upscaled(name, root, paths, int(options.get("image_size", 224)))
     return FileDataset(root, paths, labels, names, name=name, test=test, roles=roles,
                        metadata={"format": name, "root": str(root)}, **options)
+
+
+UPSCALE_WARNING = 2.0  # images this many times smaller than image_size are upscaled for nothing but cost
+_WARNED: set[tuple[str, int]] = set()  # once per root and size: a benchmark loads the dataset for every run
+
+
+def _warn_if_upscaled(name: str, root: Path, paths: Sequence[str], image_size: int) -> None:
+    """A warning when the images are much smaller than ``image_size`` (224 unless set): they are
+    upscaled, and training costs grow with the square of the side (64-px emoji at 224: 20 times slower).
+    Sizes come from the headers of 16 evenly spread files (Pillow reads no pixels for them)."""
+    if (str(root), image_size) in _WARNED:
+        return
+    _WARNED.add((str(root), image_size))
+    sides = []
+    for relative in [paths[i] for i in np.linspace(0, len(paths) - 1, min(16, len(paths))).astype(int)]:
+        try:
+            with Image.open(root / relative) as image:
+                sides.append(min(image.size))
+        except (OSError, ValueError):
+            continue  # unreadable files are data check's to report
+    if sides and image_size >= UPSCALE_WARNING * float(np.median(sides)):
+        side = int(np.median(sides))
+        print(f"dmlbench: warning: dataset {name!r} at {root}: images are about {side} px but data.image_size is "
+              f"{image_size}, so each is upscaled {image_size / side:.1f}x and training costs about "
+              f"{(image_size / side) ** 2:.0f}x more; set data.image_size={side}", file=sys.stderr, flush=True)
 
 
 @DATASETS.register("cub200")
@@ -176,6 +204,16 @@ def inshop(
     return _dataset("inshop", image_base, paths, class_keys, test=np.asarray(test), roles=np.asarray(roles), image_size=image_size, augmentation=augmentation, seed=seed, cache_dir=cache_dir, workers=workers)
 
 
+def require_utf8_name(path: Path) -> None:
+    """Refuse a file whose name is not UTF-8: Python keeps its bytes as surrogates, which every record
+    of it (paths in run.json, the index's paths.txt, the content hash) cannot encode."""
+    try:
+        str(path).encode()
+    except UnicodeEncodeError:
+        raise UserInputError(f"file name {os.fsencode(path)!r} is not UTF-8; rename it (and any such folder) "
+                             "to a UTF-8 name") from None
+
+
 @DATASETS.register("folder")
 def folder(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
@@ -187,6 +225,7 @@ def folder(
     for class_dir in sorted(path for path in base.iterdir() if path.is_dir()):
         for file in sorted(class_dir.rglob("*")):
             if file.is_file() and file.suffix.lower() in IMAGE_SUFFIXES:
+                require_utf8_name(file)
                 paths.append(file.relative_to(base).as_posix())
                 class_keys.append(class_dir.name)
     if not paths:

@@ -34,6 +34,8 @@ def parse_targets(text: str) -> tuple[float, ...]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise UserInputError(f"--fmr must be comma-separated numbers in (0, 1), got {text!r}") from None
+    if not values:
+        raise UserInputError("give at least one target false match rate with --fmr, e.g. --fmr 1e-3,1e-4")
     return check_targets(values)
 
 
@@ -63,11 +65,14 @@ def calibrate_files(
     hashes = [embedding_hashes(path) for path in (embeddings, test_embeddings)]
     if None not in hashes and hashes[0] != hashes[1]:
         raise UserInputError(f"{embeddings} and {test_embeddings} were made by different models (their .json hashes differ)")
-    result = calibrate(
-        files.load_array(embeddings, "embeddings"), calibration_labels,
-        files.load_array(test_embeddings, "test embeddings"), files.load_array(test_labels, "test labels"), targets,
-        seed=seed, replicates=replicates,
-    )
+    rows, test_rows = files.load_array(embeddings, "embeddings"), files.load_array(test_embeddings, "test embeddings")
+    if rows.ndim == test_rows.ndim == 2 and rows.shape[1] != test_rows.shape[1]:
+        # Distances between rows of different models mean nothing; without this the 8-d test rows
+        # would be measured against a threshold chosen on 16-d ones.
+        raise UserInputError(f"--embeddings {embeddings} holds {rows.shape[1]}-dimensional rows but --test-embeddings "
+                             f"{test_embeddings} {test_rows.shape[1]}-dimensional ones: give both from the same model")
+    result = calibrate(rows, calibration_labels, test_rows, files.load_array(test_labels, "test labels"), targets,
+                       seed=seed, replicates=replicates)
     source = {"calibration": str(embeddings.resolve()), "test": str(test_embeddings.resolve())}
     return _document(source, hashes[0] if None not in hashes else None, result)
 

@@ -52,6 +52,7 @@ class Collection:
     labels: np.ndarray | None
     inputs: Callable[[int, int], Tensor]
     source: dict[str, Any]
+    class_names: list[str] | None = None  # label i is class_names[i]; stored so that query --label takes a name
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -76,6 +77,7 @@ def dataset_collection(dataset: ImageDataset, source: dict[str, Any]) -> Collect
         labels=np.asarray(dataset.labels, dtype=np.int64),
         inputs=lambda start, stop: dataset.batch(range(start, stop))[0],
         source=source,
+        class_names=list(dataset.class_names),
     )
 
 
@@ -213,6 +215,7 @@ def _meta(run: RunModel, collection: Collection, spec: InputSpec, batch_size: in
         "embedding_dim": run.embedding_dim,
         "normalized": bool(run.config.model.normalize),
         "input": spec.to_dict(),
+        **({} if collection.class_names is None else {"class_names": collection.class_names}),
         "dmlbench": __version__,
         "torch": torch.__version__,
     }

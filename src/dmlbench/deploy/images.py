@@ -16,6 +16,7 @@ from torch import Tensor
 from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
 from dmlbench.data.files import FileDataset
+from dmlbench.data.formats import require_utf8_name
 from dmlbench.errors import UserInputError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -66,6 +67,8 @@ def list_images(folder: Path) -> list[Path]:
     files = sorted(path for path in folder.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
     if not files:
         raise UserInputError(f"--images {folder} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+    for path in files:
+        require_utf8_name(path)
     return files
 
 

@@ -9,11 +9,11 @@ index is built. Distances are Euclidean between L2-normalised embeddings, as in 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import faiss
@@ -76,18 +76,32 @@ class StoredIndex:
     def __len__(self) -> int:
         return int(self.embeddings.shape[0])
 
+    @property
+    def class_names(self) -> list[str] | None:
+        """The names of the labels (label i is name i), as the embedding set recorded them; ``None`` if it did not."""
+        names = self.meta.get("embeddings", {}).get("class_names")
+        return None if names is None else [str(name) for name in names]
+
     @classmethod
     def load(cls, directory: str | Path) -> StoredIndex:
         directory = Path(directory)
         meta_file = directory / META_FILE
         if not meta_file.is_file():
             raise UserInputError(f"{directory} is not a dmlbench index (no {META_FILE}); build one with dmlbench index")
-        meta = json.loads(meta_file.read_text())
-        index = faiss.read_index(str(directory / INDEX_FILE))
-        embeddings = np.load(directory / EMBEDDINGS_FILE, mmap_mode="r", allow_pickle=False)
-        labels = np.load(directory / LABELS_FILE, allow_pickle=False) if (directory / LABELS_FILE).is_file() else None
-        paths = (directory / PATHS_FILE).read_text().splitlines()
-        calibration = files.read_json(directory / CALIBRATION_FILE) if (directory / CALIBRATION_FILE).is_file() else None
+        meta = _read_part(directory, META_FILE, files.read_json)
+        index = _read_part(directory, INDEX_FILE, lambda path: faiss.read_index(str(path)))
+        embeddings = _read_part(directory, EMBEDDINGS_FILE, lambda path: np.load(path, mmap_mode="r", allow_pickle=False))
+        labels = (_read_part(directory, LABELS_FILE, lambda path: np.load(path, allow_pickle=False))
+                  if (directory / LABELS_FILE).is_file() else None)
+        paths = _read_part(directory, PATHS_FILE, lambda path: path.read_text().splitlines())
+        calibration = (_read_part(directory, CALIBRATION_FILE, files.read_json)
+                       if (directory / CALIBRATION_FILE).is_file() else None)
+        if not isinstance(meta, dict) or "kind" not in meta:
+            raise UserInputError(f"{directory / META_FILE} is not an index description written by dmlbench index; "
+                                 "rebuild the index with dmlbench index EMBEDDINGS -o NEW_DIR")
+        if calibration is not None and not (isinstance(calibration, dict) and isinstance(calibration.get("targets"), list)):
+            raise UserInputError(f"{directory / CALIBRATION_FILE} is not a calibration; rebuild the index with "
+                                 "dmlbench index EMBEDDINGS -o NEW_DIR --calibration CALIBRATION.json")
         _configure(index, meta)
         return cls(directory, index, embeddings, labels, paths, meta, calibration)
 
@@ -119,6 +133,20 @@ class StoredIndex:
             ]
             for row_ids, row_distances in zip(ids.tolist(), distances.tolist())
         ]
+
+
+def _read_part(directory: Path, name: str, read: Callable[[Path], Any]) -> Any:
+    """One file of an index directory read by ``read``, or one line naming it when it is damaged (cut
+    short by an interrupted copy, edited by hand): faiss, json and numpy each raise their own error,
+    none of which names the file or the way out."""
+    path = directory / name
+    try:
+        return read(path)
+    except (OSError, RuntimeError, ValueError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        # faiss's own message is a C++ assertion; the file name and the way out are what a user needs.
+        reason = "not a complete faiss index" if isinstance(error, RuntimeError) else str(error).splitlines()[0]
+        raise UserInputError(f"index file {path} is damaged or missing ({reason}); rebuild the index with "
+                             "dmlbench index EMBEDDINGS -o NEW_DIR") from None
 
 
 def build_index(

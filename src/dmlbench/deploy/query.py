@@ -31,14 +31,44 @@ class Queries:
     labels: list[int | None]
 
 
-def image_queries(index: StoredIndex, image: Path, label: int | None, device: str | None = None) -> Queries:
-    """One image, embedded with the run and evaluation transform that made the index's embeddings."""
+def image_queries(index: StoredIndex, image: Path, label: str | None, device: str | None = None) -> Queries:
+    """One image, embedded with the run and evaluation transform that made the index's embeddings;
+    ``label`` (a class name or number, ``resolve_label``) marks its correct neighbours."""
     source = index.meta.get("embeddings", {})
     if "run" not in source or "input" not in source:
         raise UserInputError(f"index {index.directory} does not record the run that made it; query it with --embeddings")
+    number = None if label is None else resolve_label(index, label)  # before the model loads: a typo is said at once
     run = load_run_model(source["run"], device)
     spec = InputSpec.from_dict(source["input"])
-    return Queries(run.embed(model_inputs([image], spec)).numpy(), [str(image)], [label])
+    return Queries(run.embed(model_inputs([image], spec)).numpy(), [str(image)], [number])
+
+
+def class_name_text(index: StoredIndex, label: int) -> str:
+    """`` (NAME)`` after a label number where the index knows its class name, else nothing."""
+    names = index.class_names
+    return f" ({names[label]})" if names is not None and 0 <= label < len(names) else ""
+
+
+def resolve_label(index: StoredIndex, text: str) -> int:
+    """The label number of ``--label``: a class name the index stores (``dmlbench embed`` records the
+    dataset's), a number, or ``#N`` for the number N where a class is also named N (glyphs has a class
+    "5"; a folder dataset may have "001"): such a clash is refused rather than guessed."""
+    names = index.class_names
+    digits = text[1:] if text.startswith("#") else text
+    number = int(digits) if digits.lstrip("-").isdigit() else None
+    if names is not None and text in names:
+        found = names.index(text)
+        if number is not None and number != found and 0 <= number < len(names):
+            raise UserInputError(f"--label {text} is ambiguous: class {text!r} has label {found}, and label {number} is "
+                                 f"class {names[number]!r}; give --label #{number} for the number")
+        return found
+    if number is None:
+        shown = "it stores no class names (an embedding set made before they were recorded)" if names is None else (
+            f"its classes are {', '.join(names[:10])}" + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
+        raise UserInputError(f"--label {text!r} is neither a class name of index {index.directory} nor a number; {shown}")
+    if names is not None and not 0 <= number < len(names):
+        raise UserInputError(f"--label {text} is not a class of index {index.directory} (labels 0 to {len(names) - 1})")
+    return number
 
 
 def embedding_queries(path: Path) -> Queries:
@@ -109,17 +139,29 @@ def answer(index: StoredIndex, queries: Queries, k: int, rerank: Reranking | Non
     return index.hits(found.ids, found.distances.clamp_min(0.0).sqrt())
 
 
-def query_reranking(kind: str | None, params: dict[str, Any], threshold: Threshold | None) -> Reranking | None:
-    """The re-ranking ``dmlbench query --rerank`` asked for: query expansion; k-reciprocal and a calibrated
-    threshold are refused (one line each)."""
+def query_reranking(kind: str | None, params: dict[str, Any], calibrated: str | None) -> Reranking | None:
+    """The re-ranking ``dmlbench query --rerank`` asked for: query expansion; k-reciprocal, and any
+    re-ranking where a calibration applies (``calibrated``: where it comes from), are refused (one
+    line each). Asked before the calibration's target is chosen, so that the refusal is the first
+    and only message, not one after a request for ``--fmr``."""
     method = None if kind is None else build(kind, **params)
     if isinstance(method, KReciprocal):
         raise UserInputError("dmlbench query re-ranks with query_expansion only: k-reciprocal encoding needs the "
                              "neighbourhoods of every query and stored item computed together (Zhong et al. 2017, eq. 4-7)")
-    if method is not None and threshold is not None:
-        raise UserInputError(f"--rerank cannot be combined with a calibration ({threshold.source}): its thresholds hold "
-                             "raw distances, not re-ranked ones")
+    if method is not None and calibrated is not None:
+        # Query expansion moves every vector, so its distances are on another scale than the raw ones
+        # the threshold was chosen on: a threshold applied to them would claim an FMR it never had.
+        raise UserInputError(f"--rerank cannot be used with a calibration ({calibrated}): its thresholds were chosen on "
+                             "raw distances, which re-ranking replaces; query without --rerank for calibrated "
+                             "matches, or re-rank an index built without --calibration")
     return method
+
+
+def calibration_source(index: StoredIndex, calibration: Path | None) -> str | None:
+    """Where the calibration ``query`` would apply comes from (``--calibration`` or the index), or ``None``."""
+    if calibration is not None:
+        return str(calibration)
+    return f"stored with index {index.directory}" if index.calibration is not None else None
 
 
 def write_json(path: Path, queries: Queries, answers: list[list[Hit]], threshold: Threshold | None = None) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import optuna
+
 from dmlbench import files, provenance
 from dmlbench.protocol import layout, work
 from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
@@ -16,6 +18,18 @@ from dmlbench.protocol.results import MethodReproductions, read_reproductions
 from dmlbench.protocol.scoring import objective, record_test_access, score_modes
 from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit_study
 from dmlbench.training import records
+
+
+def recorded_reference(context: Context, kinds: list[str]) -> str | None:
+    """The reference method a baseline of the benchmark was started with, if one was: it stays the
+    reference when a method before it in the config comes back (``benchmark --retry-failed``)."""
+    for kind in kinds:
+        try:
+            study = optuna.load_study(study_name=layout.reproduction_study(kind), storage=context.worker.storage)
+        except KeyError:  # Optuna's answer for a study that does not exist
+            continue
+        return study.user_attrs.get("reference")
+    return None
 
 
 class Baseline(Unit):

@@ -98,7 +98,8 @@ class FeatureCache:
             print(f"== frozen trunk of fold {fold.index}: {run_dir}", flush=True)
         train_or_resume(config, run_dir, progress=self.progress, record={"stage": TRUNK_STAGE, "fold": fold.index})
         checkpoint = run_dir / records.BEST_CHECKPOINT
-        return str(run_dir), file_sha256(checkpoint), lambda: torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+        remedy = f"delete {run_dir} to train this fold's trunk again"
+        return str(run_dir), file_sha256(checkpoint), lambda: files.load_checkpoint(checkpoint, remedy)["model"]
 
     def _extract(self, config: config_module.Config, state: Mapping[str, torch.Tensor] | None, key: dict[str, str]) -> dict[str, Any]:
         dataset = load_dataset(config)

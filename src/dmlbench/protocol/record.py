@@ -27,7 +27,7 @@ from dmlbench.protocol.benchmark_file import (
 from dmlbench.protocol.prepare import Prepared, plugin_identity
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
-from dmlbench.protocol.search import MethodSearch, SearchResult
+from dmlbench.protocol.search import MethodSearch, SearchResult, failed_search_text
 from dmlbench.training import tracking
 from dmlbench.training.embed import resolve_device
 
@@ -118,7 +118,8 @@ def write_summaries(prepared: Prepared, searches: Mapping[str, MethodSearch],
     """``search.json``, ``reproductions.json`` and ``results.json``, all from storage: the schedule's
     searches, reproductions and baselines (none when they were never scheduled)."""
     output_dir = prepared.output_dir
-    failed = {name: f"no search trial completed ({result.failed} failed)"
+    failed = {name: failed_search_text([trial["user_attrs"].get("fail_reason") for trial in result.trials
+                                         if trial["state"] == "FAIL"])
               for name, result in write_search_summary(prepared, searches).items() if result.best_params is None}
     # The reproductions of repeated searches are the report's (read from storage), not the leaderboard's.
     results: dict[str, MethodReproductions] = {name: unit.result() for name, unit in reproductions.items()

@@ -93,7 +93,9 @@ class MethodReproduction(Unit):
         return Attempt(body, lambda: sum(run_samples(run_dir) for run_dir in run_dirs))
 
     def announce(self, claimed: work.Claim, outcome: str | None, value: float | None) -> None:
-        if outcome is not None and self.context.progress:
+        if outcome is not None and outcome.startswith("failed"):
+            work.announce_failure(f"{self.method} reproduction {claimed.slot}", outcome)
+        elif outcome is not None and self.context.progress:
             print(f"== {self.method} reproduction {claimed.slot}: {outcome}", flush=True)
 
     def result(self) -> MethodReproductions:

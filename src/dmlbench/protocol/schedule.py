@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from dmlbench import files, ownership, provenance
 from dmlbench.errors import RunInterrupted, StorageFailed
 from dmlbench.protocol import layout as output_layout
@@ -166,6 +168,20 @@ def _with_retries(prepared: Prepared, attempt: Callable[[], Any]) -> Any:
             delay = min(2 * delay, MAX_RETRY_DELAY)
 
 
+def retry_failed_units(prepared: Prepared) -> int:
+    """``benchmark --retry-failed``: a new attempt of every failed unit in the benchmark's studies,
+    enqueued before any worker starts (``work.retry_failed``); the report's marker is cleared so that
+    the worker that finishes writes a new report. Returns the units retried."""
+    worker = work.Worker(prepared.storage)
+    studies = [optuna.load_study(study_name=name, storage=worker.storage)
+               for name in storage_module.study_names(prepared.storage)]
+    retried = sum(work.retry_failed(study, worker) for study in studies)
+    for study in studies if retried else []:
+        if study.user_attrs.get("report") is not None:
+            study.set_user_attr("report", None)
+    return retried
+
+
 def context_of(prepared: Prepared, reporter: Progress | None = None, progress: bool = False) -> Context:
     """What this worker's units share (a new ``work.Worker`` on the benchmark's storage)."""
     return Context(prepared.output_dir, prepared.layout, work.Worker(prepared.storage, heartbeat=prepared.heartbeat),
@@ -191,7 +207,8 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
                 # Not a failure: this worker's share is done and a sibling (a --jobs process or another
                 # machine on the same storage) took the report; say so in those words.
                 print(f"dmlbench: done: every trial and reproduction of this benchmark is finished, and worker "
-                      f"{reported['worker']}, which shares it, wrote the report", file=sys.stderr, flush=True)
+                      f"{reported['worker']} (an earlier run of this command, or a worker sharing it) wrote the report",
+                      file=sys.stderr, flush=True)
                 return None
             outcome = write_summaries(prepared, schedule.searches, schedule.reproductions, schedule.baselines)
             if report is not None:

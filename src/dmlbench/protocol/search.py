@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +172,9 @@ class MethodSearch(Unit):
         return Attempt(body, lambda: sum(samples))
 
     def announce(self, claimed: work.Claim, outcome: str | None, value: float | None) -> None:
-        if self.context.progress:
+        if outcome is not None and outcome.startswith("failed"):
+            work.announce_failure(f"{self.method} trial {claimed.slot}", outcome)
+        elif self.context.progress:
             shown = outcome if outcome is not None else f"{value:.4f} {claimed.trial.params}"
             print(f"== {self.method} trial {claimed.slot}: {shown}", flush=True)
 
@@ -288,3 +290,10 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
     worker (and any order of finishing) picks the same one."""
     complete = [trial for trial in work.counted(study) if trial.state == TrialState.COMPLETE]
     return max(complete, key=lambda trial: (trial.value, -(work.slot_of(trial) or 0))) if complete else None
+
+
+def failed_search_text(reasons: Sequence[str | None]) -> str:
+    """Why a method has no result when none of its search trials completed, with the first trial's own
+    reason (a plugin's exception, named with its file and line): what to fix before --retry-failed."""
+    first = next((reason for reason in reasons if reason), None)
+    return f"no search trial completed ({len(reasons)} failed" + (f"; the first: {first})" if first else ")")

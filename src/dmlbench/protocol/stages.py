@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from dmlbench.protocol.baseline import Baseline
+from dmlbench.protocol.baseline import Baseline, recorded_reference
 from dmlbench.protocol.feature_cache import FeatureCache
 from dmlbench.protocol.plan import Context
 from dmlbench.protocol.prepare import Prepared
@@ -90,7 +90,9 @@ class BaselineStage(Stage):
         if self.baselines or not self.search.done:
             return
         # Only a method's own search can be the reference (not a repeat of it): none, no baselines.
-        reference = next((name for name in self.prepared.plans if name in reproductions), None)
+        candidates = [name for name in self.prepared.plans if name in reproductions]
+        recorded = recorded_reference(self.context, list(self.prepared.spec.protocol.baselines))
+        reference = recorded if recorded in candidates else next(iter(candidates), None)
         if reference is not None:
             self.baselines = [Baseline(kind, self.prepared.plans[reference], reproductions[reference].params,
                                        self.prepared.reproduction, self.context)

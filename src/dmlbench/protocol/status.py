@@ -72,11 +72,15 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         failed = sum(1 for t in counted if t.state == TrialState.FAIL)
         left = max(budget - len(counted), 0)
         reproductions = studies.get(reproduction_study(name))
-        wanted = int((reproductions.user_attrs.get("reproductions") if reproductions else planned) or 0)
+        # A search done without one completed trial has no parameters to reproduce: nothing of it is left
+        # (until benchmark --retry-failed enqueues its trials again).
+        search_failed = left == 0 and not running and bool(counted) and all(t.state == TrialState.FAIL for t in counted)
+        wanted = 0 if search_failed else int((reproductions.user_attrs.get("reproductions") if reproductions else planned) or 0)
         done_reproductions = len(work.counted(reproductions)) if reproductions is not None else 0
-        unplanned += reproductions is None and planned is None
+        unplanned += reproductions is None and planned is None and not search_failed
         left_units += left + max(wanted - done_reproductions, 0)
-        shown = f"{done_reproductions}/{wanted}" if reproductions is not None or planned else "not started"
+        shown = ("search failed" if search_failed else
+                 f"{done_reproductions}/{wanted}" if reproductions is not None or planned else "not started")
         lines.append(f"{name:<28} {len(counted):>5} {running:>7} {failed:>6} {left:>5} {shown:>13}")
     for name in BASELINES:
         baseline = studies.get(reproduction_study(name))

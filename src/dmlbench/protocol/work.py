@@ -103,8 +103,36 @@ def slots(trials: Iterable[FrozenTrial]) -> dict[int, list[FrozenTrial]]:
 
 
 def done_trial(attempts: list[FrozenTrial]) -> FrozenTrial | None:
-    """The attempt of a slot that counts (the first one that is done), if any."""
-    return next((trial for trial in sorted(attempts, key=lambda t: t.number) if done(trial)), None)
+    """The attempt of a slot that counts (the first one that is done and not retried by ``retry_failed``), if any."""
+    retried = {int(t.user_attrs[RETRY_OF_FAILED]) for t in attempts if RETRY_OF_FAILED in t.user_attrs}
+    return next((trial for trial in sorted(attempts, key=lambda t: t.number) if done(trial) and trial.number not in retried), None)
+
+
+def announce_failure(unit: str, outcome: str) -> None:
+    """A failed unit on stderr, also under --quiet: the method's own error (a plugin's exception) is
+    what the user must fix before ``benchmark --retry-failed``."""
+    print(f"dmlbench: error: {unit} {outcome}", file=sys.stderr, flush=True)
+
+
+RETRY_OF_FAILED = "retry_of_failed"  # a new attempt of a failed slot, asked for by benchmark --retry-failed
+
+
+def retry_failed(study: optuna.Study, worker: Worker) -> int:
+    """Enqueue a new attempt, with the same parameters, of every slot whose counted attempt FAILED for a
+    reason of its own (a plugin that raised, a NaN loss): the user fixed its cause and asks for it
+    again. The failed attempt stays in the storage, no longer counted; returns the slots retried."""
+    retried = 0
+    with worker.lock.held():
+        for _, attempts in sorted(slots(study.get_trials(deepcopy=False)).items()):
+            counted_attempt = done_trial(attempts)
+            live = any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in attempts)
+            if counted_attempt is None or counted_attempt.state != TrialState.FAIL or live:
+                continue
+            attributes = {key: value for key, value in counted_attempt.user_attrs.items() if key in ("slot", "params")}
+            fixed = {**counted_attempt.system_attrs.get("fixed_params", {}), **counted_attempt.params}
+            study.enqueue_trial(fixed, user_attrs={**attributes, RETRY_OF_FAILED: counted_attempt.number})
+            retried += 1
+    return retried
 
 
 def counted(study: optuna.Study) -> list[FrozenTrial]:

@@ -27,6 +27,7 @@ from dmlbench.protocol import work
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark
 from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction_study
 from dmlbench.protocol.results import MethodReproductions, compared_modes, read_reproductions, stored_class_sums
+from dmlbench.protocol.search import failed_search_text
 from dmlbench.report.analysis import Claims, analyse
 
 CURVE_METRICS = ("precision_at_1", "map_at_r")
@@ -104,7 +105,8 @@ def _search_trials(storage: Any, method: str) -> list[dict[str, Any]]:
     return [
         {"number": work.slot_of(trial), "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
          "interrupted": False, "epochs_run": trial.user_attrs.get("epochs_run"),
-         "curves": trial.user_attrs.get("curves", []), "cost": _cost(trial)}
+         "curves": trial.user_attrs.get("curves", []), "cost": _cost(trial),
+         "fail_reason": trial.user_attrs.get("fail_reason")}
         for trial in work.counted(study)
     ]
 
@@ -151,7 +153,7 @@ def _note_failure(data: ReportData, method: str) -> None:
     """Why a method has no result: no search trial completed, or reproductions that failed."""
     trials = data.trials[method]
     if trials and not any(t["state"] == "COMPLETE" for t in trials):
-        data.failed[method] = f"no search trial completed ({sum(t['state'] == 'FAIL' for t in trials)} failed)"
+        data.failed[method] = failed_search_text([t["fail_reason"] for t in trials if t["state"] == "FAIL"])
     result = data.results.get(method)
     reasons = [f"reproduction {o.reproduction}: {o.reason}" for o in result.outcomes if o.scores is None] if result else []
     if reasons:

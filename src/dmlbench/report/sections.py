@@ -179,7 +179,7 @@ def _saturation_section(claims: Claims) -> Section:
         others = [c.a for c in r.comparisons if c.a not in references]
         rows.append([r.mode, metric_title(r.metric), r.reference, str(len(others)),
                      *(str(len(r.methods(outcome, among=others))) for outcome in OUTCOMES),
-                     ", ".join(f"{c.a}: {c.outcome(ALPHA)}" for c in r.comparisons if c.a in references) or "-",
+                     ", ".join(f"{c.a}: {c.verdict(ALPHA)}" for c in r.comparisons if c.a in references) or "-",
                      _gap(r, max), _gap(r, min)])
     detail_header = ["method"] + [f"{metric_title(metric)} (con.) − {reference}" for reference in references
                                   for metric in ("precision_at_1", "map_at_r")]
@@ -188,7 +188,7 @@ def _saturation_section(claims: Claims) -> Section:
         if r.mode != "concatenated":
             continue
         for c in r.comparisons:
-            detail.setdefault(c.a, {})[(r.reference, r.metric)] = f"{_difference(c)} {c.outcome(ALPHA)}"
+            detail.setdefault(c.a, {})[(r.reference, r.metric)] = f"{_difference(c)} {c.verdict(ALPHA)}"
     detail_rows = [[name] + [cells.get((reference, metric), "-") for reference in references
                              for metric in ("precision_at_1", "map_at_r")] for name, cells in detail.items()]
     return Section("Every method against the references", paragraphs,
@@ -216,7 +216,8 @@ def summary_section(data: ReportData) -> Section | None:
             f"{MIN_REPRODUCTIONS} reproductions; this benchmark was started before dmlbench refused fewer). Each mean "
             "below is a single run's score; run a new benchmark with `protocol.reproductions` of 2 or more to "
             "compare methods."])
-    paragraphs = [sentence for sentence in (_baseline_sentence(data), _primary_sentence(data)) if sentence]
+    paragraphs = [sentence for sentence in (_baseline_sentence(data), _primary_sentence(data), _design_sentence(data))
+                  if sentence]
     bullets = []
     for r in [r for r in claims.references if (r.mode, r.metric) == claims.primary and r.comparisons]:
         references = list(dict.fromkeys(x.reference for x in claims.references))
@@ -258,11 +259,48 @@ def _primary_sentence(data: ReportData) -> str | None:
     counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
     likely = sum(p.tost_holm >= TARGET_POWER or p.ttest_holm >= TARGET_POWER for p in claims.power)
     endpoint = uncertainty.endpoint_title(claims.primary)
+    # Decided first, then what is not: a newcomer reads the first verdict line as the benchmark's answer.
+    decided = ", ".join(f"{counts[outcome]} {outcome}" for outcome in OUTCOMES[:3])
+    withheld = sum(bool(c.no_verdict) for c in family)
+    why = (f" ({withheld} of them without a verdict: too few or identical paired differences)" if withheld else "")
     return (f"Primary endpoint {endpoint}: {len(family)} declared comparison(s) in one Holm family, "
-            f"{family[0].n} reproductions paired by seed — "
-            + ", ".join(f"{count} {outcome}" for outcome, count in counts.items())
+            f"{family[0].n} reproductions paired by seed — decided: {decided}; undecided: "
+            f"{counts['inconclusive']} inconclusive{why}"
             + f". At the observed spread {likely} of {len(claims.power)} comparisons had 80% power at the strictest Holm "
             "threshold (section Power)" + (", so an inconclusive verdict is mostly what this design could give." if likely < len(claims.power) else "."))
+
+
+def _design_sentence(data: ReportData) -> str | None:
+    """For the undecided comparisons of the primary family: the reproductions the planner says would
+    decide them (80% power for both tests at the strictest Holm threshold, at the observed SDs), the
+    time that takes at this benchmark's measured cost, and the command (``CONFIG``: the CLI names it)."""
+    claims = data.claims
+    family = claims.families.get(claims.primary)
+    if not family or isinstance(family, str):
+        return None
+    undecided = {(c.a, c.b) for c in family if c.outcome(ALPHA) == "inconclusive"}
+    planned = [p.needed for p in claims.power if (p.a, p.b) in undecided]
+    if not undecided or not planned:
+        return None
+    if any(needed is None for needed in planned):
+        return (f"No number of reproductions up to {MAX_REPRODUCTIONS} gives the undecided comparisons 80% power at the "
+                "observed spread: a wider `analysis.equivalence_margin` or a less noisy protocol (longer training, "
+                "more test classes) must decide them.")
+    needed = max(needed for needed in planned if needed is not None)
+    seconds = _seconds_at(data, needed)
+    duration = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+    return (f"To decide the {len(undecided)} undecided comparison(s): {needed} reproductions per method (the planner at "
+            f"the observed spread), about {duration} on this machine at this run's cost: "
+            f"`dmlbench benchmark CONFIG protocol.reproductions={needed} -o NEW_DIR`.")
+
+
+def _seconds_at(data: ReportData, reproductions: int) -> float:
+    """This benchmark's own wall time with ``reproductions`` per method: its search trials as they ran,
+    its reproductions and baselines scaled from the ones it ran (one worker)."""
+    search = sum(t["cost"]["wall_seconds"] for trials in data.trials.values() for t in trials if t.get("cost"))
+    ran = [[cost for cost in costs if cost] for costs in data.reproduction_costs.values()]
+    scaled = sum(sum(cost["wall_seconds"] for cost in costs) / len(costs) * reproductions for costs in ran if costs)
+    return search + scaled
 
 
 def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
@@ -275,7 +313,7 @@ def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
 
 def _pairs_section(claims: Claims) -> Section:
     rows = [[f"{c.a} − {c.b}", mode, metric_title(metric), str(c.n), _difference(c), pvalue_text(c.t_pvalue),
-             pvalue_text(c.t_pvalue_holm), pvalue_text(c.tost_pvalue_holm), c.outcome(ALPHA), f"{c.cohen_dz:.2f}"]
+             pvalue_text(c.t_pvalue_holm), pvalue_text(c.tost_pvalue_holm), c.verdict(ALPHA), f"{c.cohen_dz:.2f}"]
             for mode, metric, comparisons in claims.pairs for c in comparisons]
     return Section("Treated against control",
                    ["Paired by reproduction seed; differences in percentage points with their 95% interval; "

@@ -71,7 +71,7 @@ def comparison_rows(data: ReportData) -> list[list[str]]:
         for c in comparisons:
             rows.append([mode, metric_title(metric), f"{c.a} vs {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f}",
                          pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
-                         c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
+                         c.verdict(ALPHA), f"{c.cohen_dz:.2f}"])
     return rows
 
 
@@ -95,7 +95,7 @@ def rerank_rows(data: ReportData) -> list[list[str]]:
                          f"{100 * means[(c.b, reranked_mode(mode), metric)]:.2f}",
                          f"{100 * c.mean_difference:+.2f} [{100 * c.difference_low:+.2f}, {100 * c.difference_high:+.2f}]",
                          pvalue_text(c.t_pvalue_holm), pvalue_text(c.wilcoxon_pvalue_holm), pvalue_text(c.tost_pvalue_holm),
-                         c.outcome(ALPHA), f"{c.cohen_dz:.2f}"])
+                         c.verdict(ALPHA), f"{c.cohen_dz:.2f}"])
     return rows
 
 
@@ -416,7 +416,7 @@ def latex(data: ReportData) -> str:
 
 CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
                  "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz",
-                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome", *SEARCH_COLUMNS)
+                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome", "no_verdict", *SEARCH_COLUMNS)
 
 
 CORRELATION_COLUMNS = ("quantity", "test_metric", "mode", "level", "n", "kind", "estimate", "pvalue", "ci_low", "ci_high")
@@ -454,7 +454,7 @@ def claim_rows(claims: Claims) -> list[list[Any]]:
     return [[family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
         c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm, c.wilcoxon_pvalue,
         c.wilcoxon_pvalue_holm, c.cohen_dz, c.tost_pvalue, c.tost_pvalue_holm, c.margin)), c.outcome(ALPHA),
-        *search_cells(c, True, ALPHA)] for family, mode, metric, c in comparisons]
+        c.no_verdict, *search_cells(c, True, ALPHA)] for family, mode, metric, c in comparisons]
 
 
 def csv_text(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -79,6 +79,19 @@ def format_classes(class_ids: Tensor, counts: Tensor, limit: int = 5) -> str:
     return ", ".join(parts)
 
 
+def classes_too_small(samples_per_class: int, class_ids: Tensor, class_sizes: Tensor, batch_sizes: tuple[int, ...]) -> UserInputError:
+    """The refusal of a ``samples_per_class`` some classes cannot fill, naming the value that fits: the
+    largest one no bigger than the smallest class that divides every batch size (a user with her own
+    images, classes of 2 or 3, otherwise learns what is wrong but not what to set)."""
+    too_small = class_sizes < samples_per_class
+    smallest = int(class_sizes.min())
+    fits = max(n for n in range(1, smallest + 1) if all(size % n == 0 for size in batch_sizes))
+    return UserInputError(
+        f"samples_per_class={samples_per_class} is larger than some classes: "
+        f"{format_classes(class_ids[too_small], class_sizes[too_small])}; set sampler.params.samples_per_class={fits} "
+        f"(the smallest class has {smallest} image{'s' if smallest != 1 else ''}), or leave the small classes out")
+
+
 @dataclass(kw_only=True, eq=False, repr=False)
 class BatchSampler(Sampler[list[int]]):
     """Base of all batch samplers: labels, batch size, seed, epoch and the rank's slice of each batch.

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.sampling.base import BatchSampler, format_classes
+from dmlbench.sampling.base import BatchSampler, classes_too_small
 from dmlbench.validation import check_positive_int
 
 
@@ -73,12 +73,8 @@ class EmbeddedSampler(BatchSampler):
             raise UserInputError(
                 f"big_batch_size={self.big_batch_size} must be larger than batch_size={self.batch_size}"
             )
-        too_small = self.class_sizes < n
-        if too_small.any():
-            raise UserInputError(
-                f"samples_per_class={n} is larger than some classes: "
-                f"{format_classes(self.class_ids[too_small], self.class_sizes[too_small])}"
-            )
+        if (self.class_sizes < n).any():
+            raise classes_too_small(n, self.class_ids, self.class_sizes, (self.batch_size, self.big_batch_size))
         self.groups_per_batch = self.batch_size // n
         self.groups_per_big_batch = self.big_batch_size // n
         self.num_groups = int((self.class_sizes // n).sum())

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.sampling.base import SAMPLERS, LabelSampler, format_classes
+from dmlbench.sampling.base import SAMPLERS, LabelSampler, classes_too_small
 from dmlbench.validation import check_positive_int
 
 
@@ -83,12 +83,8 @@ class SamplesPerClassSampler(LabelSampler):
                 f"batch_size={self.batch_size} is not divisible by samples_per_class={self.samples_per_class}"
             )
         self.classes_per_batch = self.batch_size // self.samples_per_class
-        too_small = self.class_sizes < self.samples_per_class
-        if too_small.any():
-            raise UserInputError(
-                f"samples_per_class={self.samples_per_class} is larger than some classes: "
-                f"{format_classes(self.class_ids[too_small], self.class_sizes[too_small])}"
-            )
+        if (self.class_sizes < self.samples_per_class).any():
+            raise classes_too_small(self.samples_per_class, self.class_ids, self.class_sizes, (self.batch_size,))
         if self.num_classes < self.classes_per_batch:
             raise UserInputError(
                 f"batch_size={self.batch_size} with samples_per_class={self.samples_per_class} needs "

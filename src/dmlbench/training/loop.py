@@ -429,7 +429,9 @@ def _save_checkpoint(
 def _load_checkpoint(
     path: Path, components: Components, sampler: Sampler[list[int]], stepper: _Stepper
 ) -> tuple[int, SelectionState]:
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    payload = files.load_checkpoint(
+        path, f"copy {records.BEST_CHECKPOINT} over it to resume from the best epoch instead, or train afresh "
+        "in a new directory")
     components.model.load_state_dict(payload["model"])
     components.loss.load_state_dict(payload["loss"])
     components.optimizer.load_state_dict(payload["optimizer"])

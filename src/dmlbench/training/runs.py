@@ -146,7 +146,10 @@ def best_model(run_dir: Path, config: config_module.Config, device: torch.device
         raise UserInputError(f"run {run_dir} trained only a head on cached trunk features (protocol.frozen_trunk): "
                              "its checkpoints hold no trunk to embed images with")
     model = build_model(config).to(device)
-    state = torch.load(run_dir / records.BEST_CHECKPOINT, map_location=device, weights_only=False)
+    state = files.load_checkpoint(
+        run_dir / records.BEST_CHECKPOINT,
+        f"train the run again (dmlbench train {run_dir / records.CONFIG_FILE} -o NEW_DIR) or restore the file from a backup",
+        map_location=device)
     model.load_state_dict(state["model"])
     return model, int(state["epoch"])
 

@@ -141,6 +141,12 @@ def load_dataset(config: Config) -> ImageDataset:
             options["root"] = settings.root
         dataset = data.build(settings.name, **options)
         return dataset.with_augmentation(settings.augmentation, config.seed) if settings.augmentation != "none" else dataset
+    # For file formats these are settings of data itself; given in data.options too they reached the
+    # reader twice (a TypeError with a traceback). The glyphs and emoji options are not.
+    doubled = sorted(set(settings.options) & {"root", "image_size", "augmentation", "seed", "cache_dir"})
+    if doubled:
+        raise UserInputError(f"data.options.{doubled[0]} is data.{doubled[0]} for the {settings.name!r} format: "
+                             f"set data.{doubled[0]}=... and leave it out of data.options")
     return data.build(
         settings.name, root=settings.root, image_size=settings.image_size, augmentation=settings.augmentation,
         seed=config.seed, cache_dir=settings.cache_dir, **settings.options,
