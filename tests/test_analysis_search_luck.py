@@ -107,8 +107,38 @@ def test_the_cheapest_design_reaches_the_power_and_nothing_cheaper_does() -> Non
     search_sd, seed_sd, margin, comparisons, trials, folds = 0.004, 0.008, 0.01, 3, 4, 2
     design = cheapest_design(search_sd, seed_sd, margin, comparisons, trials, folds)
     assert design is not None and min(design.ttest_power, design.tost_power) >= 0.8
-    cheaper = [(k, n) for k in range(2, 40) for n in range(2, 60)
+    cheaper = [(k, n) for k in range(3, 40) for n in range(2, 60)
                if k * folds * (trials + n) < design.runs_per_method
                and min(design_power(k, n, search_sd, seed_sd, margin, comparisons)) >= 0.8]
     assert cheaper == []
     assert cheapest_design(0.05, seed_sd, margin, comparisons, trials, folds) is None  # search luck far above the margin
+
+
+def test_an_assumed_search_sd_enters_the_paired_tests_and_their_interval() -> None:
+    """With ``search_sd`` the t-test, TOST and interval use SE² = 2 sd² + s²/n (recomputed by hand); over
+    2,000 simulated one-search studies with that true search SD the interval covers the true difference at
+    least 94% of the time (the seeds' degrees of freedom make it a little conservative), while the
+    seeds-only interval covers far less."""
+    a = {seed: 0.40 + 0.003 * (seed % 3) for seed in range(6)}
+    b = {seed: 0.36 + 0.002 * (seed % 2) for seed in range(6)}
+    plain, luck = paired_comparison(a, b), paired_comparison(a, b, search_sd=0.007)
+    assert plain.outcome() == luck.outcome() == "better"
+    differences = np.array([a[s] - b[s] for s in a])
+    se = math.sqrt(2 * 0.007**2 + differences.var(ddof=1) / 6)
+    assert luck.t_statistic == pytest.approx(differences.mean() / se, rel=1e-12)
+    assert luck.t_pvalue == pytest.approx(2 * stats.t.sf(differences.mean() / se, 5), rel=1e-10)
+    assert luck.difference_high - luck.difference_low == pytest.approx(2 * stats.t.ppf(0.975, 5) * se, rel=1e-12)
+    assert luck.t_pvalue > plain.t_pvalue and luck.search_sd == 0.007
+    # Its allowance takes the assumed luck out again: the same as the plain comparison's.
+    assert search_sd_allowance(luck) == pytest.approx(search_sd_allowance(plain), rel=1e-9)
+
+    generator = np.random.default_rng(4702)
+    covered = covered_plain = 0
+    for _ in range(2000):
+        study = simulated_study(generator, 0.005, searches=1, seeds=5)
+        with_luck = paired_comparison(study["a"][0], study["b"][0], search_sd=SEARCH_SD)
+        seeds_only = paired_comparison(study["a"][0], study["b"][0])
+        covered += with_luck.difference_low <= 0.005 <= with_luck.difference_high
+        covered_plain += seeds_only.difference_low <= 0.005 <= seeds_only.difference_high
+    assert 0.94 <= covered / 2000 <= 0.995
+    assert covered_plain / 2000 < 0.8

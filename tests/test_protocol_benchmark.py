@@ -121,7 +121,7 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
     comparisons = (finished / "claim_comparisons.csv").read_text().splitlines()
     assert comparisons[0].startswith("family,mode,metric,a,b,n,mean_difference,difference_ci_low")
     assert comparisons[0].endswith(",tost_pvalue,tost_pvalue_holm,equivalence_margin,outcome,no_verdict,conditional_on_search,"
-                                   "search_sd_allowance,equivalence_ci_low,equivalence_ci_high")
+                                   "search_sd_allowance,equivalence_ci_low,equivalence_ci_high,assumed_search_sd")
     rows = list(csv.DictReader(io.StringIO("\n".join(comparisons))))
     assert {row["family"] for row in rows} == {"reference:contrastive", "pairs"}
     assert {row["outcome"] for row in rows} <= {"better", "worse", "equivalent", "inconclusive"}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import integrate, optimize, stats
 
-from dmlbench.analysis.statistics import zero_spread
+from dmlbench.analysis.statistics import MIN_VERDICT_PAIRS, zero_spread
 from dmlbench.errors import UserInputError
 
 TARGET_POWER = 0.8
@@ -92,11 +92,12 @@ def holm_strictest_alpha(alpha: float, comparisons: int) -> float:
 
 
 def reproductions_needed(power: Callable[[int], float], target: float = TARGET_POWER) -> int | None:
-    """The smallest ``n >= 2`` whose ``power(n)`` reaches ``target`` (power rises with ``n``); ``None``
-    beyond ``MAX_REPRODUCTIONS``."""
+    """The smallest ``n >= MIN_VERDICT_PAIRS`` whose ``power(n)`` reaches ``target`` (power rises with ``n``;
+    fewer pairs carry no verdict whatever their power, ``statistics.spread_note``); ``None`` beyond
+    ``MAX_REPRODUCTIONS``."""
     if power(MAX_REPRODUCTIONS) < target:
         return None
-    low, high = 2, MAX_REPRODUCTIONS
+    low, high = MIN_VERDICT_PAIRS, MAX_REPRODUCTIONS
     while low < high:  # bisection on a monotone function: about 10 evaluations
         middle = (low + high) // 2
         if power(middle) >= target:
@@ -141,21 +142,30 @@ class ComparisonPower:
 
 
 def comparison_power(a: str, b: str, n: int, sd: float, margin: float, comparisons: int,
-                     alpha: float = 0.05) -> ComparisonPower:
-    """``ComparisonPower`` of one comparison in a Holm family of ``comparisons`` tests."""
-    return ComparisonPower(a, b, n, sd, margin, comparisons, *_powers(n, sd, margin, comparisons, alpha))
+                     alpha: float = 0.05, search_sd: float = 0.0) -> ComparisonPower:
+    """``ComparisonPower`` of one comparison in a Holm family of ``comparisons`` tests. With ``search_sd``
+    (the tests include that much search luck per method, ``statistics.paired_comparison``) the power at
+    ``k`` reproductions uses the SD ``sqrt(2 k search_sd² + sd²)``, whose standard error over ``k`` pairs is
+    the tests' ``sqrt(2 search_sd² + sd²/k)``: an approximation, since the search term is then treated as
+    estimated with the seeds' degrees of freedom (conservative, like the tests)."""
+    return ComparisonPower(a, b, n, sd, margin, comparisons, *_powers(n, sd, margin, comparisons, alpha, search_sd))
 
 
 @functools.lru_cache(maxsize=256)
-def _powers(n: int, sd: float, margin: float, comparisons: int, alpha: float) -> tuple[float, float, float, float, int | None, float]:
+def _powers(n: int, sd: float, margin: float, comparisons: int, alpha: float,
+            search_sd: float = 0.0) -> tuple[float, float, float, float, int | None, float]:
     """The numbers of ``ComparisonPower`` after its names; cached, since a stated SD (``plan --sd``)
     gives every comparison of a family the same ones and each takes about half a second."""
     strict = holm_strictest_alpha(alpha, comparisons)
-    needed_t = reproductions_needed(lambda k: ttest_power(k, margin, sd, strict))
-    needed_tost = reproductions_needed(lambda k: tost_power(k, 0.0, margin, sd, strict))
+
+    def at(k: int) -> float:  # the SD whose standard error over k pairs is the tests' (``comparison_power``)
+        return math.sqrt(2 * k * search_sd**2 + sd**2)
+
+    needed_t = reproductions_needed(lambda k: ttest_power(k, margin, at(k), strict))
+    needed_tost = reproductions_needed(lambda k: tost_power(k, 0.0, margin, at(k), strict))
     needed = None if needed_t is None or needed_tost is None else max(needed_t, needed_tost)
-    return (ttest_power(n, margin, sd, alpha), ttest_power(n, margin, sd, strict), tost_power(n, 0.0, margin, sd, alpha),
-            tost_power(n, 0.0, margin, sd, strict), needed, minimal_detectable_difference(n, sd, strict))
+    return (ttest_power(n, margin, at(n), alpha), ttest_power(n, margin, at(n), strict), tost_power(n, 0.0, margin, at(n), alpha),
+            tost_power(n, 0.0, margin, at(n), strict), needed, minimal_detectable_difference(n, at(n), strict))
 
 
 def paired_sd(differences: np.ndarray | list[float]) -> float:

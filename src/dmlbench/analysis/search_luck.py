@@ -37,7 +37,7 @@ import numpy as np
 from scipy import stats
 
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, holm_strictest_alpha, tost_power, ttest_power
-from dmlbench.analysis.statistics import DEFAULT_ALPHA, PairedComparison
+from dmlbench.analysis.statistics import DEFAULT_ALPHA, MIN_VERDICT_PAIRS, PairedComparison
 from dmlbench.errors import UserInputError
 
 # method -> search index -> seed (or reproduction number) -> score
@@ -91,6 +91,11 @@ def variance_components(scores: Mapping[int, Mapping[int, float]]) -> VarianceCo
     return VarianceComponents(max((between - within) / n, 0.0), within, k, n)
 
 
+def pooled_search_sd(components: Mapping[str, VarianceComponents]) -> float:
+    """The methods' search variances pooled as their mean, as an SD: the search SD a plan assumes for each."""
+    return math.sqrt(sum(c.search for c in components.values()) / len(components))
+
+
 def search_variance_from_means(means: Mapping[int, float], seed_variance: float, reproductions: int) -> float:
     """A method's search variance from its search means alone (each over ``reproductions`` seeds) and its
     seed variance measured elsewhere (one search's scores): ``Var(search means) - sigma_seed² / n``,
@@ -112,17 +117,18 @@ def search_sd_allowance(comparison: PairedComparison, alpha: float = DEFAULT_ALP
     if outcome == "inconclusive" or comparison.n < 2:
         return None
     df = comparison.n - 1
-    seed_se = (comparison.difference_high - comparison.difference_low) / (2 * stats.t.ppf(0.975, df))
+    total_se = (comparison.difference_high - comparison.difference_low) / (2 * stats.t.ppf(0.975, df))
+    seed_se = math.sqrt(max(total_se**2 - 2 * comparison.search_sd**2, 0.0))  # the assumed search luck taken out
     if outcome == "equivalent":
         factor = comparison.tost_pvalue_holm / comparison.tost_pvalue if comparison.tost_pvalue > 0 else 1.0
         room, critical = comparison.margin - abs(comparison.mean_difference), stats.t.ppf(1 - alpha / factor, df)
     else:
         factor = comparison.t_pvalue_holm / comparison.t_pvalue if comparison.t_pvalue > 0 else 1.0
         room, critical = abs(comparison.mean_difference), stats.t.ppf(1 - alpha / (2 * factor), df)
-    largest_se = room / critical
+    largest_se = float(room / critical)
     if not math.isfinite(seed_se) or seed_se <= 0.0:
         return math.inf if largest_se > 0 else 0.0
-    return math.sqrt(max(largest_se**2 - seed_se**2, 0.0) / 2.0)
+    return float(math.sqrt(max(largest_se**2 - seed_se**2, 0.0) / 2.0))
 
 
 @dataclass(frozen=True)
@@ -159,12 +165,12 @@ def cheapest_design(search_sd: float, seed_sd: float, margin: float, comparisons
         return min(design_power(searches, reproductions, search_sd, seed_sd, margin, comparisons, alpha)) >= target
 
     best: Design | None = None
-    for searches in range(2, MAX_SEARCHES + 1):
+    for searches in range(MIN_VERDICT_PAIRS, MAX_SEARCHES + 1):  # fewer search pairs carry no verdict
         if best is not None and searches * folds * (trials + 2) >= best.runs_per_method:
             break  # every further design costs more than the best one already found
         if not reaches(searches, MAX_REPRODUCTIONS):
             continue  # more seeds cannot make up for this few searches
-        low, high = 2, MAX_REPRODUCTIONS
+        low, high = 2, MAX_REPRODUCTIONS  # two seeds per search suffice: the verdict's pairs are the searches
         while low < high:
             middle = (low + high) // 2
             low, high = (low, middle) if reaches(searches, middle) else (middle + 1, high)

@@ -75,6 +75,10 @@ class PairedComparison:
     tost_pvalue: float = math.nan
     tost_pvalue_holm: float = math.nan
     no_verdict: str = ""  # why these differences cannot carry a verdict (``spread_note``); "" when they can
+    # The search-luck SD each method's one search is assumed to carry (``analysis.search_sd``; 0: none assumed,
+    # the verdict is about this draw of the searches): the t-test, TOST and interval then use
+    # ``SE² = 2 search_sd² + s_d²/n`` (``analysis.search_luck``).
+    search_sd: float = 0.0
 
     def swapped(self) -> "PairedComparison":
         """The same comparison read as ``b - a``: the same tests and p-values, the signs and the interval turned."""
@@ -216,7 +220,7 @@ def equivalence_pvalue(differences: Sequence[float] | np.ndarray, margin: float 
 
 def paired_comparison(
     a: Mapping[int, float], b: Mapping[int, float], names: tuple[str, str] = ("a", "b"),
-    margin: float = DEFAULT_EQUIVALENCE_MARGIN,
+    margin: float = DEFAULT_EQUIVALENCE_MARGIN, search_sd: float = 0.0,
 ) -> PairedComparison:
     """Paired t-test, Wilcoxon signed-rank test and Cohen's ``d_z`` of ``a - b``, paired by seed (the keys).
 
@@ -224,7 +228,10 @@ def paired_comparison(
     (zero differences dropped, ``zero_method='wilcox'``). If every difference is zero there is no
     evidence of a difference: both p-values are 1 and both statistics 0 (``ttest_rel`` would give NaN).
     ``equivalence_pvalue`` against ``margin`` beside. The seeds of ``a`` and ``b`` must be the same;
-    at least two pairs are needed.
+    at least two pairs are needed. With ``search_sd`` (each method's one search assumed to carry search
+    luck of that SD, independent between the methods) the t-test, TOST and the interval use
+    ``SE = sqrt(2 search_sd² + s_d²/n)`` with ``n - 1`` degrees of freedom (the search term taken as known,
+    which keeps the seeds' degrees of freedom: conservative); Wilcoxon stays the seeds' test.
     """
     x, y = _paired_arrays(a, b, names)
     if x.size < 2:
@@ -243,13 +250,28 @@ def paired_comparison(
         # would call the equal differences certain; a p of 1 keeps them from easing Holm for the others.
         t_statistic, t_pvalue, tost = (0.0 if not differences.any() else math.nan), 1.0, 1.0
     interval = mean_interval(differences)
+    low, high = interval.low, interval.high
+    if search_sd > 0.0 and not zero_spread(differences):
+        t_statistic, t_pvalue, tost, low, high = _with_search_luck(differences, search_sd, margin)
     return PairedComparison(
         a=names[0], b=names[1], n=int(x.size), mean_difference=float(differences.mean()),
         t_statistic=t_statistic, t_pvalue=t_pvalue, wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
         cohen_dz=cohen_dz(differences), t_pvalue_holm=t_pvalue, wilcoxon_pvalue_holm=w_pvalue,
-        difference_low=interval.low, difference_high=interval.high, margin=margin, tost_pvalue=tost, tost_pvalue_holm=tost,
-        no_verdict=spread_note(differences),
+        difference_low=low, difference_high=high, margin=margin, tost_pvalue=tost, tost_pvalue_holm=tost,
+        no_verdict=spread_note(differences), search_sd=search_sd,
     )
+
+
+def _with_search_luck(differences: np.ndarray, search_sd: float, margin: float) -> tuple[float, float, float, float, float]:
+    """t statistic, two-sided p, TOST p and the 95% interval of the mean difference with both methods' search
+    luck (SD ``search_sd`` each) added to the seeds' standard error (``paired_comparison``)."""
+    n, mean = differences.size, float(differences.mean())
+    se = math.sqrt(2 * search_sd**2 + float(differences.var(ddof=1)) / n)
+    df = n - 1
+    statistic = mean / se
+    tost = max(float(stats.t.sf((mean + margin) / se, df)), float(stats.t.sf((margin - mean) / se, df)))
+    half = float(stats.t.ppf(0.975, df)) * se
+    return statistic, float(2 * stats.t.sf(abs(statistic), df)), tost, mean - half, mean + half
 
 
 def compare_methods(scores: Mapping[str, Mapping[int, float]], margin: float = DEFAULT_EQUIVALENCE_MARGIN) -> list[PairedComparison]:
@@ -266,16 +288,17 @@ def compare_methods(scores: Mapping[str, Mapping[int, float]], margin: float = D
 
 
 def compare_pairs(scores: Mapping[str, Mapping[int, float]], pairs: Sequence[tuple[str, str]],
-                  margin: float = DEFAULT_EQUIVALENCE_MARGIN) -> list[PairedComparison]:
+                  margin: float = DEFAULT_EQUIVALENCE_MARGIN, search_sd: float = 0.0) -> list[PairedComparison]:
     """The given ``(a, b)`` pairs of methods, each paired by seed; Holm's correction across exactly these
     pairs, separately for the t-test, for Wilcoxon and for the equivalence test within ``±margin``
-    (a smaller family than ``compare_methods``'s, e.g. every method against one reference)."""
+    (a smaller family than ``compare_methods``'s, e.g. every method against one reference);
+    ``search_sd`` as for ``paired_comparison``."""
     unknown = sorted({name for pair in pairs for name in pair} - set(scores))
     if unknown:
         raise UserInputError(f"no scores for method {unknown[0]!r}")
     if not pairs:
         return []
-    raw = [paired_comparison(scores[a], scores[b], (a, b), margin) for a, b in pairs]
+    raw = [paired_comparison(scores[a], scores[b], (a, b), margin, search_sd) for a, b in pairs]
     adjusted = {field: holm([getattr(comparison, field) for comparison in raw])
                 for field in ("t_pvalue", "wilcoxon_pvalue", "tost_pvalue")}
     return [

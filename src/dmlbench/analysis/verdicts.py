@@ -10,7 +10,8 @@ from the Holm-adjusted TOST within the declared margin (``statistics.compare_pai
 
 Those verdicts rest on one search per method: every row says so (``conditional_on_search``) and gives
 the largest search SD that would leave it standing (``search_sd_allowance``,
-``search_luck.search_sd_allowance``). Where the methods' searches were repeated, ``judge_methods``
+``search_luck.search_sd_allowance``); with ``analysis.search_sd`` declared (a search SD measured by a
+pilot with repeated searches) the tests themselves include that much search luck (``assumed_search_sd``). Where the methods' searches were repeated, ``judge_methods``
 judges the methods themselves, their searches included (``search_luck``: the same tests on search
 means, paired by search index; ``n`` counts searches). Equivalence is read off the 90% interval that
 TOST at 5% corresponds to (``equivalence_ci_low`` / ``_high``), a difference off the 95% one."""
@@ -37,8 +38,9 @@ LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
 COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
                       "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
                       "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome",
-                      "no_verdict", *("conditional_on_search", "search_sd_allowance", "equivalence_ci_low", "equivalence_ci_high"))
-SEARCH_COLUMNS = COMPARISON_COLUMNS[-4:]
+                      "no_verdict", *("conditional_on_search", "search_sd_allowance", "equivalence_ci_low", "equivalence_ci_high",
+                                      "assumed_search_sd"))
+SEARCH_COLUMNS = COMPARISON_COLUMNS[-5:]
 
 
 def judge_methods(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]], analysis: Mapping[str, Any],
@@ -58,10 +60,12 @@ def judge_methods(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, floa
 
 def search_cells(comparison: PairedComparison, conditional: bool, alpha: float = DEFAULT_ALPHA) -> list[str]:
     """The ``SEARCH_COLUMNS`` of a row: whether the verdict rests on one search per method, the search SD
-    that would undo it (one search, a decided verdict), and the 90% interval TOST corresponds to."""
+    that would undo it (one search, a decided verdict), the 90% interval TOST corresponds to, and the
+    search SD the tests assumed (``analysis.search_sd``; 0: none)."""
     allowance = search_sd_allowance(comparison, alpha) if conditional else None
     low, high = equivalence_interval(comparison, alpha)
-    return ["true" if conditional else "false", "" if allowance is None else repr(allowance), repr(low), repr(high)]
+    return ["true" if conditional else "false", "" if allowance is None else repr(allowance), repr(low), repr(high),
+            repr(comparison.search_sd)]
 
 
 def equivalence_interval(comparison: PairedComparison, alpha: float = DEFAULT_ALPHA) -> tuple[float, float]:
@@ -70,7 +74,7 @@ def equivalence_interval(comparison: PairedComparison, alpha: float = DEFAULT_AL
     df = comparison.n - 1
     if df < 1:
         return math.nan, math.nan
-    half = (comparison.difference_high - comparison.difference_low) / 2 * stats.t.ppf(1 - alpha, df) / stats.t.ppf(0.975, df)
+    half = float((comparison.difference_high - comparison.difference_low) / 2 * stats.t.ppf(1 - alpha, df) / stats.t.ppf(0.975, df))
     return comparison.mean_difference - half, comparison.mean_difference + half
 
 
@@ -79,11 +83,12 @@ def judge(scores: ScoreTable, analysis: Mapping[str, Any], excluded: Collection[
     in force (``references``, ``pairs``, ``equivalence_margin``); ``excluded`` methods (the baselines)
     are never compared. Endpoints in sorted order."""
     margin = float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN))
+    search_sd = float(analysis.get("search_sd") or 0.0)
     families: Families = {}
     for endpoint, stored in sorted(scores.items()):
         paired = common_seeds({method: values for method, values in stored.items() if method not in excluded})
         declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(paired))
-        families[endpoint] = compare_pairs(paired, declared, margin) if declared and len(paired) >= 2 else []
+        families[endpoint] = compare_pairs(paired, declared, margin, search_sd) if declared and len(paired) >= 2 else []
     return families
 
 

@@ -113,7 +113,10 @@ class AnalysisSpec(BaseModel):
     units: 0.01 is one percentage point), and ``margin_reason`` says why that difference is the one that
     matters. ``planning_sd``: the standard deviation of paired differences assumed by the power planning
     of ``benchmark --dry-run`` (``dmlbench plan --pilot`` measures it); ``planning_search_sd``: the SD of a
-    method's search luck (``analysis.search_luck``) with which the dry run also plans searches and seeds."""
+    method's search luck (``analysis.search_luck``) with which the dry run also plans searches and seeds;
+    ``search_sd``: the search-luck SD every method's one search is assumed to carry, measured beforehand by
+    a study that repeated its searches: the paired tests of one search per method then include it
+    (``analysis.statistics.paired_comparison``), and the rows say so (``assumed_search_sd``)."""
 
     model_config = ConfigDict(extra="forbid")
     primary: PrimaryEndpoint = Field(default_factory=PrimaryEndpoint)
@@ -124,6 +127,7 @@ class AnalysisSpec(BaseModel):
     margin_reason: str = ""
     planning_sd: float | None = Field(None, gt=0.0, lt=1.0)
     planning_search_sd: float | None = Field(None, ge=0.0, lt=1.0)
+    search_sd: float | None = Field(None, ge=0.0, lt=1.0)
 
 
 class BenchmarkSpec(BaseModel):

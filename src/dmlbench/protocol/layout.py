@@ -46,9 +46,12 @@ RANKINGS_CSV = "rankings.csv"
 VALIDATION_CURVES_CSV = "validation_curves.csv"
 CLASS_BOOTSTRAP_CSV = "class_bootstrap.csv"
 SEARCH_REPEATS_CSV = "search_repeats.csv"
+SEARCH_VARIANCE_CSV = "search_variance.csv"  # each repeated method's search and seed SD (analysis.search_luck)
+BUDGET_CSV = "budget.csv"  # expected best validation score over the number of trials (Dodge et al. 2019)
 POWER_CSV = "power.csv"
 # The report's figures (``report.plots``), linked from report.md and embedded in report.html.
 SEARCH_FIGURE = "search.png"
+BUDGET_FIGURE = "budget.png"
 VALIDATION_CURVES_FIGURE = "validation_curves.png"
 FOREST_FIGURE = "forest.png"
 SPACE_FIGURE = "rho_vs_precision_at_1.png"

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,6 +36,8 @@ from dmlbench.errors import PluginFailed, RunInterrupted, UserInputError
 from dmlbench.files import storage_error
 from dmlbench.ownership import DirectoryInUse, process_exists
 from dmlbench.protocol import storage as storage_module
+# The slot bookkeeping is work's vocabulary too: its callers use it as ``work.counted`` and so on.
+from dmlbench.protocol.slots import RETRY_OF_FAILED, counted, done, done_trial, interrupted, slot_of, slots  # noqa: F401
 
 WAIT, DONE = "wait", "done"
 # Trial ids this process is running now: a RUNNING trial of this very process that is not among
@@ -80,41 +82,15 @@ def record_or_check(study: optuna.Study, recorded: Mapping[str, Any]) -> None:
                                  "use a new output directory or storage")
 
 
-def slot_of(trial: FrozenTrial) -> int | None:
-    slot = trial.user_attrs.get("slot")
-    return None if slot is None else int(slot)
 
 
-def interrupted(trial: FrozenTrial) -> bool:
-    """FAILED without a reason of its own: the worker stopped, the trial did not fail."""
-    return trial.state == TrialState.FAIL and (bool(trial.user_attrs.get("interrupted")) or "fail_reason" not in trial.user_attrs)
 
-
-def done(trial: FrozenTrial) -> bool:
-    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or (trial.state == TrialState.FAIL and not interrupted(trial))
-
-
-def slots(trials: Iterable[FrozenTrial]) -> dict[int, list[FrozenTrial]]:
-    grouped: dict[int, list[FrozenTrial]] = {}
-    for trial in trials:
-        if (slot := slot_of(trial)) is not None:
-            grouped.setdefault(slot, []).append(trial)
-    return grouped
-
-
-def done_trial(attempts: list[FrozenTrial]) -> FrozenTrial | None:
-    """The attempt of a slot that counts (the first one that is done and not retried by ``retry_failed``), if any."""
-    retried = {int(t.user_attrs[RETRY_OF_FAILED]) for t in attempts if RETRY_OF_FAILED in t.user_attrs}
-    return next((trial for trial in sorted(attempts, key=lambda t: t.number) if done(trial) and trial.number not in retried), None)
 
 
 def announce_failure(unit: str, outcome: str) -> None:
     """A failed unit on stderr, also under --quiet: the method's own error (a plugin's exception) is
     what the user must fix before ``benchmark --retry-failed``."""
     print(f"dmlbench: error: {unit} {outcome}", file=sys.stderr, flush=True)
-
-
-RETRY_OF_FAILED = "retry_of_failed"  # a new attempt of a failed slot, asked for by benchmark --retry-failed
 
 
 def retry_failed(study: optuna.Study, worker: Worker) -> int:
@@ -134,11 +110,6 @@ def retry_failed(study: optuna.Study, worker: Worker) -> int:
             retried += 1
     return retried
 
-
-def counted(study: optuna.Study) -> list[FrozenTrial]:
-    """One trial per done slot, in slot order: what the budget, the report and the audit count."""
-    chosen = (done_trial(attempts) for _, attempts in sorted(slots(study.get_trials(deepcopy=False)).items()))
-    return [trial for trial in chosen if trial is not None]
 
 
 def release_stale(study: optuna.Study, worker: Worker) -> None:

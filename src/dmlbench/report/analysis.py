@@ -121,6 +121,7 @@ class Claims:
     domain_rankings: list[tuple[str, RankAgreement]] = field(default_factory=list)  # (metric, all vs cross-domain)
     notes: list[str] = field(default_factory=list)  # why a part could not be computed
     margin: float = DEFAULT_EQUIVALENCE_MARGIN  # the equivalence margin the comparisons used
+    search_sd: float = 0.0  # the search-luck SD the comparisons assumed (``analysis.search_sd``; 0: none)
     primary: tuple[str, str] = ("concatenated", "map_at_r")  # (mode, metric) of the confirmatory comparisons
     families: dict[tuple[str, str], list[PairedComparison] | str] = field(default_factory=dict)  # or why not compared
     sensitivity: list[tuple[str, str, str, str, str]] = field(default_factory=list)  # a, b, verdicts at margin/2, margin, 2x
@@ -142,6 +143,7 @@ def analyse(
     scored = scored_methods(results)
     primary = analysis.get("primary") or {}
     claims = Claims(margin=float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN)),
+                    search_sd=float(analysis.get("search_sd") or 0.0),
                     primary=(primary.get("mode", "concatenated"), primary.get("metric", "map_at_r")))
     declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scored))
     if len(scored) >= 2:
@@ -205,7 +207,7 @@ def _sensitivity_and_power(claims: Claims, scored: Mapping[str, MethodReproducti
         differences = [scores[c.a][seed] - scores[c.b][seed] for seed in scores[c.a]]
         sd = paired_sd(differences)
         if c.n >= 2 and math.isfinite(sd) and sd > 0.0:
-            claims.power.append(comparison_power(c.a, c.b, c.n, sd, claims.margin, len(family), ALPHA))
+            claims.power.append(comparison_power(c.a, c.b, c.n, sd, claims.margin, len(family), ALPHA, claims.search_sd))
 
 
 def _reranking(scored: Mapping[str, MethodReproductions], computed: Sequence[str], claims: Claims
@@ -230,7 +232,7 @@ def _compared(scores: Mapping[str, Mapping[int, float]], pairs: list[tuple[str, 
     try:
         with warnings.catch_warnings():  # scipy's precision notes on near-identical pairs
             warnings.simplefilter("ignore", RuntimeWarning)
-            return compare_pairs(scores, pairs, claims.margin)
+            return compare_pairs(scores, pairs, claims.margin, claims.search_sd)
     except UserInputError as error:  # too few paired reproductions so far
         claims.notes.append(str(error))
         return []

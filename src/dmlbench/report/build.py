@@ -70,7 +70,7 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
 
 
 def _figures(data: ReportData) -> list[plots.Figure]:
-    figures = [plots.search_figure(data.methods, data.trials),
+    figures = [plots.search_figure(data.methods, data.trials), plots.budget_figure(data.methods, uncertainty.budget_table(data)),
                plots.curves_figure(data.methods, {m: c.get("reproduction", []) for m, c in data.curves.items()})]
     metrics = [metric for metric in ("precision_at_1", "map_at_r") if metric in computed_metrics(data)]
     rows = result_rows(data.results)

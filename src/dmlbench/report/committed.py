@@ -2,18 +2,26 @@
 ``benchmark.json`` (and ``search_repeats.csv`` where the searches were repeated), with no storage and
 no checkpoints. Its scores become the report's reproductions and go through the report's own analysis
 (``report.analysis.analyse``), so the verdict files come out as a new report would write them:
-``comparisons.csv``, ``claim_comparisons.csv`` and, with repeated searches, ``method_comparisons.csv``."""
+``comparisons.csv``, ``claim_comparisons.csv`` and, with repeated searches, ``method_comparisons.csv`` and
+``search_variance.csv``."""
 
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from dmlbench import files
 from dmlbench.analysis.endpoints import ALL_MODES, RERANKED_SUFFIX, SearchTable, read_search_table
-from dmlbench.analysis.search_luck import search_means, search_variance_from_means, variance_components
+from dmlbench.analysis.search_luck import (
+    VarianceComponents,
+    pooled_search_sd,
+    search_means,
+    search_variance_from_means,
+    variance_components,
+)
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, comparison_csv, judge_methods
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
@@ -21,6 +29,7 @@ from dmlbench.protocol.benchmark_file import read_benchmark
 from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
 from dmlbench.report.tables import CLAIM_COLUMNS, claim_rows, csv_text
+from dmlbench.report.uncertainty import search_variance_csv
 
 SearchMeans = dict[tuple[str, str], dict[str, dict[int, float]]]
 
@@ -72,6 +81,11 @@ def verdict_texts(directory: Path) -> dict[str, str]:
               for metric in LEADERBOARD_METRICS if method_families.get((mode, metric))]
     if listed:
         texts[layout.METHOD_COMPARISONS_CSV] = comparison_csv(listed, ALPHA, conditional=False)
+    primary = analysis.get("primary") or {}
+    found = search_variances(directory, (primary.get("mode", "concatenated"), primary.get("metric", "map_at_r")))
+    if found:
+        texts[layout.SEARCH_VARIANCE_CSV] = search_variance_csv(found, (primary.get("mode", "concatenated"),
+                                                                         primary.get("metric", "map_at_r")))
     return texts
 
 
@@ -111,19 +125,28 @@ def _repeat_means(directory: Path) -> SearchMeans:
     return {(mode, column[len(f"test_{mode}_"):]): means}
 
 
-def pilot_search_sd(directory: Path, endpoint: tuple[str, str]) -> float | None:
-    """The search SD of a pilot study with repeated searches on ``endpoint``: each repeated method's search
-    variance (one-way ANOVA on ``runs.csv``'s searches, or, for a ``runs.csv`` without them, the variance of
-    ``search_repeats.csv``'s search means less the seed variance of search 0 over its seeds), pooled as the
-    mean variance over methods; ``None`` when no method's search was repeated."""
+
+def search_variances(directory: Path, endpoint: tuple[str, str]) -> dict[str, VarianceComponents]:
+    """Each repeated method's search and seed variances on ``endpoint``: the one-way ANOVA of ``runs.csv``'s
+    searches, or, for a ``runs.csv`` without them, the variance of ``search_repeats.csv``'s search means
+    less the seed variance of search 0 over its seeds (``search_luck.search_variance_from_means``)."""
     table = read_search_table(Path(directory) / layout.RUNS_CSV).get(endpoint, {})
-    variances = [variance_components(by_search).search for method, by_search in table.items()
-                 if method not in layout.BASELINES and len(by_search) >= 2]
-    if not variances:
-        means = _repeat_means(Path(directory)).get(endpoint, {})
-        for method, by_search in means.items():
-            seeds = list(table.get(method, {}).get(0, {}).values())
-            if len(by_search) >= 2 and len(seeds) >= 2:
-                seed_variance = float(sum((v - sum(seeds) / len(seeds)) ** 2 for v in seeds) / (len(seeds) - 1))
-                variances.append(search_variance_from_means(by_search, seed_variance, len(seeds)))
-    return math.sqrt(sum(variances) / len(variances)) if variances else None
+    found = {method: variance_components(by_search) for method, by_search in table.items()
+             if method not in layout.BASELINES and len(by_search) >= 2}
+    if found:
+        return found
+    for method, by_search in _repeat_means(Path(directory)).get(endpoint, {}).items():
+        seeds = list(table.get(method, {}).get(0, {}).values())
+        if len(by_search) >= 2 and len(seeds) >= 2:
+            seed_variance = float(np.var(seeds, ddof=1))
+            found[method] = VarianceComponents(search_variance_from_means(by_search, seed_variance, len(seeds)),
+                                               seed_variance, len(by_search), len(seeds))
+    return found
+
+
+def pilot_search_sd(directory: Path, endpoint: tuple[str, str]) -> float | None:
+    """The search SD of a pilot with repeated searches (``search_luck.pooled_search_sd``); ``None`` when no
+    method's search was repeated."""
+    found = search_variances(directory, endpoint)
+    return pooled_search_sd(found) if found else None
+

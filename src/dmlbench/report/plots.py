@@ -3,6 +3,7 @@
 Every method has one colour and marker (``method_styles``) in the per-method figures.
 
 * ``search.png``: the search objective over trials, per method (integer trial ticks);
+* ``budget.png``: the expected best validation MAP@R after n trials ± its SD (Dodge et al. 2019), per method;
 * ``validation_curves.png``: mean validation MAP@R of the reproductions' runs per evaluation;
 * ``forest.png``: every method's test mean ± 95% interval (concatenated P@1 and MAP@R), sorted;
 * ``rho_vs_precision_at_1.png``: rho and pi_ratio of the training embeddings against test P@1, one
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dmlbench.protocol.layout import BASELINES, FOREST_FIGURE, SEARCH_FIGURE, SPACE_FIGURE, VALIDATION_CURVES_FIGURE
+from dmlbench.protocol.layout import BASELINES, BUDGET_FIGURE, FOREST_FIGURE, SEARCH_FIGURE, SPACE_FIGURE, VALIDATION_CURVES_FIGURE
 from dmlbench.report.analysis import SPACE_QUANTITIES, SpacePoint
 
 Figure = tuple[str, str, bytes]  # title, file name, PNG
@@ -58,6 +59,27 @@ def draw_search(axes: Any, methods: Sequence[str], trials: Mapping[str, list[dic
     axes.set_xlabel("trial")
     axes.set_ylabel("fold-mean validation MAP@R")
     _legend(axes)
+
+
+def budget_figure(methods: Sequence[str], rows: Sequence[Sequence[Any]]) -> Figure:
+    """``budget.csv``'s search 0 per method: the expected best after n trials with a ±1 SD band."""
+    from matplotlib.ticker import MaxNLocator
+
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    styles = method_styles(methods)
+    for method in methods:
+        points = [(int(row[2]), float(row[4]), float(row[5])) for row in rows if row[0] == method and row[1] == 0]
+        if points:
+            trials, mean, sd = (np.array(values) for values in zip(*points))
+            colour, marker = styles[method]
+            axes.plot(trials, mean, color=colour, marker=marker, label=method)
+            axes.fill_between(trials, mean - sd, mean + sd, color=colour, alpha=0.15)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("trials")
+    axes.set_ylabel("expected best validation MAP@R")
+    _legend(axes)
+    return "Expected best validation score over the search budget", BUDGET_FIGURE, _png(figure, pyplot)
 
 
 def curves_figure(methods: Sequence[str], curves: Mapping[str, list[list[float]]]) -> Figure:

@@ -10,6 +10,7 @@ import numpy as np
 
 from dmlbench.analysis.correlations import Correlation, RankAgreement
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, TARGET_POWER
+from dmlbench.analysis.search_luck import cheapest_design
 from dmlbench.analysis.statistics import OUTCOMES, PairedComparison
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.benchmark import MIN_REPRODUCTIONS
@@ -73,7 +74,8 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
             comparisons.paragraphs.append(tables.pairs_in_csv(data))
         parts.append(comparisons)
     parts.append(Section("Budget and search", tables=[(tables.BUDGET_HEADER, tables.budget_rows(data))],
-                         after=[uncertainty.range_edge_text(data)]))
+                         after=[text for text in (uncertainty.range_edge_text(data), uncertainty.budget_text(data),
+                                                  uncertainty.identical_trials_text(data)) if text]))
     costs = tables.cost_rows(data)
     if costs:
         running = tables.running_time_text(data)
@@ -162,7 +164,10 @@ def _outcome_rule(claims: Claims) -> str:
             "nor alike. Equivalence is read off the 90% interval (what TOST at 5% tests), a difference off the 95% one. "
             "Each verdict rests on one search per method (`conditional_on_search` in the CSV files): another search "
             "may move a method more than the seeds do; `search_sd_allowance` is the largest search SD that would leave "
-            "the verdict standing, and repeated searches (`protocol.search_repeats`) give verdicts about the methods.")
+            "the verdict standing, and repeated searches (`protocol.search_repeats`) give verdicts about the methods."
+            + (f" These tests include search luck of SD {100 * claims.search_sd:.2f} points per method "
+               "(`analysis.search_sd`, measured beforehand with repeated searches; `assumed_search_sd` in the CSV "
+               "files): each verdict allows for another search of either method moving it by luck of that size." if claims.search_sd else ""))
 
 
 def _saturation_section(claims: Claims) -> Section:
@@ -282,6 +287,8 @@ def _design_sentence(data: ReportData) -> str | None:
     planned = [p.needed for p in claims.power if (p.a, p.b) in undecided]
     if not undecided or not planned:
         return None
+    if claims.search_sd:
+        return _search_design_sentence(data, len(undecided), max(p.sd for p in claims.power if (p.a, p.b) in undecided))
     if any(needed is None for needed in planned):
         return (f"No number of reproductions up to {MAX_REPRODUCTIONS} gives the undecided comparisons 80% power at the "
                 "observed spread: a wider `analysis.equivalence_margin` or a less noisy protocol (longer training, "
@@ -292,6 +299,24 @@ def _design_sentence(data: ReportData) -> str | None:
     return (f"To decide the {len(undecided)} undecided comparison(s): {needed} reproductions per method (the planner at "
             f"the observed spread), about {duration} on this machine at this run's cost: "
             f"`dmlbench benchmark CONFIG protocol.reproductions={needed} -o NEW_DIR`.")
+
+
+def _search_design_sentence(data: ReportData, undecided: int, seed_sd: float) -> str:
+    """``_design_sentence`` when the tests include search luck (``analysis.search_sd``): more reproductions
+    cannot beat it, so the planner's cheapest searches x reproductions (``search_luck.cheapest_design``)."""
+    claims, protocol = data.claims, data.benchmark.protocol
+    family = claims.families[claims.primary]
+    design = cheapest_design(claims.search_sd, seed_sd, claims.margin, len(family), protocol.trials, protocol.folds, alpha=ALPHA)
+    if design is None:
+        return ("No design of searches and reproductions gives the undecided comparisons 80% power: the search luck "
+                f"({100 * claims.search_sd:.2f} points per method) exceeds what the ±{100 * claims.margin:g}-point margin allows.")
+    seconds = design.searches * _seconds_at(data, design.reproductions)
+    duration = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+    return (f"To decide the {undecided} undecided comparison(s) about the methods, search luck included: "
+            f"{design.searches} searches x {design.reproductions} reproductions per method (the planner at the observed "
+            f"spread and {100 * claims.search_sd:.2f} points of search luck), about {duration} on this machine at this "
+            f"run's cost: `dmlbench benchmark CONFIG protocol.search_repeats={design.searches} "
+            f"protocol.reproductions={design.reproductions} -o NEW_DIR`.")
 
 
 def _seconds_at(data: ReportData, reproductions: int) -> float:
@@ -395,7 +420,10 @@ def _power_section(claims: Claims) -> Section:
                     f"(±{100 * claims.margin:g} points) and TOST's power to show equivalence when the true difference is 0, "
                     f"unadjusted / at the strictest Holm threshold ({ALPHA}/{m}); the minimal detectable difference "
                     "(80% t-test power at that threshold) and the reproductions both tests need for 80% there "
-                    "(`dmlbench plan`). An inconclusive verdict with low power says little either way."],
+                    "(`dmlbench plan`). An inconclusive verdict with low power says little either way."
+                    + (f" The tests include {100 * claims.search_sd:.2f} points of search luck per method "
+                       "(`analysis.search_sd`), which more reproductions do not shrink; the power folds it into the SD "
+                       "(an approximation, conservative like the tests)." if claims.search_sd else "")],
                    tables=[(["comparison", "n", "SD of differences (%)", "t-test power", "TOST power",
                              "detectable difference (%)", "reproductions for 80%"], rows)])
 

@@ -9,19 +9,29 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from dmlbench.analysis.budget import budget_curve, expected_best
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap
 from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, cross_domain_mode
-from dmlbench.analysis.search_luck import search_means
+from dmlbench.analysis.search_luck import VarianceComponents, pooled_search_sd, search_means, variance_components
 from dmlbench.analysis.statistics import PairedComparison
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, judge_methods
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
-from dmlbench.protocol.layout import BASELINES, CLASS_BOOTSTRAP_CSV, METHOD_COMPARISONS_CSV, SEARCH_REPEATS_CSV
+from dmlbench.protocol.layout import (
+    BASELINES,
+    BUDGET_CSV,
+    BUDGET_FIGURE,
+    CLASS_BOOTSTRAP_CSV,
+    METHOD_COMPARISONS_CSV,
+    SEARCH_REPEATS_CSV,
+    SEARCH_VARIANCE_CSV,
+)
 from dmlbench.protocol.results import result_rows, run_rows
 from dmlbench.report.analysis import scored_methods
 from dmlbench.report.data import ReportData
@@ -209,7 +219,8 @@ def range_edge_text(data: ReportData) -> str:
 
 def uncertainty_csvs(data: ReportData) -> dict[str, str]:
     """``class_bootstrap.csv`` (the intervals of each endpoint of ``bootstrap_endpoints``, its ``mode``
-    column telling them apart) and ``search_repeats.csv``, when there are any."""
+    column telling them apart), ``search_variance.csv``, ``budget.csv`` and ``search_repeats.csv``, when
+    there are any."""
     tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
     results = [result for result in (bootstrap_of(data, endpoint) for endpoint in bootstrap_endpoints(data))
                if isinstance(result, ClassBootstrap)]
@@ -224,6 +235,11 @@ def uncertainty_csvs(data: ReportData) -> dict[str, str]:
         tables[CLASS_BOOTSTRAP_CSV] = (
             ["mode", "metric", "a", "b", "replicates", "classes", "reproductions", "estimate", "class_low", "class_high",
              "both_low", "both_high"], rows)
+    variances = repeated_variances(data) if data.repeats else {}
+    texts_first = {SEARCH_VARIANCE_CSV: search_variance_csv(variances, data.claims.primary)} if variances else {}
+    budget = budget_table(data)
+    if budget:
+        tables[BUDGET_CSV] = (["method", "search", "trials", "running_best", "expected_best", "expected_best_sd"], budget)
     repeats = search_repeat_rows(data)
     if repeats:
         tables[SEARCH_REPEATS_CSV] = (
@@ -231,7 +247,7 @@ def uncertainty_csvs(data: ReportData) -> dict[str, str]:
              f"test_{data.claims.primary[0]}_{data.claims.primary[1]}"],
             [[m, k, s, repr(v), ";".join(f"{key}={value!r}" for key, value in p.items()), n, repr(t)]
              for m, k, s, v, p, n, t in repeats])
-    texts = {}
+    texts = dict(texts_first)
     for name, (header, rows) in tables.items():
         stream = io.StringIO()
         writer = csv.writer(stream, lineterminator="\n")
@@ -257,6 +273,29 @@ def method_families(data: ReportData) -> list[tuple[str, str, list[PairedCompari
             for metric in LEADERBOARD_METRICS if families.get((mode, metric))]
 
 
+def search_variance_csv(found: Mapping[str, VarianceComponents], endpoint: tuple[str, str]) -> str:
+    """``search_variance.csv``: each repeated method's search and seed SD on ``endpoint``, then the pooled
+    search SD (what ``dmlbench plan --pilot`` assumes for every method)."""
+    rows: list[list[Any]] = [[method, *endpoint, c.searches, c.reproductions, repr(c.search_sd), repr(math.sqrt(c.seed))]
+                             for method, c in found.items()]
+    rows.append(["pooled", *endpoint, "", "", repr(pooled_search_sd(found)), ""])
+    stream = io.StringIO()
+    csv.writer(stream, lineterminator="\n").writerows([["method", "mode", "metric", "searches", "reproductions", "search_sd",
+                                                        "seed_sd"], *rows])
+    return stream.getvalue()
+
+
+def repeated_variances(data: ReportData) -> dict[str, VarianceComponents]:
+    """Each repeated method's search and seed variances on the primary endpoint (one-way ANOVA over its searches)."""
+    table: dict[str, dict[int, dict[int, float]]] = {}
+    repeats = {method: [data.repeat_results[name] for name in names if name in data.repeat_results]
+               for method, names in data.repeats.items()}
+    for row in run_rows(data.results, repeats):
+        if (row["mode"], row["metric"]) == data.claims.primary and row["method"] not in BASELINES:
+            table.setdefault(row["method"], {}).setdefault(row["search"], {})[row["reproduction"]] = row["value"]
+    return {method: variance_components(by_search) for method, by_search in table.items() if len(by_search) >= 2}
+
+
 def method_verdict_part(data: ReportData) -> Part | None:
     """The primary endpoint's verdicts about the methods (search luck included), or none without repeats."""
     primary = [family for mode, metric, family in method_families(data) if (mode, metric) == data.claims.primary]
@@ -272,3 +311,52 @@ def method_verdict_part(data: ReportData) -> Part | None:
             f"`{METHOD_COMPARISONS_CSV}`.")
     return ("Verdicts about the methods (search luck included)", [text],
             [(["difference", "searches", "difference (%) [95%]", "t p (Holm)", "TOST p (Holm)", "outcome"], rows)])
+
+
+def budget_table(data: ReportData) -> list[list[Any]]:
+    """``budget.csv``'s rows: per method and search (0, then the repeats), per number of trials, the search's
+    running best and the expected best of that many trials with its SD (``analysis.budget``)."""
+    rows = []
+    for method in data.methods:
+        for search, name in enumerate([method, *data.repeats.get(method, [])]):
+            values = [t["value"] for t in sorted(data.trials.get(name, []), key=lambda t: t["number"]) if t["state"] == "COMPLETE"]
+            rows += [[method, search, point.trials, repr(point.running_best), repr(point.expected_best),
+                      repr(point.expected_best_sd)] for point in budget_curve(values)] if values else []
+    return rows
+
+
+def budget_text(data: ReportData) -> str:
+    """Whether each method's search had flattened: what its last trial added to the expected best (points)."""
+    gains = []
+    for method in data.methods:
+        values = [t["value"] for t in data.trials.get(method, []) if t["state"] == "COMPLETE"]
+        if len(values) >= 2:
+            gain = expected_best(values, len(values))[0] - expected_best(values, len(values) - 1)[0]
+            gains.append(f"{method} +{100 * gain:.2f}")
+    if not gains:
+        return ""
+    return (f"Expected best validation MAP@R after n trials (Dodge et al. 2019; `{BUDGET_CSV}`, `{BUDGET_FIGURE}`), and what the "
+            "last trial added to it, in points: " + ", ".join(gains) + ". A gain far from zero says the search had not "
+            "flattened: more trials, or another search, could move the method.")
+
+
+def identical_trials_text(data: ReportData) -> str:
+    """Names a vacuous search dimension: completed trials of one search whose parameters differ but whose
+    validation scores are identical to the last digit trained the same model, so the parameters that
+    differ had no effect (e.g. a loss margin beyond a miner's fixed window)."""
+    flagged = []
+    for method in data.methods:
+        for name in [method, *data.repeats.get(method, [])]:
+            groups: dict[float, list[dict[str, Any]]] = {}
+            for trial in data.trials.get(name, []):
+                if trial["state"] == "COMPLETE":
+                    groups.setdefault(trial["value"], []).append(trial["params"])
+            for value, params in groups.items():
+                differing = sorted({key for first in params for other in params for key in first if first[key] != other.get(key)})
+                if len(params) >= 2 and differing:
+                    flagged.append(f"`{name}`: {len(params)} trials with different {', '.join(differing)} scored exactly "
+                                   f"{100 * value:.4f}")
+    if not flagged:
+        return ""
+    return ("Trials with different parameters gave identical validation scores, so they trained the same model and "
+            "that dimension of the search did nothing: " + "; ".join(flagged) + ".")
