@@ -84,10 +84,10 @@ def download(remote: Remote, destination: Path, *, mirror: str | None, quiet: bo
     source = remote.address(mirror)
     if destination.is_file():
         return check_sums(destination, remote, str(destination))
+    destination.parent.mkdir(parents=True, exist_ok=True)  # where the file goes, also by hand
     if offline():
         raise UserInputError(f"offline: {destination} is missing; download {source} and place it there by hand "
                              f"(or run without --offline / {OFFLINE_VARIABLE})")
-    destination.parent.mkdir(parents=True, exist_ok=True)
     part = destination.with_name(destination.name + PART_SUFFIX)
     transfer(source, part, quiet=quiet)
     digest = check_sums(part, remote, source)
@@ -118,7 +118,8 @@ def transfer(url: str, part: Path, *, quiet: bool = False) -> None:
             have = 0
         length = response.headers.get("Content-Length")
         total = have + int(length) if length and length.isdigit() else None
-        _copy(response.read, part, "ab" if resumed else "wb", have, total, url, quiet)
+        # read1: what has arrived (up to a block), so that the part and the bar grow as bytes come in.
+        _copy(getattr(response, "read1", response.read), part, "ab" if resumed else "wb", have, total, url, quiet)
 
 
 def _range_start(response: object) -> int | None:
@@ -151,4 +152,5 @@ def _copy(read: Callable[[int], bytes], part: Path, mode: str, have: int, total:
             have += len(block)
             bar.update(len(block))
     if total is not None and have < total:
-        raise UserInputError(f"{url} ended after {have} of {total} bytes; run the same command again to resume")
+        raise UserInputError(f"the connection to {url} broke after {have} of {total} bytes; "
+                             "run the same command again to resume")

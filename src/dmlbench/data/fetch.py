@@ -122,11 +122,22 @@ def _unpack(source: Source, downloads: Path, root: Path, record: dict[str, Any])
         if not built.is_dir():
             names = ", ".join(part.remote.name for part in source.parts)
             raise UserInputError(f"{names} hold no {source.folder}/ folder; not the archive this dataset expects")
+        _open_with_reader(record["dataset"], built)
         write_json(built / RECORD, record)
         # One rename on one filesystem: the reader sees no folder or the whole of it.
         os.rename(built, root / source.folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _open_with_reader(dataset: str, folder: Path) -> None:
+    """The dataset's reader lists its images from ``folder`` (still hidden), or a user error."""
+    from dmlbench.data.base import build
+
+    try:
+        build(dataset, root=str(folder))
+    except UserInputError as error:
+        raise UserInputError(f"the unpacked files are not the layout the {dataset} reader expects ({error})") from None
 
 
 def _place(part: Part, downloads: Path, staging: Path) -> None:
@@ -143,6 +154,9 @@ def _place(part: Part, downloads: Path, staging: Path) -> None:
         else:
             with tarfile.open(path) as archive:
                 archive.extractall(destination, filter="data")  # no links out, no absolute paths, no devices
+                # tarfile ends quietly at a damaged header; reading the compressed rest checks its CRC.
+                while archive.fileobj is not None and archive.fileobj.read(1 << 20):
+                    pass
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, gzip.BadGzipFile) as error:
         path.unlink(missing_ok=True)
         _trusted_path(downloads, part.remote.name).unlink(missing_ok=True)
