@@ -50,6 +50,7 @@ class Remote:
     url: str
     sha256: str | None = None
     md5: str | None = None
+    sha256_prefix: str | None = None  # the hex digits a torch.hub file name carries (``name_hash_prefix``)
 
     def address(self, mirror: str | None) -> str:
         return f"{mirror.rstrip('/')}/{self.name}" if mirror else self.url
@@ -73,7 +74,18 @@ def check_sums(path: Path, remote: Remote, source: str) -> str:
             path.unlink(missing_ok=True)
             raise UserInputError(f"{source} has {kind} {found}, not the pinned {expected} (truncated or altered); "
                                  "deleted it, run the same command again")
+    if remote.sha256_prefix is not None and not sha256.startswith(remote.sha256_prefix):
+        path.unlink(missing_ok=True)
+        raise UserInputError(f"{source} has sha256 {sha256}, which does not start with the {remote.sha256_prefix} "
+                             "its name carries (truncated or altered); deleted it, run the same command again")
     return sha256
+
+
+def name_hash_prefix(name: str) -> str | None:
+    """The hex digits after the last ``-`` of a file name (``resnet50-0676ba61.pth``): the start of the
+    file's sha256, as ``torch.hub.download_url_to_file`` checks it (its ``HASH_REGEX``)."""
+    match = re.search(r"-([0-9a-f]{6,})\.", name)
+    return match.group(1) if match else None
 
 
 def download(remote: Remote, destination: Path, *, mirror: str | None, quiet: bool = False) -> str:
