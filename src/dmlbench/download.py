@@ -82,8 +82,8 @@ def check_sums(path: Path, remote: Remote, source: str) -> str:
 
 
 def name_hash_prefix(name: str) -> str | None:
-    """The hex digits after the last ``-`` of a file name (``resnet50-0676ba61.pth``): the start of the
-    file's sha256, as ``torch.hub.download_url_to_file`` checks it (its ``HASH_REGEX``)."""
+    """The hex digits between a ``-`` and a ``.`` of a file name (``resnet50-0676ba61.pth``): the start
+    of the file's sha256, as ``torch.hub.load_state_dict_from_url`` reads it (its ``HASH_REGEX``)."""
     match = re.search(r"-([0-9a-f]{6,})\.", name)
     return match.group(1) if match else None
 
