@@ -181,18 +181,19 @@ def test_torchvision_trunk_weight_file_round_trip(trunk: str, tmp_path) -> None:
         torch.testing.assert_close(value, reference_state[key])
 
 
-def test_pretrained_true_reads_torchvisions_hub_folder_only(tmp_path) -> None:
+def test_pretrained_true_reads_torchvisions_hub_folder_and_offline_names_the_missing_file(tmp_path, monkeypatch) -> None:
+    """The download itself: tests/test_pretrained_weights.py (a server on 127.0.0.1)."""
     import torchvision
 
+    monkeypatch.setenv("DMLBENCH_OFFLINE", "1")
     previous = torch.hub.get_dir()
     torch.hub.set_dir(str(tmp_path))
     try:
-        with pytest.raises(UserInputError, match=r"no torchvision checkpoint for resnet50 in .*checkpoints .*put resnet50-"):
+        with pytest.raises(UserInputError, match=r"resnet50\): offline: .*checkpoints/resnet50-0676ba61.pth is missing; download https://download.pytorch.org/"):
             models.build_trunk("resnet50", pretrained=True)
         state = torchvision.models.resnet50(weights=None).state_dict()
         name = torchvision.models.ResNet50_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[1]
-        (tmp_path / "checkpoints").mkdir()
-        torch.save(state, tmp_path / "checkpoints" / name)
+        torch.save(state, tmp_path / "checkpoints" / name)  # the folder the offline message named
         loaded, _ = models.build_trunk("resnet50", pretrained=True)
         torch.testing.assert_close(loaded.state_dict()["conv1.weight"], state["conv1.weight"])
     finally:

@@ -23,8 +23,12 @@ import typer.core
 
 from dmlbench import __version__, plugins
 from dmlbench.cli.common import COMMAND_STARTED, PLUGIN_HELP, PLUGIN_SPECS, process_started
+from dmlbench.download import OFFLINE_VARIABLE
 from dmlbench.errors import PluginFailed, RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
+
+OFFLINE_HELP = (f"Download nothing (also {OFFLINE_VARIABLE}=1): a missing dataset file or pretrained weight "
+                "file is an error that names the file to place by hand. Every command accepts it.")
 
 
 class _Group(typer.core.TyperGroup):
@@ -43,7 +47,8 @@ app = typer.Typer(
     name="dmlbench",
     help="Train and fairly compare deep metric learning methods.\n\nEvery command also takes --plugin "
          "MODULE_OR_FILE (repeatable): code that registers your own losses, miners, samplers, trunks or "
-         "datasets (docs/your-method.md), and -q/--quiet (no progress output).\n\nExit codes: 0 done, 1 the "
+         "datasets (docs/your-method.md), --offline (download nothing: datasets and pretrained weights must be "
+         "in place; the message names the file) and -q/--quiet (no progress output).\n\nExit codes: 0 done, 1 the "
          "work failed (the reason on stderr), 2 bad input (one line on stderr), 130 interrupted by Ctrl-C, 143 "
          "by SIGTERM (the same command continues the work).",
     no_args_is_help=True,
@@ -69,6 +74,8 @@ def _root(
     plugin: Annotated[
         Optional[list[str]], typer.Option("--plugin", metavar="MODULE_OR_FILE", help=PLUGIN_HELP, show_default=False)
     ] = None,
+    # Listed for --help only, like --plugin: main() takes it out and sets DMLBENCH_OFFLINE for the command.
+    offline: Annotated[bool, typer.Option("--offline", help=OFFLINE_HELP)] = False,
 ) -> None:
     """Train and fairly compare deep metric learning methods."""
 
@@ -94,8 +101,10 @@ def main(argv: list[str] | None = None) -> None:
     # The format, not the display: whoever records warnings (pytest, a caller) still receives them.
     previous_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
     restore_handlers = install_stop_handlers()
+    previous_offline = os.environ.get(OFFLINE_VARIABLE)
     try:
         argv, specs = _take_plugins(list(sys.argv[1:] if argv is None else argv))
+        argv = _take_offline(argv)
         # The command imports them (and installed packages' plugins, so that every command, `list`
         # included, sees the same components) once its arguments parsed: `--help` answers at once.
         app(args=argv, prog_name="dmlbench", obj={PLUGIN_SPECS: specs, COMMAND_STARTED: started})
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         where = f": {error.filename}" if error.filename else ""
         _fail(f"error: {error.strerror or error}{where}", 2)
     finally:
+        _restore_variable(OFFLINE_VARIABLE, previous_offline)
         restore_handlers()
         warnings.formatwarning = previous_format
         plugins.forget_command_line()
@@ -157,6 +167,23 @@ def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
             rest.append(argument)
         position += 1
     return rest, specs
+
+
+def _take_offline(argv: list[str]) -> list[str]:
+    """``argv`` without ``--offline`` (before or after the command's name, not after ``--``); when
+    present, ``DMLBENCH_OFFLINE=1`` for this command and the worker processes it starts."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--offline" not in argv[:end]:
+        return argv
+    os.environ[OFFLINE_VARIABLE] = "1"
+    return [argument for argument in argv[:end] if argument != "--offline"] + argv[end:]
+
+
+def _restore_variable(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

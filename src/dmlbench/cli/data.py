@@ -96,22 +96,31 @@ def check_command(
 
 @data_app.command("fetch", cls=Command)
 def fetch_command(
-    source: Annotated[str, typer.Argument(metavar="DATASET", help="The dataset to download: emoji (the others come from their official archives).", show_default=False)],
-    root: Annotated[str, typer.Option(metavar="DIR", help="Folder to unpack into (data.root of the dataset).", show_default=False)],
-    vendors: Annotated[Optional[list[str]], typer.Option(metavar="VENDOR[,VENDOR...]", help="Vendors, comma-separated or repeated: apple, google, twitter, facebook (default: all four).", show_default=False)] = None,
-    tarballs: Annotated[Optional[str], typer.Option(metavar="DIR", help="Folder of the npm tarballs: used when there, downloaded into otherwise (default: a temporary folder).", show_default=False)] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
+    source: Annotated[str, typer.Argument(metavar="DATASET", help="The dataset to download: cub200, cars196, sop, inshop (their official archives, docs/datasets.md) or emoji (npm packages).", show_default=False)],
+    root: Annotated[str, typer.Option(metavar="DIR", help="Folder to unpack into: the dataset lands in a folder of its own under DIR (data.root; emoji: DIR itself).", show_default=False)],
+    mirror: Annotated[Optional[str], typer.Option(metavar="URL", help="Look the same file names up under this base address or folder instead of the official hosts (default: $DMLBENCH_MIRROR); the pinned sums are checked all the same.", show_default=False)] = None,
+    vendors: Annotated[Optional[list[str]], typer.Option(metavar="VENDOR[,VENDOR...]", help="emoji: vendors, comma-separated or repeated: apple, google, twitter, facebook (default: all four).", show_default=False)] = None,
+    tarballs: Annotated[Optional[str], typer.Option(metavar="DIR", help="emoji: folder of the npm tarballs: used when there, downloaded into otherwise (default: a temporary folder).", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Download the emoji packages with npm (16.0.0), check their pinned sha256 and unpack emoji.json and the 64-pixel images.
+    """Download a dataset, check its pinned sums, unpack it where its reader looks, print its terms and citation, then the report of `data check`.
 
-    Exit codes: 0 unpacked, 1 npm is not on PATH (the commands to run by hand are printed), 2 bad
-    input, a failed download or a sha256 other than the pinned one, 130 interrupted by Ctrl-C, 143 by
-    SIGTERM.
+    An interrupted download resumes where it stopped (HTTP range requests), and nothing half-unpacked is
+    left where the reader would take it for data. --offline (or DMLBENCH_OFFLINE=1) downloads nothing
+    and names the file to place by hand. Exit codes: 0 fetched and checked, 1 npm is not on PATH
+    (emoji), a full disk (free space and run the same command again) or problems found by the check,
+    2 bad input, a failed or broken download or a sum other than the pinned one (the same command
+    again finishes the job), 130 interrupted by Ctrl-C, 143 by SIGTERM.
     """
-    if source != "emoji":
-        raise UserInputError(f"only emoji can be fetched, not {source!r}; the others come from their official archives (README)")
     # Paths first: one that cannot become a folder is reported before torch is imported.
     require_creatable_directory(Path(root).expanduser(), "--root")
+    if source != "emoji":
+        if vendors or tarballs:
+            raise UserInputError("--vendors and --tarballs are for emoji")
+        _fetch_archives(source, Path(root).expanduser(), mirror, quiet)
+        return
+    if mirror is not None:
+        raise UserInputError("--mirror is for cub200, cars196, sop and inshop; emoji comes from the npm registry")
     if tarballs is not None:
         require_creatable_directory(Path(tarballs).expanduser(), "--tarballs")
     from dmlbench.data.emoji import VENDORS, parse_vendors
@@ -124,6 +133,19 @@ def fetch_command(
     except NpmMissing as missing:
         typer.echo(str(missing), err=True)
         raise typer.Exit(1) from None
+
+
+def _fetch_archives(source: str, root: Path, mirror: str | None, quiet: bool) -> None:
+    """``data fetch`` of a dataset with official archives, then its terms, citation and ``data check`` report."""
+    from dmlbench.data.fetch import fetch
+    from dmlbench.download import mirror_base
+
+    fetched = fetch(source, root, mirror=mirror_base(mirror), quiet=quiet, report=typer.echo)
+    state = "already fetched" if fetched.action == "present" else "downloaded, checked and unpacked"
+    typer.echo(f"{source}: {state} in {fetched.folder} (data.root; record: {fetched.folder / 'dmlbench-fetch.json'})")
+    typer.echo(f"terms: {fetched.record['terms']}")
+    typer.echo(f"cite: {fetched.record['citation']}")
+    check_command(source, None, root=str(fetched.folder), validation_fraction=None, seed=None, json_path=None, quiet=quiet)
 
 
 def _json_target(value: str | None) -> Path | str | None:

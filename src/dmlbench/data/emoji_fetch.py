@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dmlbench.data.emoji import CATALOG_FILE, LICENCES, PACKAGE_VERSION, VENDORS, image_directory
+from dmlbench.download import offline
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write, file_sha256
 
@@ -111,6 +112,8 @@ def _tarball(vendor: str, folder: Path, root: Path, expected: str, needed: Seque
     """The vendor's tarball in ``folder``, downloaded with ``npm pack`` unless it is already there; its sha256 checked."""
     path = folder / tarball_name(vendor)
     if not path.is_file():
+        if offline():
+            raise UserInputError(f"offline: {path} is missing; place it there by hand ({manual_commands(needed, root, folder)})")
         npm = shutil.which("npm")
         if npm is None:
             raise NpmMissing(f"npm is not on PATH; fetch the packages by hand: {manual_commands(needed, root, folder)}")

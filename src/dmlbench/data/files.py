@@ -115,6 +115,14 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
         side = transforms.output_size(self._shared.image_size, self._shared.augmentation)
         return side, side
 
+    def images_per_domain(self) -> None:
+        """``None``: no domains (``ImageDataset.images_per_domain``, which a benchmark records)."""
+        return None
+
+    def licences(self) -> None:
+        """``None``: the file readers state no licence (``data fetch`` records the terms beside the data)."""
+        return None
+
     def __len__(self) -> int:
         return len(self._positions)
 

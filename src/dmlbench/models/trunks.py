@@ -2,8 +2,9 @@
 globally pooled features ``[batch, feature_dim]``.
 
 Every constructor takes ``pooling`` (``avg`` or ``max``, the global pooling of the last feature map)
-and ``pretrained``: ``False`` (random weights), ``True`` (the library's local cache: torchvision's
-hub checkpoint folder or the Hugging Face cache of timm; never downloaded) or the path of a local
+and ``pretrained``: ``False`` (random weights), ``True`` (the library's cache: torchvision's hub
+checkpoint folder, where a missing ImageNet checkpoint is downloaded and checked, or the Hugging Face
+cache of timm, never downloaded) or the path of a local
 weight file (a ``state_dict``; the classifier's keys, if present, are ignored). A missing file names
 where to put it; a file of another architecture is a ``UserInputError``.
 
@@ -125,16 +126,58 @@ class PooledFeatures(nn.Module):
 
 
 def _hub_checkpoint(weights_enum: Any, trunk: str) -> str:
-    """The first of torchvision's ImageNet checkpoints for ``trunk`` present in torch's hub folder."""
+    """The first of torchvision's ImageNet checkpoints for ``trunk`` present in torch's hub folder; when
+    none is, the first (``IMAGENET1K_V1``) downloaded there (``DMLBENCH_MIRROR`` honoured, nothing under
+    ``DMLBENCH_OFFLINE``), its sha256 checked against the prefix its name carries, as torch.hub does."""
+    from dmlbench.download import Remote, download, mirror_base, name_hash_prefix
+
     folder = Path(torch.hub.get_dir()) / "checkpoints"
     names = [os.path.basename(member.url) for member in weights_enum]
     for name in names:
         if (folder / name).is_file():
             return str(folder / name)
-    raise UserInputError(
-        f"model.pretrained=true: no torchvision checkpoint for {trunk} in {folder} (nothing is downloaded); "
-        f"put {names[0]} there (from {next(iter(weights_enum)).url}) or give model.pretrained=PATH"
-    )
+    first = next(iter(weights_enum)).url
+    remote = Remote(names[0], first, sha256_prefix=name_hash_prefix(names[0]))
+    try:
+        download(remote, folder / names[0], mirror=mirror_base())
+    except UserInputError as error:
+        raise UserInputError(f"model.pretrained=true ({trunk}): {error}; or give model.pretrained=PATH") from None
+    return str(folder / names[0])
+
+
+# torchvision's weight enums of the trunks that take ``pretrained: true``, by attribute name (imported lazily).
+TORCHVISION_WEIGHTS = {"resnet50": "ResNet50_Weights", "googlenet": "GoogLeNet_Weights"}
+
+
+def pretrained_weights(trunk: str, pretrained: Pretrained) -> dict[str, str] | None:
+    """The weight file a trunk starts from, ``{"file": name, "sha256": ...}`` (recorded in run.json and
+    benchmark.json), fetched first when ``pretrained`` is true; ``None`` for random weights or a
+    trunk whose constructor resolves ``true`` itself (a plugin's)."""
+    from dmlbench.download import name_hash_prefix
+    from dmlbench.files import file_sha256
+
+    if not pretrained:
+        return None
+    if isinstance(pretrained, str):
+        path = Path(pretrained).expanduser()
+        if not path.is_file():
+            raise UserInputError(f"weights file {path} does not exist")
+    elif trunk in TORCHVISION_WEIGHTS:
+        import torchvision
+
+        path = Path(_hub_checkpoint(getattr(torchvision.models, TORCHVISION_WEIGHTS[trunk]), trunk))
+    elif trunk.startswith(TIMM_PREFIX):
+        import timm
+
+        path = Path(_timm_cached_weights(timm, trunk.removeprefix(TIMM_PREFIX)))
+    else:
+        return None
+    digest = file_sha256(path)
+    prefix = name_hash_prefix(path.name) if pretrained is True and trunk in TORCHVISION_WEIGHTS else None
+    if prefix and not digest.startswith(prefix):
+        raise UserInputError(f"{path} has sha256 {digest}, which does not start with the {prefix} its name carries; "
+                             "delete it (it is downloaded again) or give model.pretrained=PATH")
+    return {"file": path.name, "sha256": digest}
 
 
 def _torchvision_trunk(name: str, in_channels: int, pooling: str, pretrained: Pretrained) -> tuple[nn.Module, int]:
@@ -143,8 +186,7 @@ def _torchvision_trunk(name: str, in_channels: int, pooling: str, pretrained: Pr
     check_positive_int("in_channels", in_channels)
     weight_file = None
     if pretrained is True:
-        enum = {"resnet50": torchvision.models.ResNet50_Weights, "googlenet": torchvision.models.GoogLeNet_Weights}[name]
-        weight_file = _hub_checkpoint(enum, name)
+        weight_file = _hub_checkpoint(getattr(torchvision.models, TORCHVISION_WEIGHTS[name]), name)
     elif pretrained:
         weight_file = str(pretrained)
     if name == "googlenet":
@@ -248,7 +290,7 @@ def bninception(in_channels: int = 3, pooling: str = "avg", pretrained: Pretrain
     if pretrained is True:
         raise UserInputError(
             "model.pretrained=true: bninception has no library cache (neither torchvision nor timm ship it); "
-            "give model.pretrained=PATH, a state_dict of dmlbench's BNInception"
+            "give model.pretrained=PATH, a state_dict of dmlbench's BNInception (docs/datasets.md, \"Pretrained weights\")"
         )
     features = BNInception(3)
     network = PooledFeatures(features, pooling)

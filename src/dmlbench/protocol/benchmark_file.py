@@ -124,6 +124,8 @@ class BenchmarkRecord(_Stored):
     fold_layout_hash: str = ""
     dataset: StoredDataset
     plugins: list[dict[str, Any]] = Field(default_factory=list)  # ``plugins.identity``; absent: none
+    # ``trunks.pretrained_weights`` of the methods' trunks (absent: random weights, or recorded before it existed)
+    pretrained_weights: list[dict[str, Any]] | None = None
     analysis: StoredAnalysis | None = None  # the declared analysis
     analysis_in_hash: bool = False  # absent: started before the analysis entered the config hash
     storage: str

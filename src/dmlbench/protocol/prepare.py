@@ -21,6 +21,7 @@ from dmlbench import config as config_module
 from dmlbench import plugins
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
+from dmlbench.models.trunks import pretrained_weights
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol.benchmark import LATER_PROTOCOL_DEFAULTS, AnalysisSpec, BenchmarkSpec, apply_spec_overrides
@@ -58,6 +59,8 @@ class Prepared:
     analysis_change: dict[str, Any] | None = None  # accepted on purpose by this worker (--accept-analysis-change)
     # Where the images come from, for benchmark.json and the report's set-up (outside the config hash).
     data_source: dict[str, Any] = field(default_factory=dict)
+    # The pretrained weight files the trunks start from (``trunks.pretrained_weights``; outside the config hash).
+    weights: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def redacted(self) -> str:
@@ -166,9 +169,11 @@ def prepare(
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
                         jobs, heartbeat, retry_seconds, plugin_identity(spec, plans), data_source=data_source(dataset, layout))
+    prepared.weights = used_weights(plans)
     record = read_benchmark_if_any(output_dir)
     if record is not None:
         _check_plugins(prepared, record.plugins, accept_plugin_changes)
+        _check_weights(prepared, record.pretrained_weights)
         _check_analysis_change(prepared, record, accept_analysis_change)
         stored = record.stored()  # compared key by key with the description, as the file holds it
         found = [line for key, value in prepared.description().items() for line in _differences(stored.get(key), value, key)]
@@ -234,6 +239,27 @@ def _check_plugins(prepared: Prepared, recorded: list[dict[str, Any]], accept: b
         raise UserInputError(f"{prepared.output_dir}: {changes[0]}; restore it, or continue with the new code on purpose "
                              f"with --accept-plugin-changes (recorded in {output_layout.BENCHMARK_FILE})")
     prepared.plugins, prepared.plugin_changes = list(recorded), changes
+
+
+def used_weights(plans: Mapping[str, MethodPlan]) -> list[dict[str, Any]]:
+    """The distinct pretrained weight files of the methods' trunks (each fetched when absent), in method order."""
+    found: list[dict[str, Any]] = []
+    for plan in plans.values():
+        weights = pretrained_weights(plan.config.model.trunk, plan.config.model.pretrained)
+        if weights is not None and weights not in found:
+            found.append(weights)
+    return found
+
+
+def _check_weights(prepared: Prepared, recorded: list[dict[str, Any]] | None) -> None:
+    """The runs of one benchmark start from the same weights: other ones would mix two starting points."""
+    if recorded is None or recorded == prepared.weights:
+        return
+
+    def shown(weights: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{entry['file']} (sha256 {entry['sha256'][:12]})" for entry in weights) or "random weights"
+    raise UserInputError(f"{prepared.output_dir}: its runs started from {shown(recorded)}, this one from "
+                         f"{shown(prepared.weights)}; restore those weights or use a new output directory")
 
 
 def _check_analysis_change(prepared: Prepared, record: BenchmarkRecord, accept: bool) -> None:

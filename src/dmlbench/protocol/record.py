@@ -64,11 +64,14 @@ def write_benchmark_file(prepared: Prepared) -> None:
             **prepared.description(), "analysis": analysis, "analysis_in_hash": True, "storage": prepared.redacted,
             "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
             # the machine of the worker that started it (each run.json has its own)
-            "environment": provenance.environment(_device(prepared)), "data_source": prepared.data_source}))
+            "environment": provenance.environment(_device(prepared)), "data_source": prepared.data_source,
+            **({"pretrained_weights": prepared.weights} if prepared.weights else {})}))
         return
     changed = False
     if stored.data_source is None and prepared.data_source:  # started before it was recorded; the same data (hash checked)
         stored.data_source, changed = prepared.data_source, True
+    if stored.pretrained_weights is None and prepared.weights:  # started before they were recorded
+        stored.pretrained_weights, changed = prepared.weights, True
     if not prepared.analysis_in_hash and stored.declared_analysis() != analysis:  # started before the analysis was fixed
         stored.analysis, changed = StoredAnalysis.model_validate(analysis), True
     if prepared.analysis_change and stored.analysis_in_force() != prepared.analysis_change["analysis"]:

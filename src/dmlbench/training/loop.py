@@ -24,6 +24,7 @@ from dmlbench import evaluation, files, plugins, provenance
 from dmlbench.config import Config, to_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, storage_error
+from dmlbench.models.trunks import pretrained_weights
 from dmlbench.training import distributed, records, tracking
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
@@ -492,6 +493,9 @@ def _start_record(
         record.pop("reason", None)  # an earlier attempt's failure is not this attempt's
         if group.is_main:
             (run_dir / records.ERROR_LOG).unlink(missing_ok=True)
+    weights = pretrained_weights(config.model.trunk, config.model.pretrained)
+    if weights is not None:  # absent for random weights, so that their run.json stays as it was
+        record["pretrained_weights"] = weights
     record.update(data)  # the classes, unreadable images and the source's own fields
     record.update(extra or {})
     if group.is_main:
