@@ -186,18 +186,16 @@ def test_pretrained_true_reads_torchvisions_hub_folder_and_offline_names_the_mis
     import torchvision
 
     monkeypatch.setenv("DMLBENCH_OFFLINE", "1")
-    previous = torch.hub.get_dir()
-    torch.hub.set_dir(str(tmp_path))
-    try:
-        with pytest.raises(UserInputError, match=r"resnet50\): offline: .*checkpoints/resnet50-0676ba61.pth is missing; download https://download.pytorch.org/"):
-            models.build_trunk("resnet50", pretrained=True)
-        state = torchvision.models.resnet50(weights=None).state_dict()
-        name = torchvision.models.ResNet50_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[1]
-        torch.save(state, tmp_path / "checkpoints" / name)  # the folder the offline message named
-        loaded, _ = models.build_trunk("resnet50", pretrained=True)
-        torch.testing.assert_close(loaded.state_dict()["conv1.weight"], state["conv1.weight"])
-    finally:
-        torch.hub.set_dir(previous)
+    # Through TORCH_HOME, not torch.hub.set_dir: set_dir cannot be undone, and later tests' TORCH_HOME
+    # would be ignored in this process.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(UserInputError, match=r"resnet50\): offline: .*checkpoints/resnet50-0676ba61.pth is missing; download https://download.pytorch.org/"):
+        models.build_trunk("resnet50", pretrained=True)
+    state = torchvision.models.resnet50(weights=None).state_dict()
+    name = torchvision.models.ResNet50_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[1]
+    torch.save(state, tmp_path / "hub" / "checkpoints" / name)  # the folder the offline message named
+    loaded, _ = models.build_trunk("resnet50", pretrained=True)
+    torch.testing.assert_close(loaded.state_dict()["conv1.weight"], state["conv1.weight"])
 
 
 def test_pretrained_true_reads_timms_hugging_face_cache_only(tmp_path, monkeypatch) -> None:

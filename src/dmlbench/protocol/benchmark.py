@@ -23,6 +23,9 @@ MIN_REPRODUCTIONS = 2
 DEFAULT_CLASS_BOOTSTRAP = 1000
 # Protocol keys left out of a benchmark's description (and config hash) while they keep these values, so
 # that benchmarks started before the keys existed keep their hash.
+# Analysis keys added after benchmarks were first run: at their defaults they stay out of the description
+# (and the config hash), so a benchmark started before them keeps its hash.
+LATER_ANALYSIS_DEFAULTS: dict[str, Any] = {"planning_search_sd": None, "search_sd": None}
 LATER_PROTOCOL_DEFAULTS = {"search_repeats": 1, "search_repeat_methods": [], "class_bootstrap": DEFAULT_CLASS_BOOTSTRAP,
                            "baselines": [layout.UNTRAINED]}
 

@@ -24,7 +24,13 @@ from dmlbench.errors import UserInputError
 from dmlbench.models.trunks import pretrained_weights
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol.benchmark import LATER_PROTOCOL_DEFAULTS, AnalysisSpec, BenchmarkSpec, apply_spec_overrides
+from dmlbench.protocol.benchmark import (
+    LATER_ANALYSIS_DEFAULTS,
+    LATER_PROTOCOL_DEFAULTS,
+    AnalysisSpec,
+    BenchmarkSpec,
+    apply_spec_overrides,
+)
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark_if_any
 from dmlbench.protocol.folds import FoldLayout, fold_layout
 from dmlbench.protocol.method_checks import check_samplers, check_shared
@@ -107,8 +113,14 @@ class Prepared:
             "dataset": {"name": first.data.name, "content_hash": self.dataset_hash},
             # Only when there are plugins, so that benchmarks without any keep their config hash.
             **({"plugins": self.plugins} if self.plugins else {}),
-            **({"analysis": self.declared_analysis or self.spec.analysis.model_dump(mode="json")} if self.analysis_in_hash else {}),
+            **({"analysis": hashed_analysis(self.declared_analysis or self.spec.analysis.model_dump(mode="json"))}
+               if self.analysis_in_hash else {}),
         }
+
+
+def hashed_analysis(analysis: dict[str, Any]) -> dict[str, Any]:
+    """The analysis as the description holds it: keys added later left out at their defaults."""
+    return {key: value for key, value in analysis.items() if key not in LATER_ANALYSIS_DEFAULTS or value != LATER_ANALYSIS_DEFAULTS[key]}
 
 
 def data_source(dataset: ImageDataset, layout: FoldLayout) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from dmlbench.protocol.benchmark_file import (
     read_benchmark_if_any,
     write_benchmark,
 )
-from dmlbench.protocol.prepare import Prepared, plugin_identity
+from dmlbench.protocol.prepare import Prepared, hashed_analysis, plugin_identity
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
 from dmlbench.protocol.search import MethodSearch, SearchResult, failed_search_text
@@ -57,7 +57,7 @@ def write_benchmark_file(prepared: Prepared) -> None:
     plugin change) and, for one started before the analysis was fixed or the data's source was
     recorded, the analysis of this spec and the data's source."""
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
-    analysis = prepared.spec.analysis.model_dump(mode="json")
+    analysis = hashed_analysis(prepared.spec.analysis.model_dump(mode="json"))
     stored = read_benchmark_if_any(prepared.output_dir)
     if stored is None:
         write_benchmark(prepared.output_dir, new_benchmark({
