@@ -24,7 +24,8 @@ from dmlbench import evaluation, files, plugins, provenance
 from dmlbench.config import Config, to_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, storage_error
-from dmlbench.training import distributed, records, tracking
+from dmlbench.training import acceleration, distributed, records, tracking
+from dmlbench.training.acceleration import resolve_precision
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.features import FeatureBatches, FoldFeatures
@@ -85,7 +86,7 @@ def _train(
     device = resolve_device(config.training.device)
     if group.enabled and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", group.local_rank)
-    check_precision(config.training.precision, device)
+    resolve_precision(config.training.precision, device)  # an impossible precision fails before any data is read
     torch.set_num_threads(resolve_threads(config.training.num_threads))
     source: BatchSource = (ImageBatches(config, set_up_training(config, device)) if features is None
                            else FeatureBatches(config, features, device))
@@ -221,27 +222,17 @@ def _initialize_memory(source: BatchSource, device: torch.device, group: Process
         sampler.initialize_memory(source.train_embeddings(device, group))
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """Autocast precisions this device runs: bf16 on CPU, CUDA with bf16 support and MPS; fp16 on CUDA and MPS."""
-    if precision == "fp16" and device.type == "cpu":
-        raise UserInputError(
-            "training.precision=fp16 needs a CUDA or MPS device (CPU autocast supports bf16 only); "
-            "use training.precision=bf16 or fp32"
-        )
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserInputError(f"training.precision=bf16: {torch.cuda.get_device_name(device)} has no bfloat16 support; use fp16")
-
-
 class _Stepper:
     """What a training step needs besides the components: the module to call (plain, DDP-wrapped and
     or compiled, rebuilt when the warm-up phase changes which parameters train), autocast and the
-    fp16 gradient scaler."""
+    fp16 gradient scaler, as ``acceleration`` resolved them (channels_last applied to the model here)."""
 
     def __init__(self, config: Config, components: Components, device: torch.device, group: ProcessGroup) -> None:
         self.config, self.components, self.device, self.group = config, components, device, group
-        self.precision = config.training.precision
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
+        self.acceleration = acceleration.resolve(config.training, components.model, device)
+        self.acceleration.prepare_model(components.model)
+        self.dtype = self.acceleration.dtype
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.acceleration.precision == "fp16")
         # Frozen BatchNorm parameters never train; warm-up switches only the others.
         self.trainable_trunk = [p for p in components.model.trunk_parameters() if p.requires_grad]
         self._phase: bool | None = None
@@ -270,7 +261,7 @@ class _Stepper:
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            return self._module(images)
+            return self._module(self.acceleration.prepare_images(images))
 
     def no_sync(self, sync: bool) -> Any:
         """DDP skips the gradient all-reduce of accumulation steps that do not end in an optimiser step."""
@@ -478,6 +469,7 @@ def _start_record(
             "model": config.model.model_dump(mode="json"),
             "optimizer": config.optimizer.model_dump(mode="json"),
             "training": config.training.model_dump(mode="json"),
+            "acceleration": stepper.acceleration.record(),
             "world_size": group.world_size,
             "batch_per_process": config.training.batch_size // group.world_size,
         },
