@@ -194,7 +194,7 @@ def _symmetric_search(rows: Tensor, ids: Tensor, width: int, block: int) -> _Run
         rows_i, rows_j = padded_rows[i : i + block], padded_rows[j : j + block]
         # Reusing one output buffer avoids page faults on every block, which would cost as much as the product.
         scores = torch.mm(rows_i, rows_j.T, out=buffer[: len(rows_i) * len(rows_j)].view(len(rows_i), len(rows_j)))
-        _mask_padding(scores, i, j, count)
+        mask_padding(scores, i, j, count)
         if i == j:
             scores.fill_diagonal_(-math.inf)
             state.update_rows(scores, i, padded_ids[j : j + block])
@@ -229,7 +229,8 @@ def _rectangular_search(
     return state
 
 
-def _mask_padding(scores: Tensor, row_start: int, column_start: int, count: int) -> None:
+def mask_padding(scores: Tensor, row_start: int, column_start: int, count: int) -> None:
+    """Set the scores of padding rows and columns (global positions ``count`` on) of a block to -inf."""
     if row_start + scores.shape[0] > count:
         scores[max(0, count - row_start) :] = -math.inf
     if column_start + scores.shape[1] > count:

@@ -79,7 +79,7 @@ class Baseline(Unit):
         assert labels is not None
         # Re-ranked (when evaluation.rerank is set) with the reference's best parameters, like its reproductions.
         scores = score_modes(embeddings, labels, self.reference.config.evaluation.metrics, seed, mask, domains,
-                             config.evaluation.rerank.method())
+                             config.evaluation.rerank.method(), device)
         directory.mkdir(parents=True, exist_ok=True)
         files.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": provenance.now(), "scores": scores})
         return scores

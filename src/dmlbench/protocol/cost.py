@@ -184,7 +184,7 @@ def measure(prepared: Prepared, startup: float = 0.0, report: ReportWriter | Non
     startup += first_step + first_validation  # likewise once: what the process's first step and pass pay more
     domains = len(setup.dataset.images_per_domain() or {}) if config.evaluation.cross_domain else 0
     test = SplitSize(len(setup.full_splits.test), len(prepared.layout.test_classes), width, domains)
-    test_scoring, class_sums = _scoring_seconds(config, test, prepared.spec.protocol.folds)
+    test_scoring, class_sums = _scoring_seconds(config, test, prepared.spec.protocol.folds, device)
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = _checkpoint_seconds(setup, Path(directory))
         run_overhead, first_run = _run_overhead(config, Path(directory), step, validation, checkpoint)
@@ -251,17 +251,17 @@ def _validation_seconds(config: Any, setup: Any, device: Any) -> tuple[float, fl
         embeddings, labels = embed(model, validation_set, batch_size, device)
         embedded = time.perf_counter()
         evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed,
-                 rerank=config.evaluation.rerank.method())
+                 rerank=config.evaluation.rerank.method(), device=device)
         passes.append((time.perf_counter() - started, embedded - started))
     (first, _), (warm, embedding) = passes
     return warm, embedding / max(len(validation_set), 1), int(embeddings.shape[1]), max(first - warm, 0.0)
 
 
-def _scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, float]:
+def _scoring_seconds(config: Any, test: SplitSize, folds: int, device: Any) -> tuple[float, float]:
     """Seconds to score the test split (in every setting a mode is scored in: all-versus-all,
     cross-domain, re-ranked) and to sum a reproduction's per-class scores of its ``folds`` fold models
-    (``class_bootstrap.class_sums``), timed on random unit vectors (the test data itself is opened only
-    by the reproductions)."""
+    (``class_bootstrap.class_sums``), the neighbours searched on ``device`` as the runs search them;
+    timed on random unit vectors (the test data itself is opened only by the reproductions)."""
     from dmlbench.evaluation import evaluate
     from dmlbench.protocol.class_bootstrap import class_sums
 
@@ -270,9 +270,9 @@ def _scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, f
     embeddings, labels, domains = made_up_test_split(test, config.seed, folds)
     first = embeddings["fold 0"]
     started = time.perf_counter()
-    evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed)
+    evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, device=device)
     if domains is not None:  # each mode is scored cross-domain too
-        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, domains=domains)
+        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, domains=domains, device=device)
     if config.evaluation.rerank.kind != "none":  # and re-ranked
         evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, rerank=config.evaluation.rerank.method())
     scored = time.perf_counter()

@@ -392,8 +392,9 @@ def _validate(
     scores = None
     if group.is_main:
         # Re-ranked when evaluation.rerank is set, so the selection and the search see the re-ranked metric.
+        # The neighbour search runs on the training device (the same numbers as on the CPU).
         results = evaluation.evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed,
-                                      rerank=config.evaluation.rerank.method())
+                                      rerank=config.evaluation.rerank.method(), device=device)
         scores = {key: float(value) for key, value in results.items()}
     return distributed.broadcast(scores, group)
 

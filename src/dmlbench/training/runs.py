@@ -51,6 +51,8 @@ def evaluate_run(run: str | Path | Run, *, rerank: Mapping[str, Any] | None = No
         if stored.get("options") == options:
             return stored["results"]
     evaluate_kwargs.setdefault("seed", run.config.seed)
+    # After the stored options: where the search runs changes no number (the device kNN equals the CPU's).
+    evaluate_kwargs.setdefault("device", run.device)
     query_mask = run.test_query_mask()
     if query_mask is not None:
         evaluate_kwargs["query_mask"] = query_mask
