@@ -290,15 +290,18 @@ def _parse_metrics(metrics: Iterable[str] | None, ks: Sequence[int]) -> list[str
 
 def _search_device(embeddings: Any, device: torch.device | str | None, *, backend: str,
                    rerank: Reranking | None) -> torch.device:
-    """Where ``evaluate`` searches: ``device``, else the embeddings' own; the CPU for faiss and re-ranking."""
-    if backend != "torch" or rerank is not None:
-        return torch.device("cpu")
+    """Where ``evaluate`` searches: ``device``, else the embeddings' own; the CPU for faiss, re-ranking and MPS."""
     if device is not None:
         try:
-            return torch.device(device)
+            device = torch.device(device)
         except RuntimeError:
             raise UserInputError(f"device={device!r} is not a device (cpu, cuda, cuda:N)") from None
-    return embeddings.device if isinstance(embeddings, Tensor) else torch.device("cpu")
+    else:
+        device = embeddings.device if isinstance(embeddings, Tensor) else torch.device("cpu")
+    # The exact keys are float64, which MPS lacks.
+    if backend != "torch" or rerank is not None or device.type == "mps":
+        return torch.device("cpu")
+    return device
 
 
 def _as_embeddings(embeddings: Any, name: str = "embeddings", device: torch.device | None = None) -> Tensor:

@@ -90,7 +90,7 @@ def _train(
     torch.set_num_threads(resolve_threads(config.training.num_threads))
     source: BatchSource = (ImageBatches(config, set_up_training(config, device)) if features is None
                            else FeatureBatches(config, features, device))
-    stepper = _Stepper(config, source.components, device, group)
+    stepper = Stepper(config, source.components, device, group)
     start_epoch, state = 0, SelectionState()
     if resume and (run_dir / records.LAST_CHECKPOINT).exists():
         start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, source.components, source.sampler, stepper)
@@ -165,7 +165,7 @@ def _owned_and_checked(run_dir: Path, resume: bool, group: ProcessGroup) -> Iter
 
 
 def _run_epochs(
-    run_dir: Path, source: BatchSource, stepper: _Stepper, state: SelectionState, start_epoch: int, progress: bool,
+    run_dir: Path, source: BatchSource, stepper: Stepper, state: SelectionState, start_epoch: int, progress: bool,
     track: tracking.Tracker,
 ) -> int:
     """Epochs ``start_epoch + 1`` onwards, each validated on its schedule and checkpointed; returns the last one run."""
@@ -222,7 +222,7 @@ def _initialize_memory(source: BatchSource, device: torch.device, group: Process
         sampler.initialize_memory(source.train_embeddings(device, group))
 
 
-class _Stepper:
+class Stepper:
     """What a training step needs besides the components: the module to call (plain, DDP-wrapped and
     or compiled, rebuilt when the warm-up phase changes which parameters train), autocast and the
     fp16 gradient scaler, as ``acceleration`` resolved them (channels_last applied to the model here)."""
@@ -319,7 +319,7 @@ def time_steps(config: Config, source: BatchSource, device: torch.device, steps:
     """The seconds of each of the first ``steps`` training steps of ``source`` (fetching the batch
     included) as the loop takes them, epoch after epoch from the first after the warm-up; what
     ``protocol.cost`` times. Nothing is written; the components train."""
-    stepper = _Stepper(config, source.components, device, ProcessGroup())
+    stepper = Stepper(config, source.components, device, ProcessGroup())
     _initialize_memory(source, device, stepper.group)
     budget, epoch = StepBudget(steps), config.training.warmup_epochs
     while not budget.spent:
@@ -331,7 +331,7 @@ def time_steps(config: Config, source: BatchSource, device: torch.device, steps:
 
 
 def _train_epoch(
-    epoch: int, source: BatchSource, stepper: _Stepper, progress: bool, budget: StepBudget | None = None
+    epoch: int, source: BatchSource, stepper: Stepper, progress: bool, budget: StepBudget | None = None
 ) -> dict[str, Any]:
     """One pass over the sampler's batches; raises ``TrainingDiverged`` on a non-finite loss.
 
@@ -401,7 +401,7 @@ def _validate(
 
 def _save_checkpoint(
     path: Path, epoch: int, components: Components, state: SelectionState, sampler: Sampler[list[int]],
-    stepper: _Stepper,
+    stepper: Stepper,
 ) -> None:
     payload = {
         "epoch": epoch,
@@ -419,7 +419,7 @@ def _save_checkpoint(
 
 
 def _load_checkpoint(
-    path: Path, components: Components, sampler: Sampler[list[int]], stepper: _Stepper
+    path: Path, components: Components, sampler: Sampler[list[int]], stepper: Stepper
 ) -> tuple[int, SelectionState]:
     payload = torch.load(path, map_location="cpu", weights_only=False)
     components.model.load_state_dict(payload["model"])
@@ -451,7 +451,7 @@ def _check_new_run_dir_empty(run_dir: Path, resume: bool) -> None:
 
 
 def _start_record(
-    run_dir: Path, source: BatchSource, stepper: _Stepper, resume: bool, extra: Mapping[str, Any] | None
+    run_dir: Path, source: BatchSource, stepper: Stepper, resume: bool, extra: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     config, group = stepper.config, stepper.group
     data = source.describe()
