@@ -47,6 +47,7 @@ import torch
 
 from dmlbench import config as config_module
 from dmlbench import losses, models
+from dmlbench.evaluation.knn_index import float32_products
 from dmlbench.training import loop, records, train
 from dmlbench.training.acceleration import AUTOCAST_DTYPES, resolve_precision
 from dmlbench.training.embed import resolve_device
@@ -224,13 +225,12 @@ def products_floor(embeddings: torch.Tensor, device: torch.device, tile: int = 8
     """Seconds of the ``N x N`` float32 products on ``device`` (TF32 off), timed on ``sampled`` query tiles
     after one untimed one and scaled to all ``N`` queries."""
     rows = embeddings.to(device, torch.float32)
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        def products(queries: torch.Tensor) -> None:
-            for start in range(0, len(rows), tile):
-                torch.mm(queries, rows[start:start + tile].T)
 
+    def products(queries: torch.Tensor) -> None:
+        for start in range(0, len(rows), tile):
+            torch.mm(queries, rows[start:start + tile].T)
+
+    with float32_products():
         products(rows[:tile])
         synchronize(device)
         started = time.perf_counter()
@@ -238,9 +238,7 @@ def products_floor(embeddings: torch.Tensor, device: torch.device, tile: int = 8
         for first in range(0, count, tile):
             products(rows[first:first + tile])
         synchronize(device)
-        return (time.perf_counter() - started) * len(rows) / count
-    finally:
-        torch.set_float32_matmul_precision(previous)
+    return (time.perf_counter() - started) * len(rows) / count
 
 
 def evaluation_figures(args: argparse.Namespace, device: torch.device) -> dict[str, float]:

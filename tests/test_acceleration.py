@@ -91,3 +91,34 @@ def test_run_json_records_the_resolved_choices(tmp_path: Path) -> None:
     choices = json.loads((result.run_dir / "run.json").read_text())["training_choices"]
     assert choices["training"]["precision"] == "auto" and choices["training"]["deterministic"] is True
     assert choices["acceleration"] == {"precision": "fp32", "deterministic": True, "channels_last": False, "compile": False}
+
+
+def test_images_go_to_a_gpu_only_unaugmented_and_within_a_quarter_of_its_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dmlbench import data
+    from dmlbench.data.base import ImageDataset
+    from dmlbench.training.setup import held_on
+
+    dataset = data.build("glyphs", max_classes=4, augmentations_per_font=0, image_size=16)
+    assert held_on(dataset, CPU) is dataset
+    moved = []
+    monkeypatch.setattr(ImageDataset, "on_device", lambda self, device: moved.append(device) or self)
+    size = dataset.images.numel()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * size, 8 * size))
+    held_on(dataset, CUDA)
+    assert moved == [CUDA]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * size - 1, 8 * size))
+    held_on(dataset, CUDA)
+    held_on(dataset.with_augmentation("base", seed=0), CUDA)
+    assert moved == [CUDA]
+
+
+def test_a_dataset_on_a_device_gives_the_same_batches() -> None:
+    from dmlbench import data
+
+    dataset = data.build("glyphs", max_classes=4, augmentations_per_font=0, image_size=16)
+    normalized = dataset.with_normalization(*dataset.pixel_statistics())
+    for source in (dataset, normalized, normalized.subset([5, 1, 9])):
+        held = source.on_device(CPU)
+        assert held.content_hash == source.content_hash
+        for expected, found in zip(source.batch([2, 0, 1], epoch=1), held.batch([2, 0, 1], epoch=1)):
+            assert torch.equal(expected, found)

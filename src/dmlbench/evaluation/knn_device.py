@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from dmlbench.evaluation.knn_blocked import mask_padding
+from dmlbench.evaluation.knn_blocked import blocked_search, mask_padding
 from dmlbench.evaluation.knn_index import KnnIndex
 
 _CELL = 32
@@ -114,20 +114,8 @@ def candidate_search(
     reference ids ``[Q, width]``, -1 for none); ``exclude_self`` drops each query's own row."""
     device = space.search_rows.device
     query_ids, reference_ids = query_ids.to(device), reference_ids.to(device)
-    block = block_size_for(device, block_size)
-    symmetric = (exclude_self and space.symmetric_scores and len(query_ids) == len(reference_ids)
-                 and bool(torch.equal(query_ids, reference_ids)))
-    previous = torch.get_float32_matmul_precision()
-    # The certification's error bound assumes true float32 products (no TF32 or bfloat16 shortcuts).
-    torch.set_float32_matmul_precision("highest")
-    try:
-        if symmetric:
-            best = _symmetric_search(space.search_rows[query_ids], query_ids, width, block)
-        else:
-            best = _rectangular_search(space, query_ids, reference_ids, width, block, exclude_self)
-    finally:
-        torch.set_float32_matmul_precision(previous)
-    return best.scores[: len(query_ids)], best.ids[: len(query_ids)]
+    return blocked_search(space, query_ids, reference_ids, width, block_size_for(device, block_size), exclude_self,
+                          _symmetric_search, _rectangular_search)
 
 
 def _symmetric_search(rows: Tensor, ids: Tensor, width: int, block: int) -> _Best:

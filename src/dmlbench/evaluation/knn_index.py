@@ -10,6 +10,8 @@ ties broken by reference index, which makes results independent of backend and t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +50,11 @@ class KnnIndex:
     @property
     def num_rows(self) -> int:
         return int(self.exact_rows.shape[0])
+
+    def is_self_search(self, query_ids: Tensor, reference_ids: Tensor, exclude_self: bool) -> bool:
+        """Every row queries every other under symmetric scores: each block pair can serve both its rows and its columns."""
+        return (exclude_self and self.symmetric_scores and len(query_ids) == len(reference_ids)
+                and bool(torch.equal(query_ids, reference_ids)))
 
     def exact_distances(self, query_ids: Tensor, reference_ids: Tensor) -> Tensor:
         """Exact keys, float64 ``[Q, C]``, of ``query_ids[q]`` against ``reference_ids[q, c]``; -1 ids give inf."""
@@ -88,6 +95,17 @@ class KnnIndex:
         max_reference_norm = float(self.squared_norms.max().sqrt())
         scale = query_norms * max_reference_norm + max_reference_norm**2
         return relative * scale + _FLOAT64_MARGIN * (query_norms + max_reference_norm) ** 2
+
+
+@contextmanager
+def float32_products() -> Iterator[None]:
+    """Matrix products in true float32 while inside: ``distance_error_bound`` assumes no TF32 or bfloat16 shortcuts."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def pack_signs(embeddings: Tensor) -> Tensor:

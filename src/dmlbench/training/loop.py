@@ -300,6 +300,8 @@ class ImageBatches:
             "val_classes": sorted(int(c) for c in labels[setup.splits.validation].unique()),
             # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
             "unreadable_images": len(setup.dataset.metadata.get("unreadable_items", [])),
+            # uint8 images held on the GPU (training.setup.held_on): no host copy per step.
+            "images_on_device": setup.train_set.images.device.type != "cpu",
         }
 
 
