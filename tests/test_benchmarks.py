@@ -45,9 +45,9 @@ def test_gpu_figures_run_on_a_cpu_at_tiny_sizes() -> None:
     )
     assert lines[0].startswith("device: CPU") and "precision auto = fp32" in lines[0]
     assert [line.split()[:2] for line in lines[1:4]] == [["dmlbench", "default"], ["dmlbench", "fast"], ["anchor", "tuned"]]
-    assert lines[4].startswith("train     2 epochs of glyphs (20 classes)") and "'channels_last': False" in lines[4]
-    assert "evaluation of N=1,000 x 128 on cpu" in lines[5]
-    assert "identical" in lines[6] and lines[6].endswith("largest metric difference 0.0e+00")
+    assert "evaluation of N=1,000 x 128 on cpu" in lines[4]
+    assert "identical" in lines[5] and lines[5].endswith("largest metric difference 0.0e+00")
+    assert lines[6].startswith("train     2 epochs of glyphs (20 classes)") and "'channels_last': False" in lines[6]
     targets = [line for line in lines if line.startswith("target ")]
     assert len(targets) == 6 and all(line.endswith("(CPU: not a target)") for line in targets)
     assert "not measured" in targets[3]  # GPU busy: no GPU to sample

@@ -19,10 +19,10 @@ OUT=results/gpu_h200
 T=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $OUT/gpu_targets.txt 2>&1
 # One compiled dmlbench setting and the compiled anchor: each compilation of ResNet-50 takes about a minute.
-timeout 330 python3 benchmarks/gpu.py --modes default,fp32,bf16,fast,fast+compile --steps 15 2>&1 | tee -a $OUT/gpu_targets.txt
-echo "exit $?" >> $OUT/gpu_targets.txt
-timeout 60 bash $OUT/cuda_determinism.sh 2>&1 | tee $OUT/cuda_determinism_49.txt
+timeout 360 python3 benchmarks/gpu.py --modes default,fp32,bf16,fast,fast+compile --steps 15 2>&1 | tee -a $OUT/gpu_targets.txt
+echo "exit ${PIPESTATUS[0]}" >> $OUT/gpu_targets.txt
+timeout 50 bash $OUT/cuda_determinism.sh 2>&1 | tee $OUT/cuda_determinism_49.txt
 # The glyphs at 224 px are cached by the train above, so the estimate pays for no generation.
-( time timeout 90 python3 -m dmlbench benchmark configs/cub_shaped_glyphs.yaml --dry-run -o $T/cub ) 2>&1 | tee $OUT/cub_shaped_dry_run.txt
+( time timeout 80 python3 -m dmlbench benchmark configs/cub_shaped_glyphs.yaml --dry-run -o $T/cub ) 2>&1 | tee $OUT/cub_shaped_dry_run.txt
 ( time timeout 100 python3 -m dmlbench benchmark --jobs auto -o $T/builtin -q ) 2>&1 | tee $OUT/builtin_jobs_auto.txt
 python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['environment'])" $T/builtin/benchmark.json >> $OUT/builtin_jobs_auto.txt 2>&1
