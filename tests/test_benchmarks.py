@@ -36,11 +36,18 @@ def test_evaluation_of_an_approximate_index_measures_its_recall(kind: str) -> No
 
 
 def test_gpu_figures_run_on_a_cpu_at_tiny_sizes() -> None:
+    """Every section of benchmarks/gpu.py (steps, the tuned anchor, a train, evaluation and its check
+    against the CPU path) on the CPU device, each ending in its target line."""
     lines = run(
         "gpu.py", "--device", "cpu", "--trunk", "small_cnn", "--image-size", "16", "--batch-size", "8",
-        "--warmup", "1", "--steps", "2", "--modes", "fp32,bf16", "--n", "1000",
+        "--warmup", "1", "--steps", "2", "--modes", "default,fast", "--classes", "20", "--augmentations", "0",
+        "--epochs", "2", "--n", "1000", "--check", "400",
     )
-    assert lines[0].startswith("device: CPU")
-    assert [line.split()[0] for line in lines[1:3]] == ["fp32", "bf16"]
-    assert "evaluation of N=1,000 x 128" in lines[3]
-    assert lines[-1].startswith("fastest mode ")
+    assert lines[0].startswith("device: CPU") and "precision auto = fp32" in lines[0]
+    assert [line.split()[:2] for line in lines[1:4]] == [["dmlbench", "default"], ["dmlbench", "fast"], ["anchor", "tuned"]]
+    assert "evaluation of N=1,000 x 128 on cpu" in lines[4]
+    assert "identical" in lines[5] and lines[5].endswith("largest metric difference 0.0e+00")
+    assert lines[6].startswith("train     2 epochs of glyphs (20 classes)") and "'channels_last': False" in lines[6]
+    targets = [line for line in lines if line.startswith("target ")]
+    assert len(targets) == 6 and all(line.endswith("(CPU: not a target)") for line in targets)
+    assert "not measured" in targets[3]  # GPU busy: no GPU to sample

@@ -484,6 +484,7 @@ def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_
         (REPO / "configs" / "smoke.yaml", {"methods": 2, "folds": 2, "trials": 2, "reproductions": 2}),
         (REPO / "configs" / "reality_check.yaml", {"methods": 12, "folds": 4, "trials": 50, "reproductions": 10}),
         (REPO / "configs" / "reality_check_glyphs.yaml", {"methods": 17, "folds": 4, "trials": 8, "reproductions": 5}),
+        (REPO / "configs" / "cub_shaped_glyphs.yaml", {"methods": 12, "folds": 4, "trials": 50, "reproductions": 10}),
         (REPO / "configs" / "samplers_glyphs.yaml", {"methods": 7, "folds": 4, "trials": 8, "reproductions": 5}),
     ],
 )
@@ -504,6 +505,17 @@ def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None
         variants.add((raw["loss"]["name"], miner.get("name"), "miner.p_switch" in method.search,
                       sampler.get("name"), json.dumps(sampler.get("params"), sort_keys=True)))
     assert len(variants) == len(spec.methods)  # no method is another one under a second name
+
+
+def test_the_cub_shaped_workload_is_the_reality_check_protocol_on_cub_sized_glyphs() -> None:
+    """Issue 49: seed 001's protocol (reality_check.yaml's folds, search, reproductions and methods) on
+    200 glyph classes of 16 fonts x 4 images at 224 px (CUB: 200 classes, ~59 images) and a ResNet-50."""
+    from dmlbench.protocol.benchmark import load_spec
+
+    shaped, reference = load_spec(REPO / "configs" / "cub_shaped_glyphs.yaml"), load_spec(REPO / "configs" / "reality_check.yaml")
+    assert shaped.protocol == reference.protocol and shaped.methods == reference.methods
+    assert shaped.base["data"]["options"] == {"image_size": 224, "augmentations_per_font": 3, "max_classes": 200}
+    assert shaped.base["model"]["trunk"] == "resnet50" and shaped.base["training"]["batch_size"] == 32
 
 
 def test_the_committed_glyph_studies_cover_what_issue_15_asks_for() -> None:

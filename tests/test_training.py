@@ -354,7 +354,7 @@ def test_gradient_accumulation_sums_the_batches_gradients(tmp_path: Path) -> Non
     setup = set_up_training(config, cpu)
     index = setup.to_class_index
     reference = build_components(config, int((index >= 0).sum()), cpu)
-    stepper = training_loop._Stepper(config, setup.components, cpu, training_loop.ProcessGroup())
+    stepper = training_loop.Stepper(config, setup.components, cpu, training_loop.ProcessGroup())
     training_loop._train_epoch(1, training_loop.ImageBatches(config, setup), stepper, False)
     setup.sampler.set_epoch(1)
     reference.model.train()

@@ -139,9 +139,13 @@ class TrainingConfig(Section):
     warmup_epochs: int = Field(0, ge=0)
     # Batches whose gradients are summed (each loss divided by this) before one optimiser step.
     accumulation_steps: int = Field(1, ge=1)
-    # Autocast of the training forward pass: fp32 (none), bf16 or fp16 (CUDA only).
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    # torch.compile the model for the training steps (benchmarks/compile.py measures it).
+    # Autocast of the training forward pass: auto (bf16 on a CUDA GPU that has it, else fp32), fp32
+    # (none), bf16 or fp16 (CUDA and MPS only).
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # On CUDA: cuDNN's deterministic kernels and IEEE float32; false lets cuDNN pick kernels by timing
+    # and float32 products round to TF32 (faster, no longer bit-repeatable). The CPU is repeatable either way.
+    deterministic: bool = True
+    # torch.compile the model for the training steps (benchmarks/compile.py, benchmarks/gpu.py measure it).
     compile: bool = False
 
 

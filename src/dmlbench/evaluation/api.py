@@ -13,7 +13,7 @@ from dmlbench.errors import UserInputError
 from dmlbench.evaluation import clustering
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
 from dmlbench.evaluation.metrics import METRICS, QueryLayout
-from dmlbench.evaluation.neighbors import nearest_neighbors
+from dmlbench.evaluation.neighbors import Neighbors, nearest_neighbors
 from dmlbench.evaluation.rerank import KReciprocal, QueryExpansion, Reranking, build, reranked_neighbors, validate_combination
 from dmlbench.validation import check_positive_int
 
@@ -55,6 +55,7 @@ def evaluate(
     nprobe: int | None = None,
     domains: Tensor | np.ndarray | Sequence[Any] | None = None,
     rerank: Reranking | Mapping[str, Any] | str | None = None,
+    device: torch.device | str | None = None,
 ) -> dict[str, float | int]:
     """Metrics of ``embeddings`` ``[N, D]`` with integer ``labels`` ``[N]`` (definitions: docs/decisions.md).
 
@@ -75,6 +76,9 @@ def evaluate(
     ``rerank`` (``evaluation.rerank.build``'s result, or ``{"kind": ..., "params": {...}}``) re-ranks
     every query's list before the retrieval metrics (exact; not with ``binarize``, ``normalize=False``,
     ``domains``, another ``backend`` or ``block_size``); clustering metrics stay on the embeddings.
+    ``device``: where the exact neighbour search runs (default: the device ``embeddings`` are on; the
+    CPU for arrays); on a GPU the numbers are the CPU's, ties included. Faiss backends, re-ranking
+    and clustering run on the CPU.
     """
     names = _parse_metrics(metrics, ks)
     method = _as_reranking(rerank, binarize=binarize, normalize=normalize, domains=domains, backend=backend,
@@ -82,7 +86,8 @@ def evaluate(
     for name, value in (("block_size", block_size), ("nprobe", nprobe)):
         if value is not None:
             check_positive_int(name, value)
-    space = prepare(_as_embeddings(embeddings), normalize=normalize, binarize=binarize)
+    search_device = _search_device(embeddings, device, backend=backend, rerank=method)
+    space = prepare(_as_embeddings(embeddings, device=search_device), normalize=normalize, binarize=binarize)
     label_tensor = _as_labels(labels, space.num_rows)
     if len(torch.unique(label_tensor)) < 2:
         raise UserInputError("labels contain a single class; evaluation needs at least 2 classes")
@@ -168,6 +173,8 @@ def _retrieval(
             space, query_ids, reference_ids, k, exclude_self=layout.self_retrieval,
             backend=backend, block_size=block_size, nprobe=nprobe, seed=seed, domains=domains,
         )
+    # Counted on the CPU: the lists are small next to the search, and metric plugins get CPU tensors.
+    neighbours = Neighbors(neighbours.ids.cpu(), neighbours.distances.cpu())
     # An approximate backend may find fewer than k neighbours for a query; the missing ones (-1) are misses.
     hits = (neighbours.ids >= 0) & (labels[neighbours.ids.clamp_min(0)] == labels[query_ids].unsqueeze(1))
     results = {name: METRICS.get(name).compute(hits, layout) for name in names}
@@ -260,7 +267,7 @@ def _clustering(space: KnnIndex, labels: Tensor, names: list[str], seed: int, it
     check_positive_int("kmeans_iterations", iterations)
     label_array = labels.numpy()
     clusters = clustering.kmeans_assignment(
-        space.search_rows, len(np.unique(label_array)), seed=seed, iterations=iterations
+        space.search_rows.cpu(), len(np.unique(label_array)), seed=seed, iterations=iterations
     )
     return {name: METRICS.get(name).compute(label_array, clusters) for name in names}
 
@@ -281,15 +288,33 @@ def _parse_metrics(metrics: Iterable[str] | None, ks: Sequence[int]) -> list[str
     return names
 
 
-def _as_embeddings(embeddings: Any, name: str = "embeddings") -> Tensor:
+def _search_device(embeddings: Any, device: torch.device | str | None, *, backend: str,
+                   rerank: Reranking | None) -> torch.device:
+    """Where ``evaluate`` searches: ``device``, else the embeddings' own; the CPU for faiss, re-ranking and MPS."""
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise UserInputError(f"device={device!r} is not a device (cpu, cuda, cuda:N)") from None
+    else:
+        device = embeddings.device if isinstance(embeddings, Tensor) else torch.device("cpu")
+    # The exact keys are float64, which MPS lacks.
+    if backend != "torch" or rerank is not None or device.type == "mps":
+        return torch.device("cpu")
+    return device
+
+
+def _as_embeddings(embeddings: Any, name: str = "embeddings", device: torch.device | None = None) -> Tensor:
+    """``embeddings`` as a validated float64 ``[N, D]`` tensor on ``device`` (default: the CPU)."""
     if isinstance(embeddings, Tensor):
-        data = embeddings.detach().cpu()
+        data = embeddings.detach().to(device or "cpu")
     else:
         try:
             # Contiguous: torch refuses the negative strides of a reversed view (``x[:, ::-1]``).
             data = torch.as_tensor(np.require(embeddings, requirements="C"))
         except (TypeError, ValueError) as error:
             raise UserInputError(f"{name} must be a numeric array [N, D]: {error}") from None
+        data = data.to(device or "cpu")
     if data.ndim != 2 or data.shape[0] < 2 or data.shape[1] < 1:
         raise UserInputError(f"{name} must have shape [N, D] with N >= 2 and D >= 1; got {list(data.shape)}")
     if not (data.dtype.is_floating_point or data.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)):

@@ -13,11 +13,13 @@ Float32 candidates are not yet exact: ``dmlbench.evaluation.neighbors`` re-ranks
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from dmlbench.evaluation.knn_index import KnnIndex
+from dmlbench.evaluation.knn_index import KnnIndex, float32_products
 
 DEFAULT_BLOCK_SIZE = 4096
 _CELL = 32
@@ -161,22 +163,20 @@ def candidate_search(
     ``exclude_self`` drops the pair where the reference id equals the query id.
     """
     block = _CELL * max(1, math.ceil((block_size or DEFAULT_BLOCK_SIZE) / _CELL))
-    self_search = (
-        exclude_self
-        and space.symmetric_scores
-        and len(query_ids) == len(reference_ids)
-        and bool(torch.equal(query_ids, reference_ids))
-    )
-    previous_precision = torch.get_float32_matmul_precision()
-    # The error bound assumes true float32 products (no TF32/bfloat16 shortcuts).
-    torch.set_float32_matmul_precision("highest")
-    try:
-        if self_search:
-            state = _symmetric_search(space.search_rows[query_ids], query_ids, width, block)
+    return blocked_search(space, query_ids, reference_ids, width, block, exclude_self, _symmetric_search,
+                          _rectangular_search)
+
+
+def blocked_search(space: KnnIndex, query_ids: Tensor, reference_ids: Tensor, width: int, block: int,
+                   exclude_self: bool, symmetric: Callable[..., Any], rectangular: Callable[..., Any]) -> tuple[Tensor, Tensor]:
+    """A blocked search's (scores, ids) in true float32: ``symmetric(rows, ids, width, block)`` when each
+    block pair can serve its rows and its columns, else ``rectangular(space, query_ids, reference_ids,
+    width, block, exclude_self)``; each returns a state with ``scores`` and ``ids`` (``knn_device`` too)."""
+    with float32_products():
+        if space.is_self_search(query_ids, reference_ids, exclude_self):
+            state = symmetric(space.search_rows[query_ids], query_ids, width, block)
         else:
-            state = _rectangular_search(space, query_ids, reference_ids, width, block, exclude_self)
-    finally:
-        torch.set_float32_matmul_precision(previous_precision)
+            state = rectangular(space, query_ids, reference_ids, width, block, exclude_self)
     return state.scores[: len(query_ids)], state.ids[: len(query_ids)]
 
 
@@ -194,7 +194,7 @@ def _symmetric_search(rows: Tensor, ids: Tensor, width: int, block: int) -> _Run
         rows_i, rows_j = padded_rows[i : i + block], padded_rows[j : j + block]
         # Reusing one output buffer avoids page faults on every block, which would cost as much as the product.
         scores = torch.mm(rows_i, rows_j.T, out=buffer[: len(rows_i) * len(rows_j)].view(len(rows_i), len(rows_j)))
-        _mask_padding(scores, i, j, count)
+        mask_padding(scores, i, j, count)
         if i == j:
             scores.fill_diagonal_(-math.inf)
             state.update_rows(scores, i, padded_ids[j : j + block])
@@ -229,7 +229,8 @@ def _rectangular_search(
     return state
 
 
-def _mask_padding(scores: Tensor, row_start: int, column_start: int, count: int) -> None:
+def mask_padding(scores: Tensor, row_start: int, column_start: int, count: int) -> None:
+    """Set the scores of padding rows and columns (global positions ``count`` on) of a block to -inf."""
     if row_start + scores.shape[0] > count:
         scores[max(0, count - row_start) :] = -math.inf
     if column_start + scores.shape[1] > count:

@@ -10,6 +10,8 @@ ties broken by reference index, which makes results independent of backend and t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +51,11 @@ class KnnIndex:
     def num_rows(self) -> int:
         return int(self.exact_rows.shape[0])
 
+    def is_self_search(self, query_ids: Tensor, reference_ids: Tensor, exclude_self: bool) -> bool:
+        """Every row queries every other under symmetric scores: each block pair can serve both its rows and its columns."""
+        return (exclude_self and self.symmetric_scores and len(query_ids) == len(reference_ids)
+                and bool(torch.equal(query_ids, reference_ids)))
+
     def exact_distances(self, query_ids: Tensor, reference_ids: Tensor) -> Tensor:
         """Exact keys, float64 ``[Q, C]``, of ``query_ids[q]`` against ``reference_ids[q, c]``; -1 ids give inf."""
         valid = reference_ids >= 0
@@ -57,7 +64,7 @@ class KnnIndex:
         references = self.exact_rows[safe_ids]
         if self.binary:
             differing = torch.bitwise_xor(queries, references)
-            keys = _POPCOUNT[differing.long()].sum(dim=-1).to(torch.float64)
+            keys = _POPCOUNT.to(differing.device)[differing.long()].sum(dim=-1).to(torch.float64)
         else:
             keys = (queries - references).square().sum(dim=-1)
         return keys.masked_fill(~valid, math.inf)
@@ -79,36 +86,47 @@ class KnnIndex:
         adds ``2u |q||r|``; the bound below doubles that for safety. Binary scores are exact integers.
         """
         if self.binary:
-            return torch.zeros(len(query_ids), dtype=torch.float64)
+            return torch.zeros(len(query_ids), dtype=torch.float64, device=query_ids.device)
         terms = self.search_rows.shape[1] + 4
         relative = 4.0 * terms * FLOAT32_UNIT_ROUNDOFF
         if self.squared_norms is None:
-            return torch.full((len(query_ids),), relative + _FLOAT64_MARGIN, dtype=torch.float64)
+            return torch.full((len(query_ids),), relative + _FLOAT64_MARGIN, dtype=torch.float64, device=query_ids.device)
         query_norms = self.squared_norms[query_ids].sqrt()
         max_reference_norm = float(self.squared_norms.max().sqrt())
         scale = query_norms * max_reference_norm + max_reference_norm**2
         return relative * scale + _FLOAT64_MARGIN * (query_norms + max_reference_norm) ** 2
 
 
+@contextmanager
+def float32_products() -> Iterator[None]:
+    """Matrix products in true float32 while inside: ``distance_error_bound`` assumes no TF32 or bfloat16 shortcuts."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def pack_signs(embeddings: Tensor) -> Tensor:
     """Bits ``x > 0`` packed 8 per byte (most significant bit first, like ``numpy.packbits``), seed 002 section 4.3."""
     bits = embeddings > 0
     num_rows, dim = bits.shape
-    padded = torch.zeros(num_rows, 8 * math.ceil(dim / 8), dtype=torch.uint8)
+    padded = torch.zeros(num_rows, 8 * math.ceil(dim / 8), dtype=torch.uint8, device=bits.device)
     padded[:, :dim] = bits
-    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8, device=bits.device)
     return (padded.view(num_rows, -1, 8) * weights).sum(dim=-1, dtype=torch.uint8)
 
 
 def unpack_signs(packed: Tensor, dim: int) -> Tensor:
     """Inverse of ``pack_signs``: bool ``[N, dim]``."""
-    shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
     bits = (packed.unsqueeze(-1) >> shifts) & 1
     return bits.reshape(packed.shape[0], -1)[:, :dim].bool()
 
 
 def prepare(embeddings: Tensor, *, normalize: bool, binarize: bool) -> KnnIndex:
-    """Build the ``KnnIndex`` of float64 ``embeddings`` ``[N, D]`` (already validated finite)."""
+    """Build the ``KnnIndex`` of float64 ``embeddings`` ``[N, D]`` (already validated finite) on their device."""
     num_rows, dim = embeddings.shape
     if binarize:
         packed = pack_signs(embeddings)
@@ -123,7 +141,7 @@ def prepare(embeddings: Tensor, *, normalize: bool, binarize: bool) -> KnnIndex:
     scale = 2.0 ** -math.ceil(math.log2(max_norm)) if max_norm > 0 else 1.0
     scaled = embeddings * scale
     squared_norms = scaled.square().sum(dim=1)
-    ones = torch.ones(num_rows, 1, dtype=torch.float64)
+    ones = torch.ones(num_rows, 1, dtype=torch.float64, device=embeddings.device)
     queries = torch.cat([scaled, ones], dim=1).to(torch.float32)
     references = torch.cat([scaled, -0.5 * squared_norms.unsqueeze(1)], dim=1).to(torch.float32)
     return KnnIndex(queries, references, scaled, False, dim, False, squared_norms, scale)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.evaluation import knn_blocked, knn_faiss
+from dmlbench.evaluation import knn_blocked, knn_device, knn_faiss
 from dmlbench.evaluation.knn_index import KnnIndex
 
 BACKENDS = ("torch", "faiss", "faiss_approx", "faiss_hnsw")
@@ -27,8 +27,10 @@ APPROXIMATE = ("faiss_approx", "faiss_hnsw")
 # (query ids, width) -> (float32 scores [Q, width], larger is nearer; global reference ids, -1 for none).
 CandidateSearch = Callable[[Tensor, int], tuple[Tensor, Tensor]]
 # Exact keys are computed for at most this many (query, candidate, dimension) entries at a time:
-# small chunks stay in cache and reuse memory instead of faulting in fresh pages.
+# small chunks stay in cache and reuse memory instead of faulting in fresh pages. A GPU wants large
+# ones (each chunk is a few kernel launches); 2**27 float64 entries are 1 GiB.
 _EXACT_CHUNK_ENTRIES = 1 << 17
+_DEVICE_EXACT_CHUNK_ENTRIES = 1 << 27
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ def nearest_neighbors(
     ``searcher`` replaces the backend's candidate search (a stored index, for instance); its scores
     must be products of ``space``'s float32 rows for certification to hold, and ``certify=False``
     ranks whatever it proposes without certification (approximate indexes).
+    The search runs on ``space``'s device: backend ``torch`` is ``knn_blocked`` on the CPU and
+    ``knn_device`` elsewhere (faiss needs the CPU); the result lies on that device.
     """
     if backend not in BACKENDS:
         raise UserInputError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
@@ -76,22 +80,25 @@ def nearest_neighbors(
     available = len(reference_ids) - int(exclude_self)
     if not 1 <= k <= available:
         raise UserInputError(f"k={k} must lie in [1, {available}] (the number of references per query)")
+    device = space.exact_rows.device
+    if device.type != "cpu" and backend != "torch":
+        raise UserInputError(f"backend {backend!r} searches on the CPU; evaluate on the CPU or with backend 'torch'")
+    query_ids, reference_ids = query_ids.to(device), reference_ids.to(device)
+    exact_search = knn_blocked.candidate_search if device.type == "cpu" else knn_device.candidate_search
 
     def search(queries: Tensor, width: int) -> tuple[Tensor, Tensor]:
         if searcher is not None:
             return searcher(queries, width)
         if backend == "torch":
-            return knn_blocked.candidate_search(
-                space, queries, reference_ids, width, exclude_self=exclude_self, block_size=block_size
-            )
+            return exact_search(space, queries, reference_ids, width, exclude_self=exclude_self, block_size=block_size)
         return knn_faiss.candidate_search(
             space, queries, reference_ids, width, exclude_self=exclude_self,
             kind=_FAISS_KINDS[backend], nprobe=nprobe, seed=seed,
         )
 
-    ids = torch.empty(len(query_ids), k, dtype=torch.int64)
-    distances = torch.empty(len(query_ids), k, dtype=torch.float64)
-    pending = torch.arange(len(query_ids))
+    ids = torch.empty(len(query_ids), k, dtype=torch.int64, device=device)
+    distances = torch.empty(len(query_ids), k, dtype=torch.float64, device=device)
+    pending = torch.arange(len(query_ids), device=device)
     # A little slack beyond k lets most queries be certified in one pass.
     width = min(available, k + max(8, k // 8))
     while len(pending) > 0:
@@ -114,8 +121,10 @@ def _cross_domain(space: KnnIndex, query_ids: Tensor, reference_ids: Tensor, k: 
     domain whose gallery holds fewer than ``k`` references fills its queries' lists with -1 (at
     distance inf) beyond them: ``k`` is what the queries of the largest gallery need, and a query's
     matches all lie in its own gallery."""
-    ids = torch.full((len(query_ids), k), -1, dtype=torch.int64)
-    distances = torch.full((len(query_ids), k), float("inf"), dtype=torch.float64)
+    device = space.exact_rows.device
+    query_ids, reference_ids, domains = query_ids.to(device), reference_ids.to(device), domains.to(device)
+    ids = torch.full((len(query_ids), k), -1, dtype=torch.int64, device=device)
+    distances = torch.full((len(query_ids), k), float("inf"), dtype=torch.float64, device=device)
     query_domains, reference_domains = domains[query_ids], domains[reference_ids]
     for domain in torch.unique(query_domains).tolist():
         rows = torch.nonzero(query_domains == domain).squeeze(1)
@@ -138,7 +147,7 @@ def _rank_candidates(
     ranked_ids = candidates.gather(1, by_key)[:, :k]
     ranked_keys = keys.gather(1, by_key)[:, :k]
     if exhaustive:
-        return ranked_ids, ranked_keys, torch.ones(len(query_ids), dtype=torch.bool)
+        return ranked_ids, ranked_keys, torch.ones(len(query_ids), dtype=torch.bool, device=ranked_ids.device)
     worst_kept = space.scores_to_distances(scores, query_ids).amax(dim=1)
     closest_outside = worst_kept - space.distance_error_bound(query_ids)
     return ranked_ids, ranked_keys, ranked_keys[:, -1] < closest_outside
@@ -146,8 +155,9 @@ def _rank_candidates(
 
 def _exact_keys(space: KnnIndex, query_ids: Tensor, candidates: Tensor) -> Tensor:
     row_entries = max(1, candidates.shape[1] * space.exact_rows.shape[1])
-    chunk = max(1, _EXACT_CHUNK_ENTRIES // row_entries)
-    keys = torch.empty(candidates.shape, dtype=torch.float64)
+    entries = _EXACT_CHUNK_ENTRIES if candidates.device.type == "cpu" else _DEVICE_EXACT_CHUNK_ENTRIES
+    chunk = max(1, entries // row_entries)
+    keys = torch.empty(candidates.shape, dtype=torch.float64, device=candidates.device)
     for start in range(0, len(query_ids), chunk):
         stop = start + chunk
         keys[start:stop] = space.exact_distances(query_ids[start:stop], candidates[start:stop])

@@ -92,7 +92,7 @@ class Baseline(Unit):
         embeddings = {layout.fold_dir(directory, fold.index).name: embedded for fold in self.context.layout.folds}
         # Re-ranked (when evaluation.rerank is set) with the reference's best parameters, like its reproductions.
         scores = score_modes(embeddings, labels, self.reference.config.evaluation.metrics, seed, mask, domains,
-                             config.evaluation.rerank.method())
+                             config.evaluation.rerank.method(), device)
         directory.mkdir(parents=True, exist_ok=True)
         files.write_json(directory / records.TEST_METRICS_FILE, {"evaluated": provenance.now(), "scores": scores})
         return scores

@@ -183,7 +183,7 @@ def measure(prepared: Prepared, startup: float = 0.0, report: ReportWriter | Non
     startup += first_step + first_validation  # likewise once: what the process's first step and pass pay more
     domains = len(setup.dataset.images_per_domain() or {}) if config.evaluation.cross_domain else 0
     test = SplitSize(len(setup.full_splits.test), len(prepared.layout.test_classes), width, domains)
-    test_scoring, class_sums = timings.scoring_seconds(config, test, prepared.spec.protocol.folds)
+    test_scoring, class_sums = timings.scoring_seconds(config, test, prepared.spec.protocol.folds, device)
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = timings.checkpoint_seconds(setup, Path(directory))
         run_overhead, first_run = _run_overhead(config, Path(directory), step, validation, checkpoint)

@@ -196,7 +196,7 @@ def _test_scores(
     embeddings, labels = _embedded_test_split(output_dir, runs)
     # queries against the gallery for a dataset with roles
     query_mask = test_query_mask(runs[0])
-    scores = score_modes(embeddings, labels, metrics, seed, query_mask, domains, rerank.method())
+    scores = score_modes(embeddings, labels, metrics, seed, query_mask, domains, rerank.method(), runs[0].device)
     per_class = class_sums(embeddings, labels, metrics, query_mask, domains)
     files.write_json(stored_path, {"evaluated": provenance.now(), "key": key, "scores": scores,
                                    **({"class_scores": per_class} if per_class is not None else {})})

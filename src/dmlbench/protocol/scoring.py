@@ -19,19 +19,21 @@ from dmlbench.protocol import layout
 
 
 def score_modes(embeddings: Mapping[str, Any], labels: Any, metrics: list[str], seed: int,
-                query_mask: Any, domains: Any = None, rerank: Any = None) -> dict[str, dict[str, float]]:
-    """The fold models' test embeddings scored concatenated and separated (seed 001 §3.3); with
+                query_mask: Any, domains: Any = None, rerank: Any = None, device: Any = None) -> dict[str, dict[str, float]]:
+    """The fold models' test embeddings scored concatenated and separated (seed 001 §3.3), their
+    neighbours searched on ``device`` (the runs' training device; the same numbers on any); with
     ``domains`` (``evaluation.cross_domain``) also each mode with every query's gallery restricted
     to the other domains (``<mode>_cross_domain``); with ``rerank`` (``evaluation.rerank``'s method)
     also each mode with every query's list re-ranked (``<mode>_reranked``)."""
     scores = {}
     for mode in MODES:
-        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask)
+        values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask,
+                               device=device)
         scores[mode] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
     if domains is not None:
         for mode in MODES:
             values = evaluate_many(embeddings, labels, mode=mode, metrics=metrics, seed=seed, query_mask=query_mask,
-                                   domains=domains)
+                                   domains=domains, device=device)
             scores[cross_domain_mode(mode)] = {name: float(value) for name, value in values.items() if name not in COUNT_KEYS}
     if rerank is not None:
         for mode in MODES:

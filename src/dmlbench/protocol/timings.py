@@ -48,17 +48,17 @@ def validation_seconds(config: Any, setup: Any, device: Any) -> tuple[float, flo
         embeddings, labels = embed(model, validation_set, batch_size, device)
         embedded = time.perf_counter()
         evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed,
-                 rerank=config.evaluation.rerank.method())
+                 rerank=config.evaluation.rerank.method(), device=device)
         passes.append((time.perf_counter() - started, embedded - started))
     (first, _), (warm, embedding) = passes
     return warm, embedding / max(len(validation_set), 1), int(embeddings.shape[1]), max(first - warm, 0.0)
 
 
-def scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, float]:
+def scoring_seconds(config: Any, test: SplitSize, folds: int, device: Any) -> tuple[float, float]:
     """Seconds to score the test split (in every setting a mode is scored in: all-versus-all,
     cross-domain, re-ranked) and to sum a reproduction's per-class scores of its ``folds`` fold models
-    (``class_bootstrap.class_sums``), timed on random unit vectors (the test data itself is opened only
-    by the reproductions)."""
+    (``class_bootstrap.class_sums``), the neighbours searched on ``device`` as the runs search them;
+    timed on random unit vectors (the test data itself is opened only by the reproductions)."""
     from dmlbench.analysis.class_bootstrap import class_sums
     from dmlbench.evaluation import evaluate
 
@@ -67,9 +67,9 @@ def scoring_seconds(config: Any, test: SplitSize, folds: int) -> tuple[float, fl
     embeddings, labels, domains = made_up_test_split(test, config.seed, folds)
     first = embeddings["fold 0"]
     started = time.perf_counter()
-    evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed)
+    evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, device=device)
     if domains is not None:  # each mode is scored cross-domain too
-        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, domains=domains)
+        evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, domains=domains, device=device)
     if config.evaluation.rerank.kind != "none":  # and re-ranked
         evaluate(first, labels, metrics=config.evaluation.metrics, seed=config.seed, rerank=config.evaluation.rerank.method())
     scored = time.perf_counter()

@@ -25,7 +25,8 @@ from dmlbench.config import Config, to_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, storage_error
 from dmlbench.models.trunks import pretrained_weights
-from dmlbench.training import distributed, records, tracking
+from dmlbench.training import acceleration, distributed, records, tracking
+from dmlbench.training.acceleration import resolve_precision
 from dmlbench.training.distributed import ProcessGroup
 from dmlbench.training.embed import embed, resolve_device
 from dmlbench.training.features import FeatureBatches, FoldFeatures
@@ -86,11 +87,11 @@ def _train(
     device = resolve_device(config.training.device)
     if group.enabled and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", group.local_rank)
-    check_precision(config.training.precision, device)
+    resolve_precision(config.training.precision, device)  # an impossible precision fails before any data is read
     torch.set_num_threads(resolve_threads(config.training.num_threads))
     source: BatchSource = (ImageBatches(config, set_up_training(config, device)) if features is None
                            else FeatureBatches(config, features, device))
-    stepper = _Stepper(config, source.components, device, group)
+    stepper = Stepper(config, source.components, device, group)
     start_epoch, state = 0, SelectionState()
     if resume and (run_dir / records.LAST_CHECKPOINT).exists():
         start_epoch, state = _load_checkpoint(run_dir / records.LAST_CHECKPOINT, source.components, source.sampler, stepper)
@@ -165,7 +166,7 @@ def _owned_and_checked(run_dir: Path, resume: bool, group: ProcessGroup) -> Iter
 
 
 def _run_epochs(
-    run_dir: Path, source: BatchSource, stepper: _Stepper, state: SelectionState, start_epoch: int, progress: bool,
+    run_dir: Path, source: BatchSource, stepper: Stepper, state: SelectionState, start_epoch: int, progress: bool,
     track: tracking.Tracker,
 ) -> int:
     """Epochs ``start_epoch + 1`` onwards, each validated on its schedule and checkpointed; returns the last one run."""
@@ -222,27 +223,17 @@ def _initialize_memory(source: BatchSource, device: torch.device, group: Process
         sampler.initialize_memory(source.train_embeddings(device, group))
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """Autocast precisions this device runs: bf16 on CPU, CUDA with bf16 support and MPS; fp16 on CUDA and MPS."""
-    if precision == "fp16" and device.type == "cpu":
-        raise UserInputError(
-            "training.precision=fp16 needs a CUDA or MPS device (CPU autocast supports bf16 only); "
-            "use training.precision=bf16 or fp32"
-        )
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserInputError(f"training.precision=bf16: {torch.cuda.get_device_name(device)} has no bfloat16 support; use fp16")
-
-
-class _Stepper:
+class Stepper:
     """What a training step needs besides the components: the module to call (plain, DDP-wrapped and
     or compiled, rebuilt when the warm-up phase changes which parameters train), autocast and the
-    fp16 gradient scaler."""
+    fp16 gradient scaler, as ``acceleration`` resolved them (channels_last applied to the model here)."""
 
     def __init__(self, config: Config, components: Components, device: torch.device, group: ProcessGroup) -> None:
         self.config, self.components, self.device, self.group = config, components, device, group
-        self.precision = config.training.precision
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
+        self.acceleration = acceleration.resolve(config.training, components.model, device)
+        self.acceleration.prepare_model(components.model)
+        self.dtype = self.acceleration.dtype
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.acceleration.precision == "fp16")
         # Frozen BatchNorm parameters never train; warm-up switches only the others.
         self.trainable_trunk = [p for p in components.model.trunk_parameters() if p.requires_grad]
         self._phase: bool | None = None
@@ -271,7 +262,7 @@ class _Stepper:
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            return self._module(images)
+            return self._module(self.acceleration.prepare_images(images))
 
     def no_sync(self, sync: bool) -> Any:
         """DDP skips the gradient all-reduce of accumulation steps that do not end in an optimiser step."""
@@ -310,6 +301,8 @@ class ImageBatches:
             "val_classes": sorted(int(c) for c in labels[setup.splits.validation].unique()),
             # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
             "unreadable_images": len(setup.dataset.metadata.get("unreadable_items", [])),
+            # uint8 images held on the GPU (training.setup.held_on): no host copy per step.
+            "images_on_device": setup.train_set.images.device.type != "cpu",
         }
 
 
@@ -329,7 +322,7 @@ def time_steps(config: Config, source: BatchSource, device: torch.device, steps:
     """The seconds of each of the first ``steps`` training steps of ``source`` (fetching the batch
     included) as the loop takes them, epoch after epoch from the first after the warm-up; what
     ``protocol.cost`` times. Nothing is written; the components train."""
-    stepper = _Stepper(config, source.components, device, ProcessGroup())
+    stepper = Stepper(config, source.components, device, ProcessGroup())
     _initialize_memory(source, device, stepper.group)
     budget, epoch = StepBudget(steps), config.training.warmup_epochs
     while not budget.spent:
@@ -341,7 +334,7 @@ def time_steps(config: Config, source: BatchSource, device: torch.device, steps:
 
 
 def _train_epoch(
-    epoch: int, source: BatchSource, stepper: _Stepper, progress: bool, budget: StepBudget | None = None
+    epoch: int, source: BatchSource, stepper: Stepper, progress: bool, budget: StepBudget | None = None
 ) -> dict[str, Any]:
     """One pass over the sampler's batches; raises ``TrainingDiverged`` on a non-finite loss.
 
@@ -402,15 +395,16 @@ def _validate(
     scores = None
     if group.is_main:
         # Re-ranked when evaluation.rerank is set, so the selection and the search see the re-ranked metric.
+        # The neighbour search runs on the training device (the same numbers as on the CPU).
         results = evaluation.evaluate(embeddings, labels, metrics=config.evaluation.metrics, seed=config.seed,
-                                      rerank=config.evaluation.rerank.method())
+                                      rerank=config.evaluation.rerank.method(), device=device)
         scores = {key: float(value) for key, value in results.items()}
     return distributed.broadcast(scores, group)
 
 
 def _save_checkpoint(
     path: Path, epoch: int, components: Components, state: SelectionState, sampler: Sampler[list[int]],
-    stepper: _Stepper,
+    stepper: Stepper,
 ) -> None:
     payload = {
         "epoch": epoch,
@@ -428,7 +422,7 @@ def _save_checkpoint(
 
 
 def _load_checkpoint(
-    path: Path, components: Components, sampler: Sampler[list[int]], stepper: _Stepper
+    path: Path, components: Components, sampler: Sampler[list[int]], stepper: Stepper
 ) -> tuple[int, SelectionState]:
     payload = files.load_checkpoint(
         path, f"copy {records.BEST_CHECKPOINT} over it to resume from the best epoch instead, or train afresh "
@@ -462,7 +456,7 @@ def _check_new_run_dir_empty(run_dir: Path, resume: bool) -> None:
 
 
 def _start_record(
-    run_dir: Path, source: BatchSource, stepper: _Stepper, resume: bool, extra: Mapping[str, Any] | None
+    run_dir: Path, source: BatchSource, stepper: Stepper, resume: bool, extra: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     config, group = stepper.config, stepper.group
     data = source.describe()
@@ -482,6 +476,7 @@ def _start_record(
             "model": config.model.model_dump(mode="json"),
             "optimizer": config.optimizer.model_dump(mode="json"),
             "training": config.training.model_dump(mode="json"),
+            "acceleration": stepper.acceleration.record(),
             "world_size": group.world_size,
             "batch_per_process": config.training.batch_size // group.world_size,
         },

@@ -96,6 +96,8 @@ class RunEvaluation:
             if stored.get("options") == options:
                 return stored["results"]
         evaluate_kwargs.setdefault("seed", run.config.seed)
+        # After the stored options: where the search runs changes no number (the device kNN equals the CPU's).
+        evaluate_kwargs.setdefault("device", run.device)
         if (query_mask := run.test_query_mask()) is not None:
             evaluate_kwargs["query_mask"] = query_mask
         trained, labels = self.embedded("test")

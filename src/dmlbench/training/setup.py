@@ -230,7 +230,24 @@ def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
             raise
         raise PluginFailed(in_plugin) from error
     return TrainingSetup(dataset, splits, full_splits, full_dataset.content_hash, to_class_index,
-                         dataset.subset(splits.train), dataset.subset(splits.validation), sampler, components)
+                         held_on(dataset.subset(splits.train), device), held_on(dataset.subset(splits.validation), device),
+                         sampler, components)
+
+
+# The share of a GPU's free memory a run's training or validation images may take there.
+_DEVICE_DATA_SHARE = 0.25
+
+
+def held_on(dataset: ImageDataset, device: torch.device) -> ImageDataset:
+    """``dataset`` with its uint8 images on ``device`` when that spares a host copy per step (a CUDA
+    device, no augmentation, which is drawn on the host, and images within a quarter of the device's
+    free memory); else ``dataset`` itself. The batches' values are the same either way."""
+    if device.type != "cuda" or dataset.augmentation != "none":
+        return dataset
+    free, _ = torch.cuda.mem_get_info(device)
+    if dataset.images.numel() > _DEVICE_DATA_SHARE * free:
+        return dataset
+    return dataset.on_device(device)
 
 
 def build_components(config: Config, num_classes: int, device: torch.device) -> Components:
