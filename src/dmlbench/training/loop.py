@@ -301,9 +301,16 @@ class ImageBatches:
             "val_classes": sorted(int(c) for c in labels[setup.splits.validation].unique()),
             # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
             "unreadable_images": len(setup.dataset.metadata.get("unreadable_items", [])),
-            # uint8 images held on the GPU (training.setup.held_on): no host copy per step.
-            "images_on_device": setup.train_set.images.device.type != "cpu",
+            # uint8 images held on the GPU (training.setup.held_on): no host copy per step; recorded only
+            # then, so that CPU runs (and file datasets, which decode per batch) keep their records.
+            **({"images_on_device": True} if _images_on_device(setup.train_set) else {}),
         }
+
+
+def _images_on_device(dataset: Any) -> bool:
+    """Whether an in-memory dataset's images were moved off the host (``training.setup.held_on``)."""
+    images = getattr(dataset, "images", None)
+    return isinstance(images, torch.Tensor) and images.device.type != "cpu"
 
 
 @dataclass
