@@ -43,9 +43,8 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
                 paths[name] = output_dir / name
                 files.atomic_write_text(paths[name], (source / name).read_text())
     if data.results:
-        repeats = {method: [data.repeat_results[name] for name in names if name in data.repeat_results]
-                   for method, names in data.repeats.items()}
-        paths[layout.RESULTS_CSV], paths[layout.RUNS_CSV] = write_results(data.results, output_dir, repeats)
+        paths[layout.RESULTS_CSV], paths[layout.RUNS_CSV] = write_results(data.results, output_dir,
+                                                                          uncertainty.repeated_reproductions(data))
         paths[layout.COMPARISONS_CSV] = output_dir / layout.COMPARISONS_CSV
         files.atomic_write_text(paths[layout.COMPARISONS_CSV], tables.comparisons_csv(data))
         paths[layout.RESULTS_TEX] = output_dir / layout.RESULTS_TEX

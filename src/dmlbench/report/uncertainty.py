@@ -16,7 +16,7 @@ import numpy as np
 
 from dmlbench.analysis.budget import budget_curve, expected_best
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap
-from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, cross_domain_mode
+from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, SearchTable, cross_domain_mode
 from dmlbench.analysis.search_luck import VarianceComponents, pooled_search_sd, search_means, variance_components
 from dmlbench.analysis.statistics import PairedComparison
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, judge_methods
@@ -32,7 +32,7 @@ from dmlbench.protocol.layout import (
     SEARCH_REPEATS_CSV,
     SEARCH_VARIANCE_CSV,
 )
-from dmlbench.protocol.results import result_rows, run_rows
+from dmlbench.protocol.results import MethodReproductions, result_rows, run_rows
 from dmlbench.report.analysis import scored_methods
 from dmlbench.report.data import ReportData
 
@@ -256,17 +256,27 @@ def uncertainty_csvs(data: ReportData) -> dict[str, str]:
     return texts
 
 
+def repeated_reproductions(data: ReportData) -> dict[str, list[MethodReproductions]]:
+    """Each repeated method's reproductions of its searches 1, 2, ... (``results.run_rows``'s ``repeats``)."""
+    return {method: [data.repeat_results[name] for name in names if name in data.repeat_results]
+            for method, names in data.repeats.items()}
+
+
+def search_table(data: ReportData) -> SearchTable:
+    """Every score by endpoint, method, search and reproduction: the rows ``runs.csv`` holds."""
+    table: SearchTable = {}
+    for row in run_rows(data.results, repeated_reproductions(data)):
+        by_search = table.setdefault((row["mode"], row["metric"]), {}).setdefault(row["method"], {})
+        by_search.setdefault(row["search"], {})[row["reproduction"]] = row["value"]
+    return table
+
+
 def method_families(data: ReportData) -> list[tuple[str, str, list[PairedComparison]]]:
     """The declared families judged on the methods, their repeated searches included (``verdicts.judge_methods``
     over every method's search means), for the leaderboard metrics; nothing without search repeats."""
     if not data.repeats:
         return []
-    repeats = {method: [data.repeat_results[name] for name in names if name in data.repeat_results]
-               for method, names in data.repeats.items()}
-    table: dict[tuple[str, str], dict[str, dict[int, dict[int, float]]]] = {}
-    for row in run_rows(data.results, repeats):
-        by_search = table.setdefault((row["mode"], row["metric"]), {}).setdefault(row["method"], {})
-        by_search.setdefault(row["search"], {})[row["reproduction"]] = row["value"]
+    table = search_table(data)
     means = {endpoint: search_means({m: s for m, s in methods.items() if len(s) >= 2}) for endpoint, methods in table.items()}
     families = judge_methods(means, data.benchmark.analysis_in_force(), BASELINES)
     return [(mode, metric, families[(mode, metric)]) for mode in ALL_MODES if not mode.endswith(RERANKED_SUFFIX)
@@ -287,13 +297,9 @@ def search_variance_csv(found: Mapping[str, VarianceComponents], endpoint: tuple
 
 def repeated_variances(data: ReportData) -> dict[str, VarianceComponents]:
     """Each repeated method's search and seed variances on the primary endpoint (one-way ANOVA over its searches)."""
-    table: dict[str, dict[int, dict[int, float]]] = {}
-    repeats = {method: [data.repeat_results[name] for name in names if name in data.repeat_results]
-               for method, names in data.repeats.items()}
-    for row in run_rows(data.results, repeats):
-        if (row["mode"], row["metric"]) == data.claims.primary and row["method"] not in BASELINES:
-            table.setdefault(row["method"], {}).setdefault(row["search"], {})[row["reproduction"]] = row["value"]
-    return {method: variance_components(by_search) for method, by_search in table.items() if len(by_search) >= 2}
+    scores = search_table(data).get(data.claims.primary, {})
+    return {method: variance_components(by_search) for method, by_search in scores.items()
+            if method not in BASELINES and len(by_search) >= 2}
 
 
 def method_verdict_part(data: ReportData) -> Part | None:
