@@ -69,3 +69,20 @@ def test_rejudge_rewrites_a_stale_comparisons_file_and_check_reports_it(tmp_path
 def test_rejudge_without_a_study_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["rejudge", str(tmp_path)], capsys)
     assert code == 2 and err.strip().count("\n") == 0 and "holds no benchmark study" in err
+
+
+def test_a_damaged_runs_csv_is_one_line_and_exit_2_and_nothing_is_rewritten(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy cut short, or with a row that is not a score, is refused naming the file: a verdict from part of
+    a study would be a wrong verdict."""
+    study = tmp_path / "study"
+    study.mkdir()
+    for name in ("benchmark.json", "comparisons.csv"):
+        shutil.copy(RESULTS / "default" / name, study / name)
+    committed = (study / "comparisons.csv").read_text()
+    text = (RESULTS / "default" / "runs.csv").read_text()
+    for damaged, reason in ((text[:300], "is truncated"), (text.replace(",0.", ",zero.", 1), "line 2 is not a score row")):
+        (study / "runs.csv").write_text(damaged)
+        code, _, err = run_cli(["rejudge", str(study)], capsys)
+        assert code == 2 and reason in err and err.strip().count("\n") == 0, err
+        assert (study / "comparisons.csv").read_text() == committed

@@ -10,6 +10,8 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dmlbench.errors import UserInputError
+
 MODES = ("concatenated", "separated")
 # With evaluation.cross_domain each mode is scored again with every query's gallery restricted to the
 # other domains; those modes are stored only then.
@@ -38,13 +40,21 @@ def reranked_mode(mode: str) -> str:
 
 
 def read_search_table(path: Path) -> SearchTable:
-    """Every score of a ``runs.csv`` at ``path`` (baselines included) by search, in the file's order."""
+    """Every score of a ``runs.csv`` at ``path`` (baselines included) by search, in the file's order; a
+    damaged file (cut short: it is always written whole, ending in a newline; a row that is not a
+    score) is a one-line ``UserInputError`` naming it, never a verdict from part of it."""
+    text = Path(path).read_text()
+    if not text.endswith("\n"):
+        raise UserInputError(f"{path} is truncated (it does not end with a whole row); restore it from a copy")
     table: SearchTable = {}
-    with Path(path).open(newline="") as stream:
-        for row in csv.DictReader(stream):
+    for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
+        try:
             by_method = table.setdefault((row["mode"], row["metric"]), {})
             by_search = by_method.setdefault(row["method"], {}).setdefault(int(row.get("search") or 0), {})
             by_search[int(row["reproduction"])] = float(row["value"])
+        except (KeyError, TypeError, ValueError):
+            raise UserInputError(f"{path} line {line} is not a score row of {', '.join(RUNS_COLUMNS)}; "
+                                 "restore the file from a copy") from None
     return table
 
 
