@@ -196,3 +196,36 @@ def test_reproductions_lacking_per_class_sums_are_found() -> None:
     study.set_user_attr(f"{COMPLETED_CLASS_SUMS}5", {**sums, "queries_by_mode": {"concatenated_cross_domain": [1]}})
     study.set_user_attr(f"{COMPLETED_CLASS_SUMS}2", sums)  # completed, but still without the cross-domain modes
     assert [trial.user_attrs["slot"] for trial in _lacking_class_sums(study)] == [1, 2]
+
+
+def test_class_sums_csv_reads_back_to_the_same_bootstrap(tmp_path) -> None:
+    """The committed ``class_sums.csv`` holds every sum exactly: the bootstrap from the file read back equals
+    the bootstrap from the records, in both plain and cross-domain modes; a damaged copy is one line."""
+    from dmlbench.analysis.class_bootstrap import class_sums_csv, read_class_sums
+    from dmlbench.errors import UserInputError
+
+    generator = np.random.default_rng(5)
+    labels, domains = torch.arange(40) % 8, (torch.arange(40) // 8) % 3
+
+    def record() -> dict:
+        embeddings = {f"fold {k}": torch.from_numpy(generator.normal(size=(40, 4))) for k in range(2)}
+        return class_sums(embeddings, labels, METRICS, None, domains)
+
+    records = {method: {seed: record() for seed in (7, 8, 9)} for method in ("contrastive", "margin")}
+    path = tmp_path / "class_sums.csv"
+    path.write_text(class_sums_csv(records))
+    read = read_class_sums(path)
+    assert list(read) == ["contrastive", "margin"] and list(read["margin"]) == [7, 8, 9]
+    for mode in ("concatenated", "separated", "concatenated_cross_domain"):
+        for method in records:
+            for seed in (7, 8, 9):
+                assert read[method][seed]["classes"] == records[method][seed]["classes"]
+                assert queries_of(read[method][seed], mode) == queries_of(records[method][seed], mode)
+        assert class_bootstrap(read, mode, "map_at_r", [("margin", "contrastive")], replicates=50) == \
+            class_bootstrap(records, mode, "map_at_r", [("margin", "contrastive")], replicates=50)
+    text = path.read_text()
+    for damaged in (text.replace("queries", "count", 1), text.replace(",concatenated,0,", ",concatenated,0,x", 1), ""):
+        path.write_text(damaged)
+        with pytest.raises(UserInputError, match="is not a class-sums file") as error:
+            read_class_sums(path)
+        assert "\n" not in str(error.value)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import optuna
@@ -45,6 +46,15 @@ def test_two_searches_with_other_seeds_and_their_report_section(tmp_path: Path, 
     assert "normalized_softmax@search1" in report  # its cost row
     code, _, err = run_cli(["audit", str(out)], capsys)  # the repeats' test openings are reproductions' too
     assert code == 0, err
+    # The committed files alone (no storage) give class_bootstrap.csv again, from class_sums.csv.
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    for name in ("runs.csv", "benchmark.json", "class_sums.csv", "comparisons.csv", "search_variance.csv"):
+        shutil.copy(out / name, committed / name)
+    code, output, _ = run_cli(["rejudge", str(committed)], capsys)
+    assert code == 0 and "class_bootstrap.csv: rewritten" in output
+    assert (committed / "class_bootstrap.csv").read_text() == (out / "class_bootstrap.csv").read_text()
+    assert run_cli(["rejudge", str(committed), "--check"], capsys)[0] == 0
 
 
 def test_an_unknown_repeated_method_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

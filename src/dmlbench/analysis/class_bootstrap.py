@@ -16,8 +16,11 @@ Percentile intervals; the generator is seeded explicitly.
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,6 +79,61 @@ def _mode_values(matrices: Sequence[Tensor], labels: Tensor, names: Sequence[str
     separate = [query_scores(matrix, labels, names, query_mask=query_mask, domains=domains)[1] for matrix in matrices]
     separated = {name: torch.stack([fold[name] for fold in separate]).mean(dim=0) for name in names}
     return query_labels, {"concatenated": concatenated, "separated": separated}
+
+
+ClassSums = dict[str, dict[int, dict[str, Any]]]  # method -> reproduction seed -> ``class_sums`` record
+CLASS_SUMS_COLUMNS = ["method", "seed", "mode", "class", "queries"]
+
+
+def class_sums_csv(per_class: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> str:
+    """``method -> seed -> class_sums record`` as CSV text, one row per method, seed, mode and class (in the
+    record's order, which the bootstrap's draws index), the sums as ``repr`` so they read back exactly:
+    the committed file from which ``class_bootstrap`` recomputes without the study's storage."""
+    metrics = sorted({metric for records in per_class.values() for record in records.values()
+                      for by_metric in record["sums"].values() for metric in by_metric})
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow([*CLASS_SUMS_COLUMNS, *metrics])
+    for method, records in per_class.items():
+        for seed, record in records.items():
+            for mode, by_metric in record["sums"].items():
+                for position, label in enumerate(record["classes"]):
+                    writer.writerow([method, seed, mode, label, int(queries_of(record, mode)[position]),
+                                     *(repr(float(by_metric[metric][position])) if metric in by_metric else "" for metric in metrics)])
+    return stream.getvalue()
+
+
+def read_class_sums(path: Path) -> ClassSums:
+    """The records ``class_sums_csv`` wrote; a file that is not one is a one-line ``UserInputError``."""
+    try:
+        with Path(path).open(newline="") as stream:
+            rows = list(csv.DictReader(stream))
+            header = list(rows[0]) if rows else []
+        if header[:len(CLASS_SUMS_COLUMNS)] != CLASS_SUMS_COLUMNS:
+            raise ValueError("header")
+        metrics = header[len(CLASS_SUMS_COLUMNS):]
+        per_class: ClassSums = {}
+        for row in rows:
+            record = per_class.setdefault(row["method"], {}).setdefault(int(row["seed"]), {
+                "classes": [], "queries": [], "sums": {}, "queries_by_mode": {}})
+            mode = row["mode"]
+            if mode not in record["sums"]:
+                record["sums"][mode] = {metric: [] for metric in metrics if row[metric] != ""}
+                record["queries_by_mode"][mode] = []
+            if len(record["sums"]) == 1:  # the first mode lists the classes
+                record["classes"].append(int(row["class"]))
+            record["queries_by_mode"][mode].append(int(row["queries"]))
+            for metric, values in record["sums"][mode].items():
+                values.append(float(row[metric]))
+    except (OSError, KeyError, ValueError, TypeError, IndexError, csv.Error):
+        raise UserInputError(f"{path} is not a class-sums file ({', '.join(CLASS_SUMS_COLUMNS)}, then one "
+                             "column per metric) or is cut short; write it again with dmlbench report") from None
+    for records in per_class.values():
+        for record in records.values():
+            record["queries"] = next(iter(record["queries_by_mode"].values()))
+            if any(len(queries) != len(record["classes"]) for queries in record["queries_by_mode"].values()):
+                raise UserInputError(f"{path} lists other classes for one reproduction's modes; write it again with dmlbench report")
+    return per_class
 
 
 def queries_of(record: Mapping[str, Any], mode: str) -> list[int]:

@@ -45,6 +45,7 @@ CORRELATIONS_CSV = "correlations.csv"
 RANKINGS_CSV = "rankings.csv"
 VALIDATION_CURVES_CSV = "validation_curves.csv"
 CLASS_BOOTSTRAP_CSV = "class_bootstrap.csv"
+CLASS_SUMS_CSV = "class_sums.csv"  # per reproduction and test class, what class_bootstrap.csv recomputes from
 SEARCH_REPEATS_CSV = "search_repeats.csv"
 SEARCH_VARIANCE_CSV = "search_variance.csv"  # each repeated method's search and seed SD (analysis.search_luck)
 BUDGET_CSV = "budget.csv"  # expected best validation score over the number of trials (Dodge et al. 2019)

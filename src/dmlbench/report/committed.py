@@ -2,8 +2,9 @@
 ``benchmark.json`` (and ``search_repeats.csv`` where the searches were repeated), with no storage and
 no checkpoints. Its scores become the report's reproductions and go through the report's own analysis
 (``report.analysis.analyse``), so the verdict files come out as a new report would write them:
-``comparisons.csv``, ``claim_comparisons.csv`` and, with repeated searches, ``method_comparisons.csv`` and
-``search_variance.csv``."""
+``comparisons.csv``, ``claim_comparisons.csv``, with repeated searches ``method_comparisons.csv`` and
+``search_variance.csv``, and, where the study was committed with its per-class sums (``class_sums.csv``),
+``class_bootstrap.csv``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dmlbench import files
+from dmlbench.analysis.class_bootstrap import ClassBootstrap, read_class_sums
 from dmlbench.analysis.endpoints import ALL_MODES, RERANKED_SUFFIX, SearchTable, read_search_table
 from dmlbench.analysis.search_luck import (
     VarianceComponents,
@@ -29,7 +31,7 @@ from dmlbench.protocol.benchmark_file import read_benchmark
 from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
 from dmlbench.report.tables import CLAIM_COLUMNS, claim_rows, csv_text
-from dmlbench.report.uncertainty import search_variance_csv
+from dmlbench.report.uncertainty import bootstrap_endpoints, class_bootstrap_csv, judged_bootstrap, search_variance_csv
 
 SearchMeans = dict[tuple[str, str], dict[str, dict[int, float]]]
 
@@ -81,11 +83,15 @@ def verdict_texts(directory: Path) -> dict[str, str]:
               for metric in LEADERBOARD_METRICS if method_families.get((mode, metric))]
     if listed:
         texts[layout.METHOD_COMPARISONS_CSV] = comparison_csv(listed, ALPHA, conditional=False)
-    primary = analysis.get("primary") or {}
-    found = search_variances(directory, (primary.get("mode", "concatenated"), primary.get("metric", "map_at_r")))
+    found = search_variances(directory, claims.primary)
     if found:
-        texts[layout.SEARCH_VARIANCE_CSV] = search_variance_csv(found, (primary.get("mode", "concatenated"),
-                                                                         primary.get("metric", "map_at_r")))
+        texts[layout.SEARCH_VARIANCE_CSV] = search_variance_csv(found, claims.primary)
+    if (directory / layout.CLASS_SUMS_CSV).is_file():
+        class_scores = read_class_sums(directory / layout.CLASS_SUMS_CSV)
+        bootstraps = [judged_bootstrap(class_scores, results, claims, record.protocol.class_bootstrap, endpoint)
+                      for endpoint in bootstrap_endpoints(claims)]
+        if any(isinstance(bootstrap, ClassBootstrap) for bootstrap in bootstraps):
+            texts[layout.CLASS_BOOTSTRAP_CSV] = class_bootstrap_csv([b for b in bootstraps if isinstance(b, ClassBootstrap)])
     return texts
 
 

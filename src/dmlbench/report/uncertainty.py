@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from dmlbench.analysis.budget import budget_curve, expected_best
-from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap
+from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap, class_sums_csv
 from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, SearchTable, cross_domain_mode
 from dmlbench.analysis.search_luck import VarianceComponents, pooled_search_sd, search_means, variance_components
 from dmlbench.analysis.statistics import PairedComparison
@@ -28,13 +28,15 @@ from dmlbench.protocol.layout import (
     BUDGET_CSV,
     BUDGET_FIGURE,
     CLASS_BOOTSTRAP_CSV,
+    CLASS_SUMS_CSV,
     METHOD_COMPARISONS_CSV,
     SEARCH_REPEATS_CSV,
     SEARCH_VARIANCE_CSV,
 )
 from dmlbench.protocol.results import MethodReproductions, result_rows, run_rows
-from dmlbench.report.analysis import scored_methods
+from dmlbench.report.analysis import Claims, scored_methods
 from dmlbench.report.data import ReportData
+from dmlbench.report.tables import csv_text
 
 Table = tuple[list[str], list[list[str]]]
 Part = tuple[str, list[str], list[Table]]  # title, paragraphs, tables
@@ -46,35 +48,55 @@ def endpoint_title(endpoint: tuple[str, str]) -> str:
     return f"{metric_title(endpoint[1])} ({endpoint[0]})"
 
 
-def bootstrap_endpoints(data: ReportData) -> list[tuple[str, str]]:
+def bootstrap_endpoints(claims: Claims) -> list[tuple[str, str]]:
     """The endpoints whose test classes are resampled: the primary one and, when the benchmark scored
     it cross-domain as well (``evaluation.cross_domain``), its cross-domain mode."""
-    mode, metric = data.claims.primary
+    mode, metric = claims.primary
     crossed = (cross_domain_mode(mode), metric)
-    return [data.claims.primary, crossed] if crossed in data.claims.families else [data.claims.primary]
+    return [claims.primary, crossed] if crossed in claims.families else [claims.primary]
 
 
 def bootstrap_of(data: ReportData, endpoint: tuple[str, str]) -> ClassBootstrap | str | None:
     """The class bootstrap of ``endpoint`` (mode, metric), why there is none (a sentence), or ``None``
     when ``protocol.class_bootstrap`` is 0 or nothing was scored."""
-    replicates = data.benchmark.protocol.class_bootstrap
-    scored = list(scored_methods(data.results))
+    return judged_bootstrap(data.class_scores, data.results, data.claims, data.benchmark.protocol.class_bootstrap, endpoint)
+
+
+def judged_bootstrap(class_scores: Mapping[str, Mapping[int, Mapping[str, Any]]], results: Mapping[str, MethodReproductions],
+                     claims: Claims, replicates: int, endpoint: tuple[str, str]) -> ClassBootstrap | str | None:
+    """``bootstrap_of`` from its parts: per-class sums (the study's storage, or a committed ``class_sums.csv``),
+    the reproductions, the claims' families (the pairs compared) and the number of replicates."""
+    scored = list(scored_methods(results))
     if replicates == 0 or not scored:
         return None
     mode, metric = endpoint
     if metric not in PER_QUERY_METRICS:
         return f"{metric_title(metric)} is not a mean over queries, so its classes cannot be resampled."
-    missing = [name for name in scored if not data.class_scores.get(name)
-               or any(mode not in record["sums"] for record in data.class_scores[name].values())]
+    missing = [name for name in scored if not class_scores.get(name)
+               or any(mode not in record["sums"] for record in class_scores[name].values())]
     if missing:
         return (f"`{missing[0]}` has no per-class {mode} test scores (its reproductions were scored by a version of "
                 "dmlbench that did not store them), so the test classes cannot be resampled.")
-    family = data.claims.families.get(endpoint)
+    family = claims.families.get(endpoint)
     pairs = [(c.a, c.b) for c in family] if isinstance(family, list) else []
     try:
-        return class_bootstrap({name: data.class_scores[name] for name in scored}, mode, metric, pairs, replicates=replicates)
+        return class_bootstrap({name: class_scores[name] for name in scored}, mode, metric, pairs, replicates=replicates)
     except UserInputError as error:
         return str(error)
+
+
+def class_bootstrap_csv(results: list[ClassBootstrap]) -> str:
+    """``class_bootstrap.csv``: per bootstrapped endpoint (its ``mode`` column tells them apart), every
+    method's interval and every compared pair's."""
+    rows: list[list[Any]] = []
+    for result in results:
+        compared = [[name, "", b] for name, b in result.methods.items()]
+        compared += [[a, b, d] for (a, b), d in result.differences.items()]
+        rows += [[result.mode, result.metric, a, b, result.replicates, result.classes, len(result.seeds),
+                  *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))]
+                 for a, b, i in compared]
+    return csv_text(["mode", "metric", "a", "b", "replicates", "classes", "reproductions", "estimate", "class_low",
+                      "class_high", "both_low", "both_high"], rows)
 
 
 def _interval(low: float, high: float) -> str:
@@ -84,7 +106,7 @@ def _interval(low: float, high: float) -> str:
 def class_bootstrap_parts(data: ReportData) -> list[Part]:
     """One part per endpoint of ``bootstrap_endpoints`` (none when the bootstrap is off)."""
     parts = []
-    for endpoint in bootstrap_endpoints(data):
+    for endpoint in bootstrap_endpoints(data.claims):
         result = bootstrap_of(data, endpoint)
         title = f"Uncertainty over the test classes ({endpoint_title(endpoint)})"
         if isinstance(result, str):
@@ -218,41 +240,27 @@ def range_edge_text(data: ReportData) -> str:
 
 
 def uncertainty_csvs(data: ReportData) -> dict[str, str]:
-    """``class_bootstrap.csv`` (the intervals of each endpoint of ``bootstrap_endpoints``, its ``mode``
-    column telling them apart), ``search_variance.csv``, ``budget.csv`` and ``search_repeats.csv``, when
-    there are any."""
-    tables: dict[str, tuple[list[str], list[list[Any]]]] = {}
-    results = [result for result in (bootstrap_of(data, endpoint) for endpoint in bootstrap_endpoints(data))
+    """``class_bootstrap.csv`` and the per-class sums it recomputes from (``class_sums.csv``),
+    ``search_variance.csv``, ``budget.csv`` and ``search_repeats.csv``, when there are any."""
+    texts: dict[str, str] = {}
+    results = [result for result in (bootstrap_of(data, endpoint) for endpoint in bootstrap_endpoints(data.claims))
                if isinstance(result, ClassBootstrap)]
     if results:
-        rows: list[list[Any]] = []
-        for result in results:
-            compared = [[name, "", b] for name, b in result.methods.items()]
-            compared += [[a, b, d] for (a, b), d in result.differences.items()]
-            rows += [[result.mode, result.metric, a, b, result.replicates, result.classes, len(result.seeds),
-                      *(repr(v) for v in (i.estimate, i.class_low, i.class_high, i.both_low, i.both_high))]
-                     for a, b, i in compared]
-        tables[CLASS_BOOTSTRAP_CSV] = (
-            ["mode", "metric", "a", "b", "replicates", "classes", "reproductions", "estimate", "class_low", "class_high",
-             "both_low", "both_high"], rows)
+        texts[CLASS_BOOTSTRAP_CSV] = class_bootstrap_csv(results)
+        texts[CLASS_SUMS_CSV] = class_sums_csv({name: data.class_scores[name] for name in scored_methods(data.results)})
     variances = repeated_variances(data) if data.repeats else {}
-    texts_first = {SEARCH_VARIANCE_CSV: search_variance_csv(variances, data.claims.primary)} if variances else {}
+    if variances:
+        texts[SEARCH_VARIANCE_CSV] = search_variance_csv(variances, data.claims.primary)
     budget = budget_table(data)
     if budget:
-        tables[BUDGET_CSV] = (["method", "search", "trials", "running_best", "expected_best", "expected_best_sd"], budget)
+        texts[BUDGET_CSV] = csv_text(["method", "search", "trials", "running_best", "expected_best", "expected_best_sd"], budget)
     repeats = search_repeat_rows(data)
     if repeats:
-        tables[SEARCH_REPEATS_CSV] = (
+        texts[SEARCH_REPEATS_CSV] = csv_text(
             ["method", "search", "search_seed", "best_validation", "best_params", "reproductions_scored",
              f"test_{data.claims.primary[0]}_{data.claims.primary[1]}"],
             [[m, k, s, repr(v), ";".join(f"{key}={value!r}" for key, value in p.items()), n, repr(t)]
              for m, k, s, v, p, n, t in repeats])
-    texts = dict(texts_first)
-    for name, (header, rows) in tables.items():
-        stream = io.StringIO()
-        writer = csv.writer(stream, lineterminator="\n")
-        writer.writerows([header, *rows])
-        texts[name] = stream.getvalue()
     return texts
 
 
