@@ -295,3 +295,23 @@ def test_cli_trains_a_real_backbone_and_refuses_a_wrong_weight_file(tmp_path, ca
     assert not (tmp_path / "bad").exists()
     code, out, err = run_cli([*base, "training.precision=fp16", "training.device=cpu", "-o", str(tmp_path / "fp16")], capsys)
     assert code == 2 and err.count("\n") == 1 and "fp16 needs a CUDA or MPS device" in err
+
+
+def test_imagenet_googlenet_sees_a_grey_image_as_three_equal_colours(tmp_path) -> None:
+    """torchvision's transform_input re-normalises each colour of ImageNet GoogLeNet's input; a grey image
+    (in_channels 1) is shown as three equal colours, giving exactly the features of that colour image
+    (it raised IndexError before), and 2 channels are a one-line error."""
+    import torchvision
+
+    from dmlbench.errors import UserInputError
+
+    torch.manual_seed(0)
+    reference = torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=True, transform_input=True)
+    weights = tmp_path / "googlenet.pt"
+    torch.save(reference.state_dict(), weights)
+    reference.fc = torch.nn.Identity()
+    grey, _ = models.build_trunk("googlenet", in_channels=1, pretrained=str(weights))
+    images = torch.rand(2, 1, 64, 64)
+    torch.testing.assert_close(grey.eval()(images), reference.eval()(images.expand(-1, 3, -1, -1)))
+    with pytest.raises(UserInputError, match="in_channels=2"):
+        models.build_trunk("googlenet", in_channels=2, pretrained=str(weights))

@@ -203,11 +203,33 @@ def _torchvision_trunk(name: str, in_channels: int, pooling: str, pretrained: Pr
     network.fc = nn.Identity()
     if weight_file is not None:
         load_weight_file(network, weight_file, name, ignored)
-    if in_channels != 3:
-        _adapt_first_conv(network, in_channels)
     # Both networks end in global average pooling, then dropout (googlenet), then fc.
     network.avgpool = global_pool(pooling)[0]
+    if in_channels != 3 and name == "googlenet" and weight_file is not None:
+        # transform_input re-normalises each of the three colours, so the network is shown the grey
+        # image as three equal colours rather than given a one-channel first convolution.
+        check_grey_to_colour(in_channels)
+        return nn.Sequential(RepeatChannels(3), network), feature_dim
+    if in_channels != 3:
+        _adapt_first_conv(network, in_channels)
     return network, feature_dim
+
+
+class RepeatChannels(nn.Module):
+    """A one-channel (grey) image as ``channels`` equal channels, for a network that needs colour input."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.channels = channels
+
+    def forward(self, images: Tensor) -> Tensor:
+        return images.expand(-1, self.channels, -1, -1)
+
+
+def check_grey_to_colour(in_channels: int) -> None:
+    """Only a grey image can be shown as equal colours; another channel count is a one-line error."""
+    if in_channels != 1:
+        raise UserInputError(f"in_channels={in_channels}: a trunk with ImageNet colour weights takes 1 (grey) or 3 channels")
 
 
 def _adapt_first_conv(network: nn.Module, in_channels: int) -> None:
