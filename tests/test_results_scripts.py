@@ -345,3 +345,34 @@ def test_the_committed_ranking_table_is_what_the_script_writes(first: str, secon
     output = tmp_path / "ranking.csv"
     assert _script("compare_rankings").main([str(RESULTS / first), str(RESULTS / second), "-o", str(output)]) == 0
     assert output.read_bytes() == (RESULTS / table).read_bytes()
+
+
+def test_trials_per_search_cuts_random_searches_short_and_prices_them_at_equal_cost(tmp_path: Path) -> None:
+    """Three random searches of three trials: per number of trials, the mean and SD of the best so far over
+    searches, the share already at their final choice, and the SE at the recorded design's cost, each
+    checked by hand; a search whose later trials were modelled is refused."""
+    trials_by_search = {0: [0.50, 0.40, 0.55], 1: [0.60, 0.62, 0.61], 2: [0.30, 0.35, 0.70]}
+    lines = ["method,search,trials,running_best,expected_best,expected_best_sd"]
+    for search, values in trials_by_search.items():
+        lines += [f"m,{search},{t},{max(values[:t])},0,0" for t in range(1, 4)]
+    (tmp_path / "budget.csv").write_text("\n".join(lines) + "\n")
+    protocol = {"trials": 3, "reproductions": 2, "folds": 2, "startup_trials": None}
+    (tmp_path / "benchmark.json").write_text(json.dumps({"protocol": protocol}))
+    output = tmp_path / "out.csv"
+    module = _script("trials_per_search")
+    assert module.main([str(tmp_path), "-o", str(output)]) == 0
+    got = list(csv.DictReader(output.open()))
+    assert [row["trials"] for row in got] == ["1", "2", "3"]
+    for t, row in enumerate(got, start=1):
+        bests = [max(values[:t]) for values in trials_by_search.values()]
+        finals = [max(values) for values in trials_by_search.values()]
+        assert float(row["best_validation_mean"]) == pytest.approx(sum(bests) / 3)
+        sd = float(row["best_validation_sd"])
+        assert sd == pytest.approx(float(stats.tstd(bests)))
+        assert float(row["same_choice_share"]) == pytest.approx(sum(b == f for b, f in zip(bests, finals)) / 3)
+        assert int(row["runs_per_search"]) == 2 * (t + 2)
+        assert float(row["se_at_equal_cost"]) == pytest.approx(sd / (3 * (3 + 2) / (t + 2)) ** 0.5)
+    assert [float(row["same_choice_share"]) for row in got] == pytest.approx([0.0, 1 / 3, 1.0])
+    (tmp_path / "benchmark.json").write_text(json.dumps({"protocol": {**protocol, "startup_trials": 1}}))
+    with pytest.raises(SystemExit, match="suggested by the sampler's model"):
+        module.main([str(tmp_path)])
