@@ -26,3 +26,5 @@ timeout 50 bash $OUT/cuda_determinism.sh 2>&1 | tee $OUT/cuda_determinism_49.txt
 ( time timeout 80 python3 -m dmlbench benchmark configs/cub_shaped_glyphs.yaml --dry-run -o $T/cub ) 2>&1 | tee $OUT/cub_shaped_dry_run.txt
 ( time timeout 100 python3 -m dmlbench benchmark --jobs auto -o $T/builtin -q ) 2>&1 | tee $OUT/builtin_jobs_auto.txt
 python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['environment'])" $T/builtin/benchmark.json >> $OUT/builtin_jobs_auto.txt 2>&1
+# The GPU each of its runs trained on (worker k of --jobs on cuda:(k mod GPUs)).
+python3 -c "import collections,json,pathlib,sys; print('runs per device:', dict(collections.Counter(json.loads(p.read_text()).get('environment', {}).get('device') for p in pathlib.Path(sys.argv[1]).rglob('run.json'))))" $T/builtin >> $OUT/builtin_jobs_auto.txt 2>&1

@@ -47,6 +47,8 @@ from dmlbench.protocol.rehearsal import SplitSize, rehearse
 from dmlbench.training.threads import resolve_threads
 
 ONE_STEP_RUNS = 3  # one run's overhead (a fraction of a second) varies several times on a busy machine
+# No GPU has been measured with several workers on it: the dry run counts them as one at a time.
+SHARED_GPU = "workers sharing a GPU are counted as one at a time (their speed together is unmeasured): an upper bound"
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
     """The lines ``--dry-run`` prints; ``started``: ``time.monotonic()`` when the command's process
     began (its imports and checks are part of the real run's time too); ``report``: the report writer
     the real run is given, timed here (``None``: no report is counted)."""
+    from dmlbench.training.embed import worker_gpus
+
     protocol = prepared.spec.protocol
     methods, searches = len(prepared.configs), len(searched_methods(prepared))
     runs = searches * (protocol.trials + protocol.reproductions) * protocol.folds
@@ -85,6 +89,7 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
     epochs = config.training.epochs
     measured = measure(prepared, 0.0 if started is None else time.monotonic() - started, report)
     total = estimate(prepared, measured)
+    gpus = worker_gpus(config.training.device)
     return "\n".join([
         (f"{methods} methods" if searches == methods else
          f"{searches} searches ({methods} methods, {searches - methods} repeated searches: protocol.search_repeats)")
@@ -105,10 +110,18 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
         f"{measured.report:.1f} s for the report (its reading, statistics, figures and files, and their imports; "
         f"timed on a benchmark of this size stored with made-up results)",
         f"estimate: {_hours(total)} of wall time for one worker at this speed (early stopping can only shorten it; "
-        f"a machine busy with other work makes it longer); with N workers about 1/N of the training",
+        f"a machine busy with other work makes it longer); {_with_workers(prepared.jobs, gpus)}",
+        *([SHARED_GPU] if gpus else []),
         "this is an estimate: nothing was stored (the measured steps, the one-step runs and the report's rehearsal "
         "used a temporary directory)",
     ])
+
+
+def _with_workers(jobs: int, gpus: int) -> str:
+    """What N workers take of the training: 1/N on the CPU; on ``gpus`` GPUs 1/min(N, ``gpus``) (``SHARED_GPU``)."""
+    if not gpus:
+        return "with N workers about 1/N of the training"
+    return f"with N workers on {gpus} GPU(s) about 1/min(N, {gpus}) of the training (--jobs {jobs}: 1/{min(jobs, gpus)})"
 
 
 def estimate(prepared: Prepared, measured: Measured) -> float:

@@ -4,9 +4,12 @@ The other N - 1 are started with ``multiprocessing``'s *spawn* method (a fresh i
 torch state copied by ``fork``), each preparing the same benchmark and working on the same storage
 as any worker on any machine would (``schedule.run_benchmark``); the storage URL reaches them through
 the spawn pipe, never on a command line. Each sets its own torch thread count from
-``training.num_threads`` when it trains (``auto``: its 1/N share of the cores). Ctrl-C stops every worker (the terminal signals the whole
-process group); a SIGTERM or SIGINT sent to this process alone is passed on to the workers; this
-process waits for them before it returns.
+``training.num_threads`` when it trains (``auto``: its 1/N share of the cores). Worker k (this
+process is worker 0) trains on ``cuda:(k mod GPUs)`` where ``training.device`` is ``auto`` or
+``cuda`` on CUDA (``embed.set_worker``; ``cuda:N`` stays); a ``dmlbench benchmark`` started by hand
+numbers only its own workers (with ``--jobs 1``: ``cuda``, as without workers). Ctrl-C stops every
+worker (the terminal signals the whole process group); a SIGTERM or SIGINT sent to this process
+alone is passed on to the workers; this process waits for them before it returns.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dmlbench.protocol.layout import RESULTS_FILE
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import BenchmarkOutcome, ReportWriter, write_benchmark_file
 from dmlbench.protocol.schedule import owned_output, run_benchmark
+from dmlbench.training.embed import set_worker, worker_devices
 from dmlbench.training.threads import share_cores
 
 STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
@@ -34,8 +38,22 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
     """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it).
     ``report``: the report writer of ``run_benchmark``, a module-level function (it is sent to the workers).
     This process holds the output directory (shared, as each worker does) until every worker has ended."""
-    with owned_output(prepared):
-        return _run_jobs(prepared, config_path, overrides, progress=progress, report=report)
+    if progress:
+        _say_gpus(prepared)
+    set_worker(0)
+    try:
+        with owned_output(prepared):
+            return _run_jobs(prepared, config_path, overrides, progress=progress, report=report)
+    finally:
+        set_worker(None)  # a later run in this process (the Python API's caller) is no worker
+
+
+def _say_gpus(prepared: Prepared) -> None:
+    """On CUDA, one line on the GPUs the workers share (each run's ``run.json`` records its own)."""
+    devices = worker_devices(next(iter(prepared.configs.values())).training.device, prepared.jobs)
+    if devices[0].type == "cuda":
+        shares = ", ".join(f"{devices.count(device)} worker(s) on {device}" for device in dict.fromkeys(devices))
+        print(f"--jobs {prepared.jobs}: {shares}", file=sys.stderr, flush=True)
 
 
 def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
@@ -45,7 +63,7 @@ def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str]
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
-            config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
+            index, config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
             prepared.heartbeat, prepared.retry_seconds, progress, report, plugins.command_line(), bool(prepared.plugin_changes)))
         for index in range(1, prepared.jobs)
     ]
@@ -74,11 +92,11 @@ def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str]
     return outcome
 
 
-def _worker(config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
+def _worker(index: int, config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
             heartbeat: int, retry_seconds: int, progress: bool, report: ReportWriter | None,
             plugin_specs: list[str], accept_plugin_changes: bool) -> None:
-    """One spawned worker: the same checks and the same loop as the parent (its plugins imported
-    first, as the parent's were); exit codes as the CLI's."""
+    """Spawned worker ``index``: the same checks and the same loop as the parent (its plugins imported
+    first, as the parent's were) on its share of the GPUs; exit codes as the CLI's."""
     import logging
 
     import optuna
@@ -88,6 +106,7 @@ def _worker(config_path: Path | None, overrides: list[str], output_dir: str, sto
 
     optuna.logging.set_verbosity(logging.WARNING)
     share_cores(jobs)
+    set_worker(index)
     install_stop_handlers()
     try:
         plugins.load_from_command_line(plugin_specs)

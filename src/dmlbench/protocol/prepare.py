@@ -304,7 +304,13 @@ def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
 
     One process per core because on the built-in benchmark two one-thread workers took 200 s where
     one two-thread worker took 269 s (``python benchmarks/jobs.py src/dmlbench/configs/benchmark.yaml``
-    on a quiet 2-core machine): the small CNN's steps do not keep two threads busy."""
+    on a quiet 2-core machine): the small CNN's steps do not keep two threads busy.
+
+    On CUDA the same rule, with no GPU count in it: the workers spread over the GPUs, several to one
+    (``embed.worker_devices``), and each still needs a core for Python between the GPU's kernels and
+    for what stays on the CPU (sampling, images not held on the GPU, records), so the cores bound the
+    workers as on the CPU. How many workers keep a GPU busy, and how many fit in its memory, is not
+    measured."""
     fixed = [int(plan.config.training.num_threads) for plan in plans.values() if plan.config.training.num_threads != threads.AUTO]
     per_process = max(fixed, default=threads.pinned_threads() or 1)
     concurrent_units = len(plans) * spec.protocol.folds * spec.protocol.parallel_trials

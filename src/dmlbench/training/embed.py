@@ -1,4 +1,4 @@
-"""Embedding a dataset in evaluation mode."""
+"""Embedding a dataset in evaluation mode, and the device a process trains on (``resolve_device``)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,54 @@ from torch import Tensor, nn
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 
+_worker: int | None = None  # this process's index among a benchmark's local workers (``set_worker``)
+
+
+def set_worker(index: int | None) -> None:
+    """Make this process worker ``index`` of ``benchmark --jobs`` (``None``: none of them), for ``resolve_device``."""
+    global _worker
+    _worker = index
+
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` is CUDA when present, else the CPU; a device this machine lacks is a user error. A CUDA
-    device is set up for repeatable IEEE float32 first (``reproducible_cuda``)."""
-    resolved = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else _available(device)
+    device is set up for repeatable IEEE float32 first (``reproducible_cuda``). In worker k of
+    ``benchmark --jobs`` (``set_worker``) ``auto`` or ``cuda`` is ``cuda:(k mod GPUs)``; ``cuda:N`` stays."""
+    resolved = _unassigned(device)
     if resolved.type == "cuda":
         reproducible_cuda()
+        if resolved.index is None and _worker is not None:
+            resolved = _spread(_worker)
+            # torch's current device too: what names no index (the bf16 check, a library's "cuda") and the
+            # process's CUDA context then stay on this worker's GPU instead of piling onto cuda:0.
+            torch.cuda.set_device(resolved)
     return resolved
+
+
+def worker_devices(device: str, workers: int) -> list[torch.device]:
+    """The device each of ``workers`` local workers (worker 0 first) trains on for ``training.device`` ``device``."""
+    resolved = _unassigned(device)
+    spread = resolved.type == "cuda" and resolved.index is None
+    return [_spread(index) if spread else resolved for index in range(workers)]
+
+
+def worker_gpus(device: str) -> int:
+    """The GPUs local workers of ``training.device`` ``device`` spread over: the visible ones for ``auto`` or
+    ``cuda``, one for ``cuda:N``, none off CUDA."""
+    resolved = _unassigned(device)
+    if resolved.type != "cuda":
+        return 0
+    return 1 if resolved.index is not None else torch.cuda.device_count()
+
+
+def _spread(worker: int) -> torch.device:
+    """Worker ``worker``'s GPU: the workers take the visible GPUs in turn."""
+    return torch.device("cuda", worker % torch.cuda.device_count())
+
+
+def _unassigned(device: str) -> torch.device:
+    """``device`` on this machine, before any worker's share of the GPUs: ``cuda`` without an index for ``auto``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else _available(device)
 
 
 def _available(device: str) -> torch.device:
