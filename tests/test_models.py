@@ -247,8 +247,8 @@ def test_a_weight_file_of_another_architecture_is_one_clear_error(tmp_path) -> N
 def test_missing_weight_file_is_a_user_error(tmp_path) -> None:
     with pytest.raises(UserInputError, match="does not exist"):
         models.build_trunk("resnet50", pretrained=str(tmp_path / "nope.pt"))
-    with pytest.raises(UserInputError, match="bninception has no library cache"):
-        models.build_trunk("bninception", pretrained=True)
+    with pytest.raises(UserInputError, match="does not exist"):
+        models.build_trunk("bninception", pretrained=str(tmp_path / "nope.pt"))
 
 
 def test_grayscale_resnet_accepts_one_channel() -> None:

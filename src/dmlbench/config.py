@@ -59,7 +59,8 @@ class DataConfig(Section):
 class ModelConfig(Section):
     # small_cnn, resnet50, bninception, googlenet or timm/<model_name> (README, "Backbones").
     trunk: str = "small_cnn"
-    # false: random weights; true: the library's local cache (never downloaded); or a weight file path.
+    # false: random weights; true: the library's cache (torchvision's and BN-Inception's ImageNet weights
+    # downloaded into torch's hub folder when absent; timm's Hugging Face cache, never downloaded); or a path.
     pretrained: bool | str = False
     pooling: Literal["avg", "max"] = "avg"
     embedding_dim: int = Field(128, gt=0)

@@ -2,11 +2,11 @@
 globally pooled features ``[batch, feature_dim]``.
 
 Every constructor takes ``pooling`` (``avg`` or ``max``, the global pooling of the last feature map)
-and ``pretrained``: ``False`` (random weights), ``True`` (the library's cache: torchvision's hub
-checkpoint folder, where a missing ImageNet checkpoint is downloaded and checked, or the Hugging Face
-cache of timm, never downloaded) or the path of a local
-weight file (a ``state_dict``; the classifier's keys, if present, are ignored). A missing file names
-where to put it; a file of another architecture is a ``UserInputError``.
+and ``pretrained``: ``False`` (random weights), ``True`` (the library's cache: torch's hub checkpoint
+folder, where a missing ImageNet checkpoint of torchvision, or for BN-Inception Cadene's conversion
+of the Caffe model, is downloaded and checked; or the Hugging Face cache of timm, never downloaded)
+or the path of a local weight file (a ``state_dict``; the classifier's keys, if present, are
+ignored). A missing file names where to put it; a file of another architecture is a ``UserInputError``.
 
 ``timm/<model_name>`` names any model of the optional ``timm`` package (``pip install dmlbench[timm]``).
 """
@@ -14,7 +14,7 @@ where to put it; a file of another architecture is a ``UserInputError``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,39 +114,55 @@ def small_cnn(
 
 
 class PooledFeatures(nn.Module):
-    """A convolutional network without its head, followed by global pooling."""
+    """A convolutional network without its head, followed by global pooling; ``inputs`` (optional, without
+    saved state) turns the images into what the network's weights expect first."""
 
-    def __init__(self, features: nn.Module, pooling: str) -> None:
+    def __init__(self, features: nn.Module, pooling: str, inputs: nn.Module | None = None) -> None:
         super().__init__()
+        self.inputs = inputs if inputs is not None else nn.Identity()
         self.features = features
         self.pool = global_pool(pooling)
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.pool(self.features(images))
+        return self.pool(self.features(self.inputs(images)))
 
 
-def _hub_checkpoint(weights_enum: Any, trunk: str) -> str:
-    """The first of torchvision's ImageNet checkpoints for ``trunk`` present in torch's hub folder; when
-    none is, the first (``IMAGENET1K_V1``) downloaded there (``DMLBENCH_MIRROR`` honoured, nothing under
-    ``DMLBENCH_OFFLINE``), its sha256 checked against the prefix its name carries, as torch.hub does."""
+# Cadene's pretrainedmodels conversion of the Caffe BN-Inception trained on ImageNet (pretrainedmodels
+# 0.7.4, ``pretrained_settings['bninception']``): the weights seed 001 and the DML code bases start from.
+BNINCEPTION_WEIGHTS_URL = "http://data.lip6.fr/cadene/pretrainedmodels/bn_inception-52deb4733.pth"
+# torchvision's weight enums of the trunks that take ``pretrained: true``, by attribute name (imported lazily).
+TORCHVISION_WEIGHTS = {"resnet50": "ResNet50_Weights", "googlenet": "GoogLeNet_Weights"}
+
+
+def hub_urls(trunk: str) -> list[str]:
+    """The ImageNet checkpoints ``pretrained: true`` reads from torch's hub folder for ``trunk``, the one
+    downloaded first (torchvision's ``IMAGENET1K_V1``); empty for a trunk without them."""
+    if trunk == "bninception":
+        return [BNINCEPTION_WEIGHTS_URL]
+    if trunk in TORCHVISION_WEIGHTS:
+        import torchvision
+
+        return [member.url for member in getattr(torchvision.models, TORCHVISION_WEIGHTS[trunk])]
+    return []
+
+
+def _hub_checkpoint(urls: Sequence[str], trunk: str) -> str:
+    """The first of ``urls``' files present in torch's hub folder; when none is, the first downloaded
+    there (``DMLBENCH_MIRROR`` honoured, nothing under ``DMLBENCH_OFFLINE``), its sha256 checked against
+    the prefix its name carries, as torch.hub does."""
     from dmlbench.download import Remote, download, mirror_base, name_hash_prefix
 
     folder = Path(torch.hub.get_dir()) / "checkpoints"
-    names = [os.path.basename(member.url) for member in weights_enum]
+    names = [os.path.basename(url) for url in urls]
     for name in names:
         if (folder / name).is_file():
             return str(folder / name)
-    first = next(iter(weights_enum)).url
-    remote = Remote(names[0], first, sha256_prefix=name_hash_prefix(names[0]))
+    remote = Remote(names[0], urls[0], sha256_prefix=name_hash_prefix(names[0]))
     try:
         download(remote, folder / names[0], mirror=mirror_base())
     except UserInputError as error:
         raise UserInputError(f"model.pretrained=true ({trunk}): {error}; or give model.pretrained=PATH") from None
     return str(folder / names[0])
-
-
-# torchvision's weight enums of the trunks that take ``pretrained: true``, by attribute name (imported lazily).
-TORCHVISION_WEIGHTS = {"resnet50": "ResNet50_Weights", "googlenet": "GoogLeNet_Weights"}
 
 
 def pretrained_weights(trunk: str, pretrained: Pretrained) -> dict[str, str] | None:
@@ -162,10 +178,8 @@ def pretrained_weights(trunk: str, pretrained: Pretrained) -> dict[str, str] | N
         path = Path(pretrained).expanduser()
         if not path.is_file():
             raise UserInputError(f"weights file {path} does not exist")
-    elif trunk in TORCHVISION_WEIGHTS:
-        import torchvision
-
-        path = Path(_hub_checkpoint(getattr(torchvision.models, TORCHVISION_WEIGHTS[trunk]), trunk))
+    elif hub_urls(trunk):
+        path = Path(_hub_checkpoint(hub_urls(trunk), trunk))
     elif trunk.startswith(TIMM_PREFIX):
         import timm
 
@@ -173,7 +187,7 @@ def pretrained_weights(trunk: str, pretrained: Pretrained) -> dict[str, str] | N
     else:
         return None
     digest = file_sha256(path)
-    prefix = name_hash_prefix(path.name) if pretrained is True and trunk in TORCHVISION_WEIGHTS else None
+    prefix = name_hash_prefix(path.name) if pretrained is True and hub_urls(trunk) else None
     if prefix and not digest.startswith(prefix):
         raise UserInputError(f"{path} has sha256 {digest}, which does not start with the {prefix} its name carries; "
                              "delete it (it is downloaded again) or give model.pretrained=PATH")
@@ -186,7 +200,7 @@ def _torchvision_trunk(name: str, in_channels: int, pooling: str, pretrained: Pr
     check_positive_int("in_channels", in_channels)
     weight_file = None
     if pretrained is True:
-        weight_file = _hub_checkpoint(getattr(torchvision.models, TORCHVISION_WEIGHTS[name]), name)
+        weight_file = _hub_checkpoint(hub_urls(name), name)
     elif pretrained:
         weight_file = str(pretrained)
     if name == "googlenet":
@@ -271,7 +285,13 @@ def load_weight_file(network: nn.Module, weights_path: str, trunk: str, ignored:
     """Load a local ``state_dict`` into ``network`` (keys starting with ``ignored`` are skipped); a file
     that does not fit (missing, unexpected or differently shaped tensors) is one ``UserInputError`` line."""
     path = Path(weights_path)
-    state = {key: value for key, value in read_weight_file(path).items() if not key.startswith(ignored)}
+    load_state(network, read_weight_file(path), path, trunk, ignored)
+
+
+def load_state(network: nn.Module, state: Mapping[str, Tensor], path: Path, trunk: str,
+               ignored: tuple[str, ...] = ()) -> None:
+    """Load ``state``, read from ``path``, into ``network`` as ``load_weight_file`` does."""
+    state = {key: value for key, value in state.items() if not key.startswith(ignored)}
     expected = network.state_dict()
     missing = [key for key in expected if key not in state]
     unexpected = [key for key in state if key not in expected]
@@ -305,19 +325,29 @@ def googlenet(in_channels: int = 3, pooling: str = "avg", pretrained: Pretrained
 
 @TRUNKS.register("bninception")
 def bninception(in_channels: int = 3, pooling: str = "avg", pretrained: Pretrained = False) -> tuple[nn.Module, int]:
-    """BN-Inception (Ioffe & Szegedy 2015, Fig. 5), the backbone of seeds 001/002; 1024-d features."""
-    from dmlbench.models.bninception import BNInception
+    """BN-Inception (Ioffe & Szegedy 2015, Fig. 5), the backbone of seeds 001/002; 1024-d features.
+
+    ``pretrained=True``: the Caffe model's ImageNet weights in Cadene's conversion (``BNINCEPTION_WEIGHTS_URL``,
+    fetched into torch's hub folder), in a network that pools as that model was trained and behind
+    ``CaffeInput`` (``models.bninception``); a weight file in Cadene's layout is read the same way, any
+    other must be a ``state_dict`` of this trunk."""
+    from dmlbench.models.bninception import BNInception, CaffeInput, cadene_state_dict, is_cadene_layout
 
     check_positive_int("in_channels", in_channels)
+    path = None
     if pretrained is True:
-        raise UserInputError(
-            "model.pretrained=true: bninception has no library cache (neither torchvision nor timm ship it); "
-            "give model.pretrained=PATH, a state_dict of dmlbench's BNInception (docs/datasets.md, \"Pretrained weights\")"
-        )
-    features = BNInception(3)
-    network = PooledFeatures(features, pooling)
-    if pretrained:
-        load_weight_file(network, str(pretrained), "bninception")
+        path = Path(_hub_checkpoint(hub_urls("bninception"), "bninception"))
+    elif pretrained:
+        path = Path(str(pretrained))
+    state = read_weight_file(path) if path is not None else None
+    cadene = pretrained is True or (state is not None and is_cadene_layout(state))
+    features = BNInception(3, caffe_pooling=cadene)
+    network = PooledFeatures(features, pooling, CaffeInput(in_channels) if cadene else None)
+    if path is not None and state is not None:
+        if cadene:
+            load_state(features, cadene_state_dict(state), path, "bninception")
+        else:
+            load_state(network, state, path, "bninception")
     if in_channels != 3:
         _adapt_first_conv(network, in_channels)
     return network, features.out_channels

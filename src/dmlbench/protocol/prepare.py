@@ -36,7 +36,7 @@ from dmlbench.protocol.folds import FoldLayout, fold_layout
 from dmlbench.protocol.method_checks import check_samplers, check_shared
 from dmlbench.protocol.plan import MethodPlan, ReproductionSettings, SearchSettings, search_repeats
 from dmlbench.training import records, threads
-from dmlbench.training.setup import build_model, check_input_channels, load_dataset
+from dmlbench.training.setup import build_model, check_input_channels, check_input_size, load_dataset
 
 
 @dataclass
@@ -176,7 +176,9 @@ def prepare(
     for plan in plans.values():  # before any trial: a mismatch would fail every one of them
         if (model := plan.config.model.model_dump_json()) not in checked:
             checked.add(model)
-            check_input_channels(plan.config, build_model(plan.config), dataset)
+            network = build_model(plan.config)
+            check_input_channels(plan.config, network, dataset)
+            check_input_size(network, dataset)
     storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,

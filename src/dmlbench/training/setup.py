@@ -18,6 +18,7 @@ from dmlbench.data.splits import Splits, standard_splits, train_test_split
 from dmlbench.errors import PluginFailed, UserInputError
 from dmlbench.losses.base import MetricLoss, loss_parameters
 from dmlbench.mining.base import Miner
+from dmlbench.models.bninception import BNInception
 from dmlbench.registry import accepted_parameters
 
 
@@ -182,6 +183,14 @@ def check_input_channels(config: Config, model: nn.Module, dataset: ImageDataset
         f"has {dataset.num_channels}-channel images: set model.options.in_channels={dataset.num_channels}")
 
 
+def check_input_size(model: nn.Module, dataset: ImageDataset) -> None:
+    """Refuse, before any step, an image size the trunk cannot take: BN-Inception pooling as the Caffe
+    release, for its ImageNet weights, needs even maps at its stride-2 modules (every step would fail)."""
+    for module in model.modules():
+        if isinstance(module, BNInception) and (error := module.input_size_error(*dataset.image_size)) is not None:
+            raise error
+
+
 def build_sampler(config: Config, train_labels: np.ndarray) -> Sampler[list[int]]:
     return sampling.build(
         config.sampler.name,
@@ -223,6 +232,7 @@ def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
         sampler = build_sampler(config, to_class_index[labels[splits.train]].numpy())
         components = build_components(config, int((to_class_index >= 0).sum()), device)
         check_input_channels(config, components.model, full_dataset)
+        check_input_size(components.model, full_dataset)
     except Exception as error:
         # A plugin's constructor that raises: one line naming it and its frame (no run directory exists yet).
         in_plugin = plugins.failure(error)
