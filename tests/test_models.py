@@ -159,7 +159,12 @@ def test_weight_file_round_trip(trunk: str, tmp_path) -> None:
     loaded, loaded_dim = models.build_trunk(trunk, pretrained=str(weights), **options)
     assert loaded_dim == dim
     images = torch.rand(2, 3, 40, 40)
-    torch.testing.assert_close(loaded.eval()(images), source.eval()(images))
+    if trunk.startswith("timm/"):  # a file in timm's layout holds ImageNet weights: their standardisation comes first
+        config = source.pretrained_cfg
+        images_seen = (images - torch.tensor(config["mean"]).view(1, 3, 1, 1)) / torch.tensor(config["std"]).view(1, 3, 1, 1)
+    else:
+        images_seen = images
+    torch.testing.assert_close(loaded.eval()(images), source.eval()(images_seen))
 
 
 @pytest.mark.parametrize("trunk", ["resnet50", "googlenet"])
@@ -175,10 +180,29 @@ def test_torchvision_trunk_weight_file_round_trip(trunk: str, tmp_path) -> None:
     weights = tmp_path / "weights.pt"
     torch.save(reference_state, weights)
     loaded, _ = models.build_trunk(trunk, pretrained=str(weights))
-    loaded_state = loaded.state_dict()
+    loaded_state = {key.removeprefix("network."): value for key, value in loaded.state_dict().items()}
     assert set(loaded_state) == {key for key in reference_state if not key.startswith(("fc.", "aux1.", "aux2."))}
     for key, value in loaded_state.items():
         torch.testing.assert_close(value, reference_state[key])
+
+
+def test_imagenet_weights_see_their_standardised_inputs(tmp_path) -> None:
+    """torchvision's ImageNet weights were trained on colours standardised by their mean and SD: the loaded
+    trunk fed dmlbench's [0, 1] images gives exactly the features torchvision's network gives on the
+    standardised images (before, the weights saw [0, 1] images)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    reference = torchvision.models.resnet50(weights=None)
+    weights = tmp_path / "resnet50.pt"
+    torch.save(reference.state_dict(), weights)
+    reference.fc = torch.nn.Identity()
+    loaded, _ = models.build_trunk("resnet50", pretrained=str(weights))
+    images = torch.rand(2, 3, 64, 64)
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    torch.testing.assert_close(loaded.eval()(images), reference.eval()((images - mean) / std))
+    random_weights, _ = models.build_trunk("resnet50")
+    assert not any(isinstance(module, models.trunks.ImageNetInput) for module in random_weights.modules())
 
 
 def test_pretrained_true_reads_torchvisions_hub_folder_and_offline_names_the_missing_file(tmp_path, monkeypatch) -> None:
@@ -195,7 +219,7 @@ def test_pretrained_true_reads_torchvisions_hub_folder_and_offline_names_the_mis
     name = torchvision.models.ResNet50_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[1]
     torch.save(state, tmp_path / "hub" / "checkpoints" / name)  # the folder the offline message named
     loaded, _ = models.build_trunk("resnet50", pretrained=True)
-    torch.testing.assert_close(loaded.state_dict()["conv1.weight"], state["conv1.weight"])
+    torch.testing.assert_close(loaded.state_dict()["network.conv1.weight"], state["conv1.weight"])
 
 
 def test_pretrained_true_reads_timms_hugging_face_cache_only(tmp_path, monkeypatch) -> None:
@@ -214,7 +238,9 @@ def test_pretrained_true_reads_timms_hugging_face_cache_only(tmp_path, monkeypat
     save_file(state, str(repo / "snapshots" / "abc123" / "model.safetensors"))
     loaded, _ = models.build_trunk("timm/test_resnet", pretrained=True)
     for key, value in loaded.state_dict().items():
-        torch.testing.assert_close(value, state[key])
+        torch.testing.assert_close(value, state[key.removeprefix("network.")])
+    config = source.pretrained_cfg  # its weights' own standardisation comes first
+    torch.testing.assert_close(loaded.inputs.mean.flatten(), torch.tensor(config["mean"], dtype=torch.float32))
 
 
 def test_timm_models_by_name_with_either_pooling() -> None:
@@ -312,6 +338,7 @@ def test_imagenet_googlenet_sees_a_grey_image_as_three_equal_colours(tmp_path) -
     reference.fc = torch.nn.Identity()
     grey, _ = models.build_trunk("googlenet", in_channels=1, pretrained=str(weights))
     images = torch.rand(2, 1, 64, 64)
-    torch.testing.assert_close(grey.eval()(images), reference.eval()(images.expand(-1, 3, -1, -1)))
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    torch.testing.assert_close(grey.eval()(images), reference.eval()((images.expand(-1, 3, -1, -1) - mean) / std))
     with pytest.raises(UserInputError, match="in_channels=2"):
         models.build_trunk("googlenet", in_channels=2, pretrained=str(weights))

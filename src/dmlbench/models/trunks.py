@@ -219,14 +219,54 @@ def _torchvision_trunk(name: str, in_channels: int, pooling: str, pretrained: Pr
         load_weight_file(network, weight_file, name, ignored)
     # Both networks end in global average pooling, then dropout (googlenet), then fc.
     network.avgpool = global_pool(pooling)[0]
-    if in_channels != 3 and name == "googlenet" and weight_file is not None:
+    if weight_file is None:
+        if in_channels != 3:
+            _adapt_first_conv(network, in_channels)
+        return network, feature_dim
+    if name == "googlenet" and in_channels != 3:
         # transform_input re-normalises each of the three colours, so the network is shown the grey
         # image as three equal colours rather than given a one-channel first convolution.
         check_grey_to_colour(in_channels)
-        return nn.Sequential(RepeatChannels(3), network), feature_dim
-    if in_channels != 3:
-        _adapt_first_conv(network, in_channels)
-    return network, feature_dim
+        inputs: nn.Module = nn.Sequential(RepeatChannels(3), ImageNetInput(3))
+    else:
+        if in_channels != 3:
+            _adapt_first_conv(network, in_channels)
+        inputs = ImageNetInput(in_channels)
+    return InputAdapted(inputs, network), feature_dim
+
+
+# The per-colour mean and SD torchvision's ImageNet weights were trained with (their transforms' Normalize).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ImageNetInput(nn.Module):
+    """dmlbench's images, RGB in [0, 1] (every reader's output, ``data.base``), standardised per colour as
+    ImageNet weights expect (torchvision's ``mean``/``std`` by default, a timm model's from its
+    ``pretrained_cfg``). One channel (a grey image, whose first convolution is averaged over colours)
+    uses the mean of the means and of the SDs. Buffers not saved: constants of the weights, not state."""
+
+    def __init__(self, channels: int = 3, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> None:
+        super().__init__()
+        if channels != len(mean):
+            mean, std = (sum(mean) / len(mean),) * channels, (sum(std) / len(std),) * channels
+        self.register_buffer("mean", torch.tensor(tuple(mean), dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(tuple(std), dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return (images - self.mean) / self.std
+
+
+class InputAdapted(nn.Module):
+    """A network whose weights expect other inputs than dmlbench's images, behind the module that makes them."""
+
+    def __init__(self, inputs: nn.Module, network: nn.Module) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.network = network
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.network(self.inputs(images))
 
 
 class RepeatChannels(nn.Module):
@@ -399,4 +439,8 @@ def timm_trunk(
         load_weight_file(network, str(weight_file), f"timm/{model_name}", ignored)
     if in_channels != 3:
         _adapt_first_conv(network, in_channels)
-    return network, int(network.num_features)
+    if not weight_file:
+        return network, int(network.num_features)
+    config = getattr(network, "pretrained_cfg", {}) or {}
+    inputs = ImageNetInput(in_channels, config.get("mean", IMAGENET_MEAN), config.get("std", IMAGENET_STD))
+    return InputAdapted(inputs, network), int(network.num_features)
