@@ -376,3 +376,11 @@ def test_trials_per_search_cuts_random_searches_short_and_prices_them_at_equal_c
     (tmp_path / "benchmark.json").write_text(json.dumps({"protocol": {**protocol, "startup_trials": 1}}))
     with pytest.raises(SystemExit, match="suggested by the sampler's model"):
         module.main([str(tmp_path)])
+
+
+def test_the_committed_trials_per_search_table_is_what_the_script_writes(tmp_path: Path) -> None:
+    """results/search_luck_method_glyphs/README.md quotes this table: it must still come from the committed budget.csv."""
+    folder = RESULTS / "search_luck_method_glyphs"
+    output = tmp_path / "trials_per_search.csv"
+    assert _script("trials_per_search").main([str(folder), "-o", str(output)]) == 0
+    assert output.read_text() == (folder / "trials_per_search.csv").read_text()
