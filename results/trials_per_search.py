@@ -16,10 +16,17 @@ and the standard error of the method's mean at the *cost* of the recorded design
 ``k`` searches of ``T`` trials and ``r`` reproductions (``folds`` runs each) buys
 ``k (T + r) / (t + r)`` searches of ``t`` trials, so ``se_at_equal_cost = sd_t / sqrt(k (T + r) / (t + r))``.
 
-What this does not measure: the test score of a shorter search's choice (only the final choice of each
-search was reproduced), so it says how precisely each design pins down *its own* selection, not which
-design gives the more precise verdict on test. Columns: method, trials, searches, best_validation_mean,
-best_validation_sd, same_choice_share, runs_per_search, se_at_equal_cost.
+That side says how precisely each design pins down *its own* selection, not which gives the more precise
+verdict on test: only the final choice of each search was reproduced. Columns: method, trials, searches,
+best_validation_mean, best_validation_sd, same_choice_share, runs_per_search, se_at_equal_cost.
+
+The test side, with ``--short SHORT``: a second study whose search ``s`` is the first trials of this one's
+search ``s`` (the same config with fewer ``protocol.trials``), its choices reproduced on the same seeds.
+Per method, over the searches both studies ran: the mean and SD of the search means of test
+``--metric`` (concatenated) in each study, the SE of the method's mean at the longer design's cost as
+above, and how many searches chose the same configuration in both, with how many of those gave
+identical reproductions (they must: the same configuration on the same seeds). Columns (``--test-output``):
+method, trials, searches, test_mean, test_sd, runs_per_search, se_at_equal_cost, same_choice, identical.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from pathlib import Path
 
 COLUMNS = ["method", "trials", "searches", "best_validation_mean", "best_validation_sd", "same_choice_share",
            "runs_per_search", "se_at_equal_cost"]
+TEST_COLUMNS = ["method", "trials", "searches", "test_mean", "test_sd", "runs_per_search", "se_at_equal_cost", "same_choice",
+                "identical"]
 OPTUNA_STARTUP_TRIALS = 10  # Optuna's n_startup_trials default (report.tables.OPTUNA_STARTUP_TRIALS)
 
 
@@ -76,20 +85,69 @@ def rows(bests: dict[str, list[list[float]]], trials: int, reproductions: int, f
     return table
 
 
+def search_choices(folder: Path, metric: str) -> dict[str, dict[int, tuple[str, float]]]:
+    """``method -> search -> (best parameters, mean test score)`` from ``search_repeats.csv``."""
+    column = f"test_concatenated_{metric}"
+    with (folder / "search_repeats.csv").open(newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    found: dict[str, dict[int, tuple[str, float]]] = defaultdict(dict)
+    for row in rows:
+        found[row["method"]][int(row["search"])] = (row["best_params"], float(row[column]))
+    return found
+
+
+def reproductions(folder: Path, metric: str) -> dict[tuple[str, int], list[str]]:
+    """``(method, search) -> its reproductions' test scores`` (concatenated ``metric``) as written in ``runs.csv``."""
+    found: dict[tuple[str, int], list[str]] = defaultdict(list)
+    with (folder / "runs.csv").open(newline="") as stream:
+        for row in csv.DictReader(stream):
+            if row["mode"] == "concatenated" and row["metric"] == metric:
+                found[row["method"], int(row["search"])].append(row["value"])
+    return found
+
+
+def test_rows(long: Path, short: Path, metric: str) -> list[list[object]]:
+    """Per method, one row for the short study and one for the long, over the searches both ran."""
+    (long_trials, reproductions_per_search, folds), (short_trials, short_reproductions, _) = design(long), design(short)
+    if short_reproductions != reproductions_per_search or short_trials >= long_trials:
+        raise SystemExit(f"{short} must have fewer trials per search than {long} and as many reproductions")
+    long_choices, short_choices = search_choices(long, metric), search_choices(short, metric)
+    long_runs, short_runs = reproductions(long, metric), reproductions(short, metric)
+    table: list[list[object]] = []
+    for method, by_search in short_choices.items():
+        searches = sorted(set(by_search) & set(long_choices.get(method, {})))
+        same = [s for s in searches if by_search[s][0] == long_choices[method][s][0]]
+        identical = sum(short_runs[method, s] == long_runs[method, s] for s in same)
+        for trials, choices in ((short_trials, by_search), (long_trials, long_choices[method])):
+            values = [choices[s][1] for s in searches]
+            sd = statistics.stdev(values) if len(values) >= 2 else math.nan
+            affordable = len(searches) * (long_trials + reproductions_per_search) / (trials + reproductions_per_search)
+            table.append([method, trials, len(searches), repr(statistics.fmean(values)), repr(sd),
+                          folds * (trials + reproductions_per_search), repr(sd / math.sqrt(affordable)), len(same), identical])
+    return table
+
+
+def write(rows: list[list[object]], columns: list[str], output: Path | None) -> None:
+    stream = output.open("w", newline="") if output else sys.stdout
+    try:
+        csv.writer(stream, lineterminator="\n").writerows([columns, *rows])
+    finally:
+        if output:
+            stream.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a report folder with repeated searches (budget.csv, benchmark.json)")
     parser.add_argument("-o", "--output", type=Path, help="write the CSV here (default: standard output)")
+    parser.add_argument("--short", type=Path, help="a study whose searches are the first trials of this one's (the test side)")
+    parser.add_argument("--test-output", type=Path, help="with --short: write the test side's CSV here")
+    parser.add_argument("--metric", default="map_at_r", help="with --short: the test metric (concatenated)")
     args = parser.parse_args(argv)
-    trials, reproductions, folds = design(args.folder)
-    table = rows(running_bests(args.folder), trials, reproductions, folds)
-    stream = args.output.open("w", newline="") if args.output else sys.stdout
-    try:
-        writer = csv.writer(stream, lineterminator="\n")
-        writer.writerows([COLUMNS, *table])
-    finally:
-        if args.output:
-            stream.close()
+    trials, reproductions_per_search, folds = design(args.folder)
+    write(rows(running_bests(args.folder), trials, reproductions_per_search, folds), COLUMNS, args.output)
+    if args.short:
+        write(test_rows(args.folder, args.short, args.metric), TEST_COLUMNS, args.test_output)
     return 0
 
 

@@ -384,3 +384,37 @@ def test_the_committed_trials_per_search_table_is_what_the_script_writes(tmp_pat
     output = tmp_path / "trials_per_search.csv"
     assert _script("trials_per_search").main([str(folder), "-o", str(output)]) == 0
     assert output.read_text() == (folder / "trials_per_search.csv").read_text()
+
+
+def test_trials_per_search_test_side_pairs_the_searches_and_checks_identical_choices(tmp_path: Path) -> None:
+    """With --short: per method the test search means of both studies over their common searches, the SE at
+    the long design's cost, and of the searches that chose the same configuration, how many reproduced
+    identically (a changed digit is counted as not identical)."""
+    def study(name: str, trials: int, choices: dict[int, tuple[str, list[float]]]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "benchmark.json").write_text(json.dumps({"protocol": {"trials": trials, "reproductions": 2, "folds": 2}}))
+        lines = ["method,search,search_seed,best_validation,best_params,reproductions_scored,test_concatenated_map_at_r"]
+        runs = ["method,reproduction,mode,metric,value,search"]
+        for search, (params, values) in choices.items():
+            lines.append(f"m,{search},{search},0.5,{params},2,{sum(values) / 2!r}")
+            runs += [f"m,{k},concatenated,map_at_r,{value!r},{search}" for k, value in enumerate(values)]
+        (folder / "search_repeats.csv").write_text("\n".join(lines) + "\n")
+        (folder / "runs.csv").write_text("\n".join(runs) + "\n")
+        (folder / "budget.csv").write_text("method,search,trials,running_best,expected_best,expected_best_sd\n")
+        return folder
+
+    long = study("long", 3, {0: ("a=1", [0.40, 0.42]), 1: ("a=2", [0.44, 0.46]), 2: ("a=3", [0.30, 0.32]), 3: ("a=4", [0.5, 0.5])})
+    short = study("short", 1, {0: ("a=1", [0.40, 0.42]), 1: ("a=2", [0.44, 0.4600001]), 2: ("a=9", [0.20, 0.22])})
+    output = tmp_path / "test.csv"
+    module = _script("trials_per_search")
+    assert module.main([str(long), "--short", str(short), "--test-output", str(output), "-o", str(tmp_path / "v.csv")]) == 0
+    short_row, long_row = list(csv.DictReader(output.open()))
+    assert (short_row["trials"], long_row["trials"], short_row["searches"]) == ("1", "3", "3")
+    assert (short_row["same_choice"], short_row["identical"]) == ("2", "1")
+    short_means, long_means = [0.41, 0.45000005, 0.21], [0.41, 0.45, 0.31]
+    assert float(short_row["test_mean"]) == pytest.approx(sum(short_means) / 3)
+    assert float(short_row["test_sd"]) == pytest.approx(float(stats.tstd(short_means)))
+    assert float(short_row["se_at_equal_cost"]) == pytest.approx(float(stats.tstd(short_means)) / (3 * 5 / 3) ** 0.5)
+    assert float(long_row["se_at_equal_cost"]) == pytest.approx(float(stats.tstd(long_means)) / 3 ** 0.5)
+    assert int(short_row["runs_per_search"]) == 6 and int(long_row["runs_per_search"]) == 10
