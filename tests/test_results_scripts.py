@@ -418,3 +418,11 @@ def test_trials_per_search_test_side_pairs_the_searches_and_checks_identical_cho
     assert float(short_row["se_at_equal_cost"]) == pytest.approx(float(stats.tstd(short_means)) / (3 * 5 / 3) ** 0.5)
     assert float(long_row["se_at_equal_cost"]) == pytest.approx(float(stats.tstd(long_means)) / 3 ** 0.5)
     assert int(short_row["runs_per_search"]) == 6 and int(long_row["runs_per_search"]) == 10
+
+
+def test_the_committed_one_trial_test_table_is_what_the_script_writes(tmp_path: Path) -> None:
+    """results/one_trial_searches_glyphs/README.md quotes this table: it must still come from the two studies' committed files."""
+    output = tmp_path / "test.csv"
+    assert _script("trials_per_search").main([str(RESULTS / "search_luck_method_glyphs"), "--short", str(RESULTS / "one_trial_searches_glyphs"),
+                                              "--test-output", str(output), "-o", str(tmp_path / "selection.csv")]) == 0
+    assert output.read_text() == (RESULTS / "one_trial_searches_glyphs" / "trials_per_search_test.csv").read_text()
