@@ -157,6 +157,16 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
     assert "its verdicts are conditional on that search" in out
     line = next(text for text in out.splitlines() if "cheapest design" in text)
     searches, reproductions = int(line.split("search_repeats=")[1].split()[0]), int(line.split("reproductions=")[1].split()[0])
+    # The pilot's 5 searches per method bound the search SD too, and the plan at that bound costs more.
+    from dmlbench.analysis.search_luck import search_sd_upper_bound
+    from dmlbench.report.committed import search_variances
+
+    bound = search_sd_upper_bound(search_variances(pilot, ("concatenated", "map_at_r")))
+    assert bound > search_sd
+    bound_line = next(text for text in out.splitlines() if "search SD may be up to" in text)
+    assert f"search SD may be up to {100 * bound:.2f} points (80% upper bound" in bound_line
+    runs = int(line.split("(")[1].split()[0])
+    assert int(bound_line.split("cheapest design there: ")[1].split("(")[1].split()[0]) >= runs
     code, out_sd, _ = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--sd", "0.008",
                                "--search-sd", f"{search_sd}"], capsys)
     assert code == 0 and "cheapest design" in out_sd

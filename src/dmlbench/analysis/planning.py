@@ -107,11 +107,12 @@ def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: 
 
 
 def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | PilotSpread], search_sd: float, source: str,
-                     alpha: float = 0.05) -> str:
+                     alpha: float = 0.05, search_sd_bound: float | None = None) -> str:
     """Planning over searches and seeds (``analysis.search_luck``): for verdicts about the methods, the power of
     the family's design and the cheapest design (searches x reproductions, in training runs per method) at
     which every comparison's t-test and TOST reach 80% at the strictest Holm threshold, each comparison at its
-    seed SD and ``search_sd`` for every method."""
+    seed SD and ``search_sd`` for every method; with ``search_sd_bound`` (a pilot's upper bound,
+    ``search_luck.search_sd_upper_bound``) also the cheapest design at that bound."""
     m = len(family.comparisons)
     lines = [f"searches and seeds (verdicts about the methods, their search included): search SD {100 * search_sd:.2f} "
              f"points ({source}); {family.trials} trials of {family.folds} fold runs per search; designs priced in "
@@ -127,10 +128,17 @@ def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | Pilot
     else:
         lines.append("  this config searches once per method: its verdicts are conditional on that search "
                      "(protocol.search_repeats >= 2 judges the methods)")
-    design = cheapest_design(search_sd, seed_sd, family.margin, m, family.trials, family.folds, alpha=alpha)
-    if design is None:
-        lines.append(f"  no design within {MAX_SEARCHES} searches reaches 80%: the search luck alone exceeds what the margin allows")
-    else:
-        lines.append(f"  cheapest design: protocol.search_repeats={design.searches} protocol.reproductions={design.reproductions} "
-                     f"({design.runs_per_method} training runs per method; t-test {design.ttest_power:.2f}, TOST {design.tost_power:.2f})")
+    lines.append(f"  cheapest design: {_design_text(search_sd, seed_sd, family, m, alpha)}")
+    if search_sd_bound is not None:
+        lines.append(f"  but from the pilot's searches the search SD may be up to {100 * search_sd_bound:.2f} points "
+                     f"({100 * SD_BOUND_CONFIDENCE:.0f}% upper bound, chi-square, approximate; a long tail of unlucky "
+                     f"searches can exceed it): cheapest design there: {_design_text(search_sd_bound, seed_sd, family, m, alpha)}")
     return "\n".join(lines)
+
+
+def _design_text(search_sd: float, seed_sd: float, family: Family, comparisons: int, alpha: float) -> str:
+    design = cheapest_design(search_sd, seed_sd, family.margin, comparisons, family.trials, family.folds, alpha=alpha)
+    if design is None:
+        return f"none within {MAX_SEARCHES} searches reaches 80%: the search luck alone exceeds what the margin allows"
+    return (f"protocol.search_repeats={design.searches} protocol.reproductions={design.reproductions} "
+            f"({design.runs_per_method} training runs per method; t-test {design.ttest_power:.2f}, TOST {design.tost_power:.2f})")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from dmlbench.analysis.power import MAX_REPRODUCTIONS, holm_strictest_alpha, tost_power, ttest_power
+from dmlbench.analysis.power import MAX_REPRODUCTIONS, SD_BOUND_CONFIDENCE, holm_strictest_alpha, tost_power, ttest_power
 from dmlbench.analysis.statistics import DEFAULT_ALPHA, MIN_VERDICT_PAIRS, PairedComparison
 from dmlbench.errors import UserInputError
 
@@ -58,6 +58,12 @@ class VarianceComponents:
     @property
     def search_sd(self) -> float:
         return math.sqrt(self.search)
+
+    @property
+    def means_variance(self) -> float:
+        """The variance of the search means the components imply, ``sigma_s² + sigma_e² / n`` (before
+        ``sigma_s²`` was truncated at 0 it was the sample variance of the search means)."""
+        return self.search + self.seed / self.reproductions
 
 
 def search_means(scores: SearchScores) -> dict[str, dict[int, float]]:
@@ -94,6 +100,22 @@ def variance_components(scores: Mapping[int, Mapping[int, float]]) -> VarianceCo
 def pooled_search_sd(components: Mapping[str, VarianceComponents]) -> float:
     """The methods' search variances pooled as their mean, as an SD: the search SD a plan assumes for each."""
     return math.sqrt(sum(c.search for c in components.values()) / len(components))
+
+
+def search_sd_upper_bound(components: Mapping[str, VarianceComponents], confidence: float = SD_BOUND_CONFIDENCE) -> float:
+    """An approximate one-sided upper ``confidence`` bound on ``pooled_search_sd``: the methods' variances of
+    search means (``k - 1`` degrees of freedom each) pooled and bounded as one chi-square variance,
+    ``V_up = V (sum df) / chi²_{1-confidence, sum df}``, less the pooled seed term ``sigma_e² / n`` taken
+    as known (it rests on many more degrees of freedom). Approximate: the methods' search-mean variances
+    are treated as one, and a search component truncated at 0 enters at its seed term; a pilot's few
+    searches cannot see a long tail of unlucky searches, which this bound does not cover either."""
+    freedom = sum(c.searches - 1 for c in components.values())
+    if freedom < 1:
+        raise UserInputError("a search SD bound needs a method with at least 2 searches")
+    pooled = sum((c.searches - 1) * c.means_variance for c in components.values()) / freedom
+    seed_term = sum((c.searches - 1) * c.seed / c.reproductions for c in components.values()) / freedom
+    upper = pooled * freedom / float(stats.chi2.ppf(1.0 - confidence, freedom))
+    return math.sqrt(max(upper - seed_term, 0.0))
 
 
 def search_variance_from_means(means: Mapping[int, float], seed_variance: float, reproductions: int) -> float:

@@ -110,13 +110,15 @@ def plan_command(
     else:
         sds = {pair: sd for pair in family.comparisons}
         typer.echo(planning.plan_text(family, sds, f"{100 * sd:.2f} points (--sd)"))
-    source = "--search-sd"
+    source, bound = "--search-sd", None
     if search_sd is None and pilot is not None:
         from dmlbench.report.committed import pilot_search_sd
 
-        search_sd, source = pilot_search_sd(pilot, family.endpoint), f"measured in {pilot}, pooled over its repeated methods"
+        measured = pilot_search_sd(pilot, family.endpoint)
+        if measured is not None:
+            (search_sd, bound), source = measured, f"measured in {pilot}, pooled over its repeated methods"
     if search_sd is not None:
-        typer.echo(planning.search_plan_text(family, sds, search_sd, source))
+        typer.echo(planning.search_plan_text(family, sds, search_sd, source, search_sd_bound=bound))
 
 
 def rejudge_command(

@@ -21,6 +21,7 @@ from dmlbench.analysis.search_luck import (
     VarianceComponents,
     pooled_search_sd,
     search_means,
+    search_sd_upper_bound,
     search_variance_from_means,
     variance_components,
 )
@@ -150,9 +151,9 @@ def search_variances(directory: Path, endpoint: tuple[str, str]) -> dict[str, Va
     return found
 
 
-def pilot_search_sd(directory: Path, endpoint: tuple[str, str]) -> float | None:
-    """The search SD of a pilot with repeated searches (``search_luck.pooled_search_sd``); ``None`` when no
-    method's search was repeated."""
+def pilot_search_sd(directory: Path, endpoint: tuple[str, str]) -> tuple[float, float] | None:
+    """The search SD of a pilot with repeated searches (``search_luck.pooled_search_sd``) and its approximate
+    upper bound (``search_luck.search_sd_upper_bound``); ``None`` when no method's search was repeated."""
     found = search_variances(directory, endpoint)
-    return pooled_search_sd(found) if found else None
+    return (pooled_search_sd(found), search_sd_upper_bound(found)) if found else None
 
