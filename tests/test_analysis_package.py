@@ -86,3 +86,15 @@ def test_a_damaged_runs_csv_is_one_line_and_exit_2_and_nothing_is_rewritten(tmp_
         code, _, err = run_cli(["rejudge", str(study)], capsys)
         assert code == 2 and reason in err and err.strip().count("\n") == 0, err
         assert (study / "comparisons.csv").read_text() == committed
+
+
+def test_the_built_in_benchmark_declares_the_search_sd_measured_on_its_own_config() -> None:
+    """analysis.search_sd of the main job is the pooled search SD of its config searched 29 times
+    (results/search_luck_method_glyphs/search_variance.csv), to the four decimals it is written with."""
+    import csv
+
+    from dmlbench.protocol.benchmark import DEFAULT_BENCHMARK, load_spec
+
+    rows = list(csv.DictReader((RESULTS / "search_luck_method_glyphs" / "search_variance.csv").open()))
+    pooled = next(float(row["search_sd"]) for row in rows if row["method"] == "pooled")
+    assert load_spec(DEFAULT_BENCHMARK).analysis.search_sd == round(pooled, 4)
