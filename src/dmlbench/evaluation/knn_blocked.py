@@ -142,7 +142,8 @@ class _RunningTopK:
         self.ids[state_rows] = all_ids.gather(1, best_positions)
 
 
-def _padded(rows: Tensor, multiple: int) -> Tensor:
+def zero_padded(rows: Tensor, multiple: int) -> Tensor:
+    """``rows`` with zero rows appended up to a multiple of ``multiple`` (their scores are masked later)."""
     missing = -rows.shape[0] % multiple
     if missing == 0:
         return rows
@@ -182,7 +183,7 @@ def blocked_search(space: KnnIndex, query_ids: Tensor, reference_ids: Tensor, wi
 
 def _symmetric_search(rows: Tensor, ids: Tensor, width: int, block: int) -> _RunningTopK:
     count = rows.shape[0]
-    padded_rows = _padded(rows, _CELL)
+    padded_rows = zero_padded(rows, _CELL)
     padded_ids = torch.cat([ids, ids.new_full((padded_rows.shape[0] - count,), -1)])
     state = _RunningTopK(padded_rows.shape[0], width)
     starts = list(range(0, padded_rows.shape[0], block))
@@ -208,7 +209,7 @@ def _rectangular_search(
     space: KnnIndex, query_ids: Tensor, reference_ids: Tensor, width: int, block: int, exclude_self: bool
 ) -> _RunningTopK:
     queries = space.search_rows[query_ids]
-    references = _padded(space.reference_rows[reference_ids], _CELL)
+    references = zero_padded(space.reference_rows[reference_ids], _CELL)
     num_references = len(reference_ids)
     padded_reference_ids = torch.cat([reference_ids, reference_ids.new_full((references.shape[0] - num_references,), -1)])
     state = _RunningTopK(len(query_ids), width)

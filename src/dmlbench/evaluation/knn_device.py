@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from dmlbench.evaluation.knn_blocked import blocked_search, mask_padding
+from dmlbench.evaluation.knn_blocked import blocked_search, mask_padding, zero_padded
 from dmlbench.evaluation.knn_index import KnnIndex
 
 _CELL = 32
@@ -95,10 +95,8 @@ class _Best:
 
 def _padded(rows: Tensor, ids: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
     """Rows and ids padded with zero rows of id -1 to a multiple of ``multiple`` (masked to -inf later)."""
-    missing = -rows.shape[0] % multiple
-    if missing == 0:
-        return rows, ids
-    return torch.cat([rows, rows.new_zeros(missing, rows.shape[1])]), torch.cat([ids, ids.new_full((missing,), -1)])
+    padded = zero_padded(rows, multiple)
+    return padded, torch.cat([ids, ids.new_full((padded.shape[0] - len(ids),), -1)])
 
 
 def candidate_search(
