@@ -16,23 +16,29 @@ import numpy as np
 
 from dmlbench import files
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, read_class_sums
-from dmlbench.analysis.endpoints import ALL_MODES, RERANKED_SUFFIX, SearchTable, read_search_table
+from dmlbench.analysis.endpoints import ALL_MODES, SearchTable, read_search_table
 from dmlbench.analysis.search_luck import (
     VarianceComponents,
     pooled_search_sd,
-    search_means,
     search_sd_upper_bound,
     search_variance_from_means,
     variance_components,
 )
-from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, comparison_csv, judge_methods
+from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, comparison_csv
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.benchmark_file import read_benchmark
 from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
 from dmlbench.report.tables import CLAIM_COLUMNS, claim_rows, csv_text
-from dmlbench.report.uncertainty import bootstrap_endpoints, class_bootstrap_csv, judged_bootstrap, search_variance_csv
+from dmlbench.report.uncertainty import (
+    bootstrap_endpoints,
+    class_bootstrap_csv,
+    judged_bootstrap,
+    judged_method_families,
+    repeated_search_means,
+    search_variance_csv,
+)
 
 SearchMeans = dict[tuple[str, str], dict[str, dict[int, float]]]
 
@@ -78,10 +84,7 @@ def verdict_texts(directory: Path) -> dict[str, str]:
     texts = {layout.COMPARISONS_CSV: comparison_csv([f for f in families if not isinstance(f[2], str)], ALPHA)}
     if claims.references or claims.pairs or claims.reranking:
         texts[layout.CLAIM_COMPARISONS_CSV] = csv_text(CLAIM_COLUMNS, claim_rows(claims))
-    means = _search_means(table) or _repeat_means(directory)
-    method_families = judge_methods(means, analysis, layout.BASELINES)
-    listed = [(mode, metric, method_families[(mode, metric)]) for mode in ALL_MODES if not mode.endswith(RERANKED_SUFFIX)
-              for metric in LEADERBOARD_METRICS if method_families.get((mode, metric))]
+    listed = judged_method_families(repeated_search_means(table) or _repeat_means(directory), analysis)
     if listed:
         texts[layout.METHOD_COMPARISONS_CSV] = comparison_csv(listed, ALPHA, conditional=False)
     found = search_variances(directory, claims.primary)
@@ -106,12 +109,6 @@ def _reproductions(table: SearchTable, first_seed: int) -> dict[str, MethodRepro
     return {method: MethodReproductions(method, {}, "", [
         ReproductionOutcome(reproduction, first_seed + reproduction, [], values) for reproduction, values in sorted(by_rep.items())])
         for method, by_rep in scores.items()}
-
-
-def _search_means(table: SearchTable) -> SearchMeans:
-    """Each endpoint's search means where ``runs.csv`` holds more than one search of a method."""
-    return {endpoint: search_means({method: by_search for method, by_search in methods.items() if len(by_search) >= 2})
-            for endpoint, methods in table.items() if any(len(by_search) >= 2 for by_search in methods.values())}
 
 
 def _repeat_means(directory: Path) -> SearchMeans:

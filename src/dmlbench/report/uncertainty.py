@@ -284,9 +284,20 @@ def method_families(data: ReportData) -> list[tuple[str, str, list[PairedCompari
     over every method's search means), for the leaderboard metrics; nothing without search repeats."""
     if not data.repeats:
         return []
-    table = search_table(data)
-    means = {endpoint: search_means({m: s for m, s in methods.items() if len(s) >= 2}) for endpoint, methods in table.items()}
-    families = judge_methods(means, data.benchmark.analysis_in_force(), BASELINES)
+    return judged_method_families(repeated_search_means(search_table(data)), data.benchmark.analysis_in_force())
+
+
+def repeated_search_means(table: SearchTable) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
+    """Each endpoint's search means (``search_luck.search_means``) of the methods searched more than once."""
+    return {endpoint: search_means({method: by_search for method, by_search in methods.items() if len(by_search) >= 2})
+            for endpoint, methods in table.items() if any(len(by_search) >= 2 for by_search in methods.values())}
+
+
+def judged_method_families(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]],
+                           analysis: Mapping[str, Any]) -> list[tuple[str, str, list[PairedComparison]]]:
+    """``method_families`` from search means: the declared families judged over them, in the order
+    ``method_comparisons.csv`` lists them (a study re-judged from its files uses it too)."""
+    families = judge_methods(means, analysis, BASELINES)
     return [(mode, metric, families[(mode, metric)]) for mode in ALL_MODES if not mode.endswith(RERANKED_SUFFIX)
             for metric in LEADERBOARD_METRICS if families.get((mode, metric))]
 
