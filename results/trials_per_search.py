@@ -40,11 +40,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from dmlbench.report.tables import OPTUNA_STARTUP_TRIALS
+
 COLUMNS = ["method", "trials", "searches", "best_validation_mean", "best_validation_sd", "same_choice_share",
            "runs_per_search", "se_at_equal_cost"]
 TEST_COLUMNS = ["method", "trials", "searches", "test_mean", "test_sd", "runs_per_search", "se_at_equal_cost", "same_choice",
                 "identical"]
-OPTUNA_STARTUP_TRIALS = 10  # Optuna's n_startup_trials default (report.tables.OPTUNA_STARTUP_TRIALS)
 
 
 def running_bests(folder: Path) -> dict[str, list[list[float]]]:
