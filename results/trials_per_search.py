@@ -40,6 +40,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from dmlbench.analysis.endpoints import read_search_table
+from dmlbench.errors import UserInputError
 from dmlbench.report.tables import OPTUNA_STARTUP_TRIALS
 
 COLUMNS = ["method", "trials", "searches", "best_validation_mean", "best_validation_sd", "same_choice_share",
@@ -48,12 +50,26 @@ TEST_COLUMNS = ["method", "trials", "searches", "test_mean", "test_sd", "runs_pe
                 "identical"]
 
 
+def committed_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a committed CSV; one cut short (reports write them whole, ending in a newline) is refused
+    in one line rather than read in part."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise SystemExit(f"{path} cannot be read ({error.strerror})") from None
+    if text and not text.endswith("\n"):
+        raise SystemExit(f"{path} is truncated (it does not end with a whole row); restore it from a copy")
+    return list(csv.DictReader(text.splitlines()))
+
+
 def running_bests(folder: Path) -> dict[str, list[list[float]]]:
     """``method -> per search, its best validation score after 1, 2, ... trials`` (``budget.csv``)."""
     points: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    with (folder / "budget.csv").open(newline="") as stream:
-        for row in csv.DictReader(stream):
+    for line, row in enumerate(committed_rows(folder / "budget.csv"), start=2):
+        try:
             points[row["method"]][int(row["search"])][int(row["trials"])] = float(row["running_best"])
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"{folder / 'budget.csv'} line {line} is not a row of a report's budget.csv") from None
     return {method: [[by_trials[t] for t in sorted(by_trials)] for _, by_trials in sorted(searches.items())]
             for method, searches in points.items()}
 
@@ -61,13 +77,18 @@ def running_bests(folder: Path) -> dict[str, list[list[float]]]:
 def design(folder: Path) -> tuple[int, int, int]:
     """The recorded design: trials per search, reproductions per search and folds; a search whose later
     trials were modelled by the sampler cannot be cut short exactly, so it is refused."""
-    protocol = json.loads((folder / "benchmark.json").read_text())["protocol"]
-    startup = protocol.get("startup_trials")
-    startup = OPTUNA_STARTUP_TRIALS if startup is None else int(startup)
-    if startup < protocol["trials"]:
-        raise SystemExit(f"{folder}: trials {startup + 1}-{protocol['trials']} were suggested by the sampler's model, so a "
+    try:
+        protocol = json.loads((folder / "benchmark.json").read_text())["protocol"]
+        startup = protocol.get("startup_trials")
+        startup = OPTUNA_STARTUP_TRIALS if startup is None else int(startup)
+        trials, reproductions_per_search, folds = int(protocol["trials"]), int(protocol["reproductions"]), int(protocol["folds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SystemExit(f"{folder / 'benchmark.json'} is missing or damaged (no protocol with trials, reproductions "
+                         "and folds); restore it from a copy") from None
+    if startup < trials:
+        raise SystemExit(f"{folder}: trials {startup + 1}-{trials} were suggested by the sampler's model, so a "
                          "shorter search is not the first trials of this one")
-    return int(protocol["trials"]), int(protocol["reproductions"]), int(protocol["folds"])
+    return trials, reproductions_per_search, folds
 
 
 def rows(bests: dict[str, list[list[float]]], trials: int, reproductions: int, folds: int) -> list[list[object]]:
@@ -89,22 +110,26 @@ def rows(bests: dict[str, list[list[float]]], trials: int, reproductions: int, f
 def search_choices(folder: Path, metric: str) -> dict[str, dict[int, tuple[str, float]]]:
     """``method -> search -> (best parameters, mean test score)`` from ``search_repeats.csv``."""
     column = f"test_concatenated_{metric}"
-    with (folder / "search_repeats.csv").open(newline="") as stream:
-        rows = list(csv.DictReader(stream))
     found: dict[str, dict[int, tuple[str, float]]] = defaultdict(dict)
-    for row in rows:
-        found[row["method"]][int(row["search"])] = (row["best_params"], float(row[column]))
+    for line, row in enumerate(committed_rows(folder / "search_repeats.csv"), start=2):
+        try:
+            found[row["method"]][int(row["search"])] = (row["best_params"], float(row[column]))
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"{folder / 'search_repeats.csv'} line {line} is not a row of a report's search_repeats.csv "
+                             f"with {column}") from None
     return found
 
 
-def reproductions(folder: Path, metric: str) -> dict[tuple[str, int], list[str]]:
-    """``(method, search) -> its reproductions' test scores`` (concatenated ``metric``) as written in ``runs.csv``."""
-    found: dict[tuple[str, int], list[str]] = defaultdict(list)
-    with (folder / "runs.csv").open(newline="") as stream:
-        for row in csv.DictReader(stream):
-            if row["mode"] == "concatenated" and row["metric"] == metric:
-                found[row["method"], int(row["search"])].append(row["value"])
-    return found
+def reproductions(folder: Path, metric: str) -> dict[tuple[str, int], list[float]]:
+    """``(method, search) -> its reproductions' test scores`` (concatenated ``metric``), read by dmlbench's own
+    reader of ``runs.csv`` (which refuses a damaged copy)."""
+    try:
+        table = read_search_table(folder / "runs.csv")
+    except (OSError, UserInputError) as error:
+        raise SystemExit(str(error)) from None
+    return {(method, search): list(by_reproduction.values())
+            for method, by_search in table.get(("concatenated", metric), {}).items()
+            for search, by_reproduction in by_search.items()}
 
 
 def test_rows(long: Path, short: Path, metric: str) -> list[list[object]]:

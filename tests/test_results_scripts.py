@@ -426,3 +426,17 @@ def test_the_committed_one_trial_test_table_is_what_the_script_writes(tmp_path: 
     assert _script("trials_per_search").main([str(RESULTS / "search_luck_method_glyphs"), "--short", str(RESULTS / "one_trial_searches_glyphs"),
                                               "--test-output", str(output), "-o", str(tmp_path / "selection.csv")]) == 0
     assert output.read_text() == (RESULTS / "one_trial_searches_glyphs" / "trials_per_search_test.csv").read_text()
+
+
+def test_trials_per_search_refuses_damaged_copies_in_one_line(tmp_path: Path) -> None:
+    """A budget.csv cut short, or a damaged benchmark.json, is one line naming the file, never a table
+    from part of the study or a traceback."""
+    folder = RESULTS / "search_luck_method_glyphs"
+    (tmp_path / "benchmark.json").write_text((folder / "benchmark.json").read_text())
+    (tmp_path / "budget.csv").write_text((folder / "budget.csv").read_text()[:500])
+    module = _script("trials_per_search")
+    with pytest.raises(SystemExit, match="budget.csv is truncated"):
+        module.main([str(tmp_path)])
+    (tmp_path / "benchmark.json").write_text('{"prot')
+    with pytest.raises(SystemExit, match="benchmark.json is missing or damaged"):
+        module.main([str(tmp_path)])
