@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from dmlbench import config as config_module
 from dmlbench import plugins
@@ -27,7 +27,7 @@ DEFAULT_CLASS_BOOTSTRAP = 1000
 # (and the config hash), so a benchmark started before them keeps its hash.
 LATER_ANALYSIS_DEFAULTS: dict[str, Any] = {"planning_search_sd": None, "search_sd": None}
 LATER_PROTOCOL_DEFAULTS = {"search_repeats": 1, "search_repeat_methods": [], "class_bootstrap": DEFAULT_CLASS_BOOTSTRAP,
-                           "baselines": [layout.UNTRAINED]}
+                           "baselines": [layout.UNTRAINED], "fold_units": False}
 
 
 class MethodSpec(BaseModel):
@@ -49,6 +49,10 @@ class ProtocolSpec(BaseModel):
     ``median`` (a trial is stopped after a fold whose running fold-mean falls below the median);
     ``parallel_trials``: trials of one method suggested from the same history, so that many workers
     can run them at once (1: every suggestion sees every earlier trial, sequential as in seed 001);
+    ``fold_units``: every fold run of a search trial is its own unit of work that any worker may take
+    (``protocol.fold_units``), so the search keeps methods x folds x ``parallel_trials`` workers busy
+    rather than methods x ``parallel_trials``; the results are the same either way, and ``pruner:
+    median`` is refused with it (pruning decides after each fold, so it needs them one after another);
     ``frozen_trunk``: the search trains only heads on cached trunk features (``protocol.feature_cache``);
     the reproductions still train full models; ``search_repeats``: the whole search (and the
     reproductions of its best trial) run this many times, repeat ``k`` with search seed
@@ -71,6 +75,7 @@ class ProtocolSpec(BaseModel):
     reproductions: int = 3
     first_seed: int = Field(1000, ge=0)
     parallel_trials: int = Field(1, ge=1)
+    fold_units: StrictBool = False
     frozen_trunk: StrictBool = False
     search_repeats: int = Field(1, ge=1)
     search_repeat_methods: list[str] = Field(default_factory=list)
@@ -85,6 +90,18 @@ class ProtocolSpec(BaseModel):
             raise ValueError(f"{value} is too few: intervals and paired tests need at least {MIN_REPRODUCTIONS} "
                              "reproductions")
         return value
+
+    def search_concurrency(self, searches: int) -> int:
+        """The most units of work ``searches`` searches can run at once: a trial's folds hold one
+        worker, ``parallel_trials`` trials of a search at a time; with ``fold_units`` each fold is a unit."""
+        return searches * self.parallel_trials * (self.folds if self.fold_units else 1)
+
+    @model_validator(mode="after")
+    def _fold_units_without_pruning(self) -> ProtocolSpec:
+        if self.fold_units and self.pruner == "median":
+            raise ValueError("fold_units: true runs a trial's folds at once, but pruner: median decides after each "
+                             "fold from the folds before it; set pruner: none or fold_units: false")
+        return self
 
     @field_validator("baselines")
     @classmethod

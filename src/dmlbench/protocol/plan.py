@@ -28,7 +28,8 @@ class SearchSettings:
     """The budget and machinery of a search, the same for every method (recorded in each study).
 
     ``epochs``: maximum epochs of every run (``None``: the methods' common ``training.epochs``);
-    ``patience``: early stopping after this many evaluations without improvement (``None``: none).
+    ``patience``: early stopping after this many evaluations without improvement (``None``: none);
+    ``fold_units``: each fold run of a trial is its own unit of work (``protocol.fold_units``).
     """
 
     trials: int
@@ -43,17 +44,21 @@ class SearchSettings:
     startup_trials: int | None
     parallel_trials: int
     frozen_trunk: bool
+    fold_units: bool
 
     @classmethod
     def of(cls, protocol: ProtocolSpec, storage: str) -> SearchSettings:
         return cls(trials=protocol.trials, folds=protocol.folds, fold_mode=protocol.fold_mode, epochs=protocol.epochs,
                    patience=protocol.patience, sampler=protocol.sampler, seed=protocol.search_seed, storage=storage,
                    pruner=protocol.pruner, startup_trials=protocol.startup_trials,
-                   parallel_trials=protocol.parallel_trials, frozen_trunk=protocol.frozen_trunk)
+                   parallel_trials=protocol.parallel_trials, frozen_trunk=protocol.frozen_trunk,
+                   fold_units=protocol.fold_units)
 
     def recorded(self) -> dict[str, Any]:
-        """What must not change when a study is resumed (everything but ``trials`` and ``storage``)."""
-        return {key: value for key, value in asdict(self).items() if key not in ("trials", "storage")}
+        """What must not change when a study is resumed: everything but ``trials``, ``storage`` and
+        ``fold_units`` (who runs a trial's folds changes none of its results; the config hash keeps
+        workers scheduling them the two ways apart)."""
+        return {key: value for key, value in asdict(self).items() if key not in ("trials", "storage", "fold_units")}
 
 
 @dataclass(frozen=True)
