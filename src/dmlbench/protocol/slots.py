@@ -5,6 +5,7 @@ are the Optuna trials that carry that slot; the first attempt that is done count
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -38,6 +39,12 @@ def done_trial(attempts: list[FrozenTrial]) -> FrozenTrial | None:
     """The attempt of a slot that counts (the first one that is done and not retried by ``retry_failed``), if any."""
     retried = {int(t.user_attrs[RETRY_OF_FAILED]) for t in attempts if RETRY_OF_FAILED in t.user_attrs}
     return next((trial for trial in sorted(attempts, key=lambda t: t.number) if done(trial) and trial.number not in retried), None)
+
+
+def fixed_params(trial: FrozenTrial) -> dict[str, Any]:
+    """The parameters an attempt of a slot was enqueued with (an attempt stopped before its unit
+    suggested them has none in ``params``): what another attempt of the slot is enqueued with."""
+    return {**trial.system_attrs.get("fixed_params", {}), **trial.params}
 
 
 def counted(study: optuna.Study) -> list[FrozenTrial]:

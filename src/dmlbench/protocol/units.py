@@ -24,10 +24,12 @@ from dmlbench.training import records
 class Attempt:
     """One claimed slot's work: ``body(attributes)`` runs it and returns its value (``work.execute``'s
     body); ``samples_seen()``, asked after the body ended (completed, pruned or failed), counts the
-    training samples it cost."""
+    training samples it cost; ``cost()``, where given, is its whole cost record instead of the one
+    measured around the body (a trial of fold units: the sum of its folds', which other workers ran)."""
 
     body: Callable[[dict[str, Any]], float]
     samples_seen: Callable[[], int]
+    cost: Callable[[], work.Cost] | None = None
 
 
 class Unit(ABC):
@@ -64,7 +66,7 @@ class Unit(ABC):
             return values[-1]
 
         outcome = work.execute(self.study, claimed, self.context.worker, body,
-                               lambda: work.Cost.since(started, attempt.samples_seen()))
+                               attempt.cost or (lambda: work.Cost.since(started, attempt.samples_seen())))
         self.announce(claimed, outcome, values[-1] if values else None)
         return "worked"
 

@@ -37,9 +37,16 @@ from dmlbench.files import storage_error
 from dmlbench.ownership import DirectoryInUse, process_exists
 from dmlbench.protocol import storage as storage_module
 # The slot bookkeeping is work's vocabulary too: its callers use it as ``work.counted`` and so on.
-from dmlbench.protocol.slots import RETRY_OF_FAILED, counted, done, done_trial, interrupted, slot_of, slots  # noqa: F401
+from dmlbench.protocol.slots import RETRY_OF_FAILED, counted, done, done_trial, fixed_params, interrupted, slot_of, slots  # noqa: F401
 
 WAIT, DONE = "wait", "done"
+
+
+class UnitFailed(RuntimeError):
+    """A unit that fails with a reason already written out in full (a search trial whose fold unit
+    failed, ``protocol.fold_units``): it is recorded as it is."""
+
+
 # Trial ids this process is running now: a RUNNING trial of this very process that is not among
 # them was left by an earlier call that was stopped (an in-process Ctrl-C).
 _ACTIVE: set[int] = set()
@@ -82,11 +89,6 @@ def record_or_check(study: optuna.Study, recorded: Mapping[str, Any]) -> None:
                                  "use a new output directory or storage")
 
 
-
-
-
-
-
 def announce_failure(unit: str, outcome: str) -> None:
     """A failed unit on stderr, also under --quiet: the method's own error (a plugin's exception) is
     what the user must fix before ``benchmark --retry-failed``."""
@@ -105,11 +107,9 @@ def retry_failed(study: optuna.Study, worker: Worker) -> int:
             if counted_attempt is None or counted_attempt.state != TrialState.FAIL or live:
                 continue
             attributes = {key: value for key, value in counted_attempt.user_attrs.items() if key in ("slot", "params")}
-            fixed = {**counted_attempt.system_attrs.get("fixed_params", {}), **counted_attempt.params}
-            study.enqueue_trial(fixed, user_attrs={**attributes, RETRY_OF_FAILED: counted_attempt.number})
+            study.enqueue_trial(fixed_params(counted_attempt), user_attrs={**attributes, RETRY_OF_FAILED: counted_attempt.number})
             retried += 1
     return retried
-
 
 
 def release_stale(study: optuna.Study, worker: Worker) -> None:
@@ -136,9 +136,6 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
             _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: the worker process stopped")
 
 
-    return True
-
-
 def _mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
     try:
         backend = storage_module.backend(study)
@@ -156,11 +153,9 @@ def repair_interrupted(study: optuna.Study) -> None:
             continue
         last = max(attempts, key=lambda t: t.number)
         attributes = {key: value for key, value in last.user_attrs.items() if key in ("slot", "params")}
-        # The parameters the slot was enqueued with: an attempt stopped before its unit suggested them
-        # (a claim broken off by a database restart) has none in ``params``, and a retry enqueued
-        # without them would be sampled afresh (seen in CI: another temperature, another best trial).
-        fixed = {**last.system_attrs.get("fixed_params", {}), **last.params}
-        study.enqueue_trial(fixed, user_attrs={**attributes, "retry_of": last.number})
+        # The parameters the slot was enqueued with: a retry enqueued without them would be sampled
+        # afresh (seen in CI: another temperature, another best trial).
+        study.enqueue_trial(fixed_params(last), user_attrs={**attributes, "retry_of": last.number})
 
 
 class EnqueuedOnly(optuna.samplers.BaseSampler):
@@ -341,7 +336,8 @@ def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[
                 interrupt(study, claimed.trial)
                 raise
             # A plugin's failure is already one line naming the plugin, its frame and the run's error.log.
-            reason = str(error) if isinstance(error, PluginFailed) else f"{type(error).__name__}: {error}".strip()
+            reason = (str(error) if isinstance(error, (PluginFailed, UnitFailed))
+                      else f"{type(error).__name__}: {error}".strip())
             finish(study, claimed.trial, state=TrialState.FAIL,
                    attributes={**attributes, "fail_reason": reason, "cost": asdict(cost())})
             return f"failed ({reason})"
