@@ -140,6 +140,11 @@ def search_repeat_name(method: str, repeat: int) -> str:
     return f"{method}{SEARCH_REPEAT_MARK}{repeat}"
 
 
+def fold_study(method: str) -> str:
+    """The study of the fold units of a method's search trials (``protocol.fold_units``)."""
+    return f"folds:{method}"
+
+
 def reproduction_study(method: str) -> str:
     """The study of a method's reproductions (a baseline's: ``untrained``, ``raw_pixels``); a search study is
     the method's name."""

@@ -21,7 +21,9 @@ Hyperparameters are optimized to maximize the average validation accuracy." Here
   worker takes the next slot under a lock, a trial of a stopped or killed worker is failed
   (``interrupted``, or by Optuna's heartbeat) and its slot re-enqueued once with the same parameters;
   resuming is the same thing as joining late. With ``protocol.parallel_trials: 1`` (the default)
-  slot ``k`` waits for every earlier slot, so the search is what one worker would do, whoever runs it.
+  slot ``k`` waits for every earlier slot, so the search is what one worker would do, whoever runs it;
+* with ``protocol.fold_units: true`` every fold run of a trial is a unit of its own, which any worker
+  may take, and the trial is their fold mean once they are done (``protocol.fold_units``).
 
 With ``protocol.frozen_trunk`` a fold run trains only the head on the fold's cached trunk features
 (``protocol.feature_cache``; the trunks in ``OUTPUT_DIR/trunks``, the features in ``OUTPUT_DIR/features``).
@@ -34,21 +36,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dmlbench.protocol import layout, work
+from dmlbench.protocol import work
 from dmlbench.protocol.feature_cache import FeatureCache
+from dmlbench.protocol.fold_units import FoldRun, FoldRunner, FoldUnits, train_fold
 from dmlbench.protocol.folds import FoldLayout
 from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.storage import redact
-from dmlbench.protocol.units import Attempt, Unit, run_samples, validation_curves
-from dmlbench.training import train_or_resume
+from dmlbench.protocol.units import Attempt, Unit
 
 
 @dataclass
@@ -64,10 +65,6 @@ class SearchResult:
     best_params: dict[str, Any] | None
     fold_layout_hash: str
     trials: list[dict[str, Any]] = field(default_factory=list)
-
-
-class TrialFailed(RuntimeError):
-    """A trial that has no score (a failed run, a non-finite validation score)."""
 
 
 def make_sampler(settings: SearchSettings, seed: int | None = None) -> optuna.samplers.BaseSampler:
@@ -152,24 +149,35 @@ class MethodSearch(Unit):
             _check_or_record_settings(self.study, plan, settings, context.layout, context.config_hash)
             if self.study.user_attrs.get("trials") != settings.trials:
                 self.study.set_user_attr("trials", settings.trials)  # the budget ``dmlbench status`` counts against
+        # ``protocol.fold_units``: the trials' fold runs are units of their own, each trial their mean.
+        self.folds = (FoldUnits(plan, settings, context, features, self.study, self._ready, self._propose)
+                      if settings.fold_units else None)
 
     @property
     def method(self) -> str:
         return self.plan.name
 
     def claim(self) -> work.Claim | str:
+        if self.folds is not None:
+            return self.folds.claim_trial()
         return work.claim(self.study, self.context.worker, budget=self.settings.trials, ready=self._ready,
                           propose=self._propose)
 
     def attempt(self, claimed: work.Claim) -> Attempt:
+        if self.folds is not None:
+            return self.folds.trial_attempt(claimed, lambda fold_run: self._body(claimed, fold_run))
         samples: list[int] = []  # each fold run's, as it ends: a pruned or failed trial counts the folds it trained
+        return Attempt(self._body(claimed, lambda fold, assignment: train_fold(
+            self.plan, self.context, claimed.slot, fold, assignment, self.features, samples)), lambda: sum(samples))
 
+    def _body(self, claimed: work.Claim, fold_run: FoldRunner) -> Callable[[dict[str, Any]], float]:
+        """The claimed trial's cross-validation with ``fold_run`` giving each fold's run."""
         def body(attributes: dict[str, Any]) -> float:
-            mean, found = _cross_validate(claimed.trial, self.plan, self.context, claimed.slot, samples, self.features)
+            mean, found = _cross_validate(claimed.trial, self.plan, self.context, fold_run)
             attributes.update(found)
             return mean
 
-        return Attempt(body, lambda: sum(samples))
+        return body
 
     def announce(self, claimed: work.Claim, outcome: str | None, value: float | None) -> None:
         if outcome is not None and outcome.startswith("failed"):
@@ -206,43 +214,27 @@ class MethodSearch(Unit):
 
 
 def _cross_validate(
-    trial: optuna.trial.Trial,
-    plan: MethodPlan,
-    context: Context,
-    slot: int,
-    samples: list[int],
-    features: FeatureCache | None,
+    trial: optuna.trial.Trial, plan: MethodPlan, context: Context, fold_run: FoldRunner,
 ) -> tuple[float, dict[str, Any]]:
-    """Train one run per fold with the trial's assignment; the fold-mean best validation score.
+    """One run per fold with the trial's assignment (``fold_run``: trained here, or read from the
+    trial's fold units); the fold-mean best validation score.
 
     The run directories are the slot's (``trial_SSSS``): a retried slot continues the fold runs its
     killed attempt left (completed ones are kept, a partial one resumes from its checkpoint)."""
     assignment = plan.space.suggest(trial)
     folds = context.layout.folds
-    scores, run_dirs, epochs_run, curves = [], [], [], []
+    runs: list[FoldRun] = []
     for fold in folds:
-        config = plan.run_config(assignment, fold)
-        run_dir = layout.fold_dir(layout.trial_dir(context.output_dir, plan.name, slot), fold.index)
-        record = {"method": plan.name, "stage": layout.SEARCH_STAGE, "trial": slot, "fold": fold.index,
-                  "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash}
-        context.report({**record, "run_dir": str(run_dir)})
-        result = train_or_resume(config, run_dir, progress=context.progress, record=record,
-                                 features=None if features is None else features.features(fold))
-        samples.append(run_samples(run_dir))
-        curves.append(validation_curves(run_dir))
-        key = config.evaluation.selection_metric
-        score = None if result.best_validation is None else result.best_validation.get(key)
-        if score is None or not math.isfinite(score):
-            raise TrialFailed(f"fold {fold.index}: no finite validation {key} (best checkpoint: {result.best_epoch})")
-        scores.append(float(score))
-        run_dirs.append(str(run_dir))
-        epochs_run.append(result.epochs_run)
+        runs.append(fold_run(fold, assignment))
+        scores = [run.score for run in runs]
         if len(scores) < len(folds):
             trial.report(sum(scores) / len(scores), step=len(scores) - 1)
             if trial.should_prune():
                 raise optuna.TrialPruned(f"fold-mean {sum(scores) / len(scores):.4f} after {len(scores)} fold(s)")
+    scores = [run.score for run in runs]
     value = sum(scores) / len(scores)
-    return value, {"fold_values": scores, "run_dirs": run_dirs, "epochs_run": epochs_run, "curves": curves}
+    return value, {"fold_values": scores, "run_dirs": [run.run_dir for run in runs],
+                   "epochs_run": [run.epochs_run for run in runs], "curves": [run.curves for run in runs]}
 
 
 def _check_or_record_settings(
