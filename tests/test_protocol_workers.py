@@ -479,14 +479,17 @@ def test_jobs_auto_on_a_sqlite_benchmark_goes_on_with_one_worker(reference: Path
 @pytest.mark.parametrize(
     ("cores", "omp", "threads_override", "expected"),
     [
-        (16, None, [], 4),  # smoke pins 1 thread: capped by 2 methods x 2 folds
-        (3, None, [], 3),
+        (16, None, [], 2),  # smoke pins 1 thread: capped by 2 methods, a trial's folds in one worker
+        (3, None, [], 2),
         (1, None, [], 1),
-        (16, None, ["training.num_threads=auto"], 4),
+        (16, None, ["training.num_threads=auto"], 2),
         (16, "8", ["training.num_threads=auto"], 2),  # OMP_NUM_THREADS pins the threads of an auto run
         (6, None, ["training.num_threads=3"], 2),
         (2, None, ["training.num_threads=4"], 1),
-        (16, None, ["protocol.parallel_trials=2"], 8),
+        (16, None, ["protocol.parallel_trials=2"], 4),
+        (16, None, ["protocol.fold_units=true"], 4),  # 2 methods x 2 folds, each fold a unit
+        (3, None, ["protocol.fold_units=true"], 3),
+        (16, None, ["protocol.fold_units=true", "protocol.parallel_trials=2"], 8),
     ],
 )
 def test_auto_jobs_fills_the_cores_at_the_runs_thread_count(cores: int, omp: str | None, threads_override: list[str],

@@ -21,8 +21,9 @@ fold, in this process (one worker):
   sums; the test embeddings and scores for the untrained baseline. The test data is never opened
   here: an embedding's time is the validation pass's per image, the scoring is timed on random
   embeddings of the test split's size;
-- per unit of work (a search trial, a reproduction): the protocol's bookkeeping in the storage,
-  timed on a throw-away storage of the kind the workers default to, which is created once;
+- per unit of work (a search trial, with ``protocol.fold_units`` each of its folds as well, a
+  reproduction): the protocol's bookkeeping in the storage, timed on a throw-away storage of the kind
+  the workers default to, which is created once;
 - once: the command's start (from the process's start: imports, checks, the dataset, and what the
   first set-up, step, validation pass and run of a process pay beyond the others), and the report: the
   real report writer the command is given (``report.write_report``, so its reading of the storage,
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.protocol import timings
+from dmlbench.protocol.benchmark import ProtocolSpec
 from dmlbench.protocol.plan import repeated_searches
 from dmlbench.protocol.prepare import Prepared
 from dmlbench.protocol.record import ReportWriter
@@ -112,9 +114,20 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
         f"estimate: {_hours(total)} of wall time for one worker at this speed (early stopping can only shorten it; "
         f"a machine busy with other work makes it longer); {_with_workers(prepared.jobs, gpus)}",
         *([SHARED_GPU] if gpus else []),
+        _search_parallelism(protocol, searches),
         "this is an estimate: nothing was stored (the measured steps, the one-step runs and the report's rehearsal "
         "used a temporary directory)",
     ])
+
+
+def _search_parallelism(protocol: ProtocolSpec, searches: int) -> str:
+    """How many workers the search keeps busy (``ProtocolSpec.search_concurrency``), folds counted with ``fold_units``."""
+    busy = protocol.search_concurrency(searches)
+    trials = f"{searches} searches x {protocol.parallel_trials} parallel trial(s)"
+    if protocol.fold_units:
+        return f"the search keeps at most {busy} workers busy ({trials} x {protocol.folds} folds: each fold is a unit of work, protocol.fold_units)"
+    return (f"the search keeps at most {busy} workers busy ({trials}: a trial runs its folds in one worker; "
+            f"protocol.fold_units: true makes each fold a unit of work, up to {busy * protocol.folds})")
 
 
 def _with_workers(jobs: int, gpus: int) -> str:
@@ -141,12 +154,17 @@ def estimate(prepared: Prepared, measured: Measured) -> float:
     reproductions = searches * protocol.reproductions * (trained_reproduction + scoring + measured.class_sums)
     baselines = len(protocol.baselines)
     baseline = baselines * protocol.reproductions * (folds * (measured.setup + test_embedding) + scoring)
-    units = searches * (protocol.trials + protocol.reproductions) + baselines * protocol.reproductions
-    studies = 2 * searches + baselines  # every search and its reproductions, the baselines
+    # With ``protocol.fold_units`` a search has a second study, its fold units, and a trial is a unit per
+    # fold and one of its own (its fold mean); before that one, the fold units say once that they wait.
+    search_studies, trial_units, waits = (2, folds + 1, 1) if protocol.fold_units else (1, 1, 0)
+    units = searches * (protocol.trials * trial_units + protocol.reproductions) + baselines * protocol.reproductions
+    studies = (search_studies + 1) * searches + baselines  # every search (and its folds) and its reproductions, the baselines
     # The one scheduling loop starts from the first study after every unit: a unit of the k-th study
     # (searches, then reproductions, then the baseline) first looks at the k - 1 before it.
-    looks = (protocol.trials * searches * (searches - 1) // 2
-             + protocol.reproductions * (searches * searches + searches * (searches - 1) // 2 + 2 * searches) + studies)
+    looks = (protocol.trials * (search_studies * trial_units * searches * (searches - 1) // 2 + waits * searches)
+             + protocol.reproductions * (search_studies * searches * searches + searches * (searches - 1) // 2
+                                         + (search_studies + 1) * searches)
+             + studies)
     storage = measured.storage_setup + units * measured.unit + looks * measured.look + studies * measured.study
     return measured.startup + training + reproductions + baseline + storage + measured.report
 

@@ -90,7 +90,8 @@ class Prepared:
 
     def study_names(self) -> list[str]:
         searched = [*self.plans, *self.repeats]
-        return [*searched, *(output_layout.reproduction_study(name) for name in [*searched, *output_layout.BASELINES])]
+        folds = [output_layout.fold_study(name) for name in searched] if self.search.fold_units else []
+        return [*searched, *folds, *(output_layout.reproduction_study(name) for name in [*searched, *output_layout.BASELINES])]
 
     def description(self) -> dict[str, Any]:
         """What ``benchmark.json`` records; a resumed benchmark must describe itself identically.
@@ -302,7 +303,7 @@ AUTO_JOBS = "auto"
 def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
     """``--jobs auto``: as many worker processes as this process's cores hold at the methods' torch
     thread count (one each when ``training.num_threads`` is ``auto`` and ``OMP_NUM_THREADS`` unset),
-    at most the units of work the search can run at once (methods x folds x ``parallel_trials``).
+    at most the units of work the search can run at once (``ProtocolSpec.search_concurrency``).
 
     One process per core because on the built-in benchmark two one-thread workers took 200 s where
     one two-thread worker took 269 s (``python benchmarks/jobs.py src/dmlbench/configs/benchmark.yaml``
@@ -315,8 +316,7 @@ def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
     measured."""
     fixed = [int(plan.config.training.num_threads) for plan in plans.values() if plan.config.training.num_threads != threads.AUTO]
     per_process = max(fixed, default=threads.pinned_threads() or 1)
-    concurrent_units = len(plans) * spec.protocol.folds * spec.protocol.parallel_trials
-    return max(1, min(threads.available_cores() // per_process, concurrent_units))
+    return max(1, min(threads.available_cores() // per_process, spec.protocol.search_concurrency(len(plans))))
 
 
 def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:

@@ -12,22 +12,22 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import optuna
 from optuna.trial import TrialState
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol import work
 from dmlbench.protocol.benchmark_file import read_benchmark
-from dmlbench.protocol.layout import BASELINES, reproduction_study
+from dmlbench.protocol.layout import BASELINES, fold_study, reproduction_study
 
 RECENT_SECONDS = 300
 PREFIX = reproduction_study("")
+FOLDS_PREFIX = fold_study("")  # a method's fold units (protocol.fold_units): counted with its trials
 
 
 def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     """The report of ``dmlbench status DIR`` or ``dmlbench status --storage URL``."""
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     planned: int | None = None  # reproductions per method, counted before a method's stage starts
     if storage is None:
@@ -57,18 +57,19 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
             owner = trial.user_attrs.get("worker")
             if trial.state == TrialState.RUNNING and owner and "heartbeat" in trial.user_attrs:
                 workers[owner["id"]] = max(workers.get(owner["id"], 0.0), float(trial.user_attrs["heartbeat"]))
-        durations += [t.user_attrs["cost"]["wall_seconds"] for t in work.counted(study) if t.user_attrs.get("cost")]
+        if not name.startswith(FOLDS_PREFIX):  # a trial's cost holds its folds'
+            durations += [t.user_attrs["cost"]["wall_seconds"] for t in work.counted(study) if t.user_attrs.get("cost")]
     if planned is None:  # --storage alone: the stages already started say how many every method gets
         started = [int(study.user_attrs["reproductions"]) for name, study in studies.items()
                    if name.startswith(PREFIX) and name[len(PREFIX):] not in BASELINES and "reproductions" in study.user_attrs]
         planned = max(started, default=None)
     unplanned = 0  # methods whose reproductions no estimate can count yet
     for name, study in studies.items():
-        if name.startswith(PREFIX):
+        if name.startswith((PREFIX, FOLDS_PREFIX)):
             continue
         counted = work.counted(study)
         budget = int(study.user_attrs.get("trials", len(counted)))
-        running = sum(1 for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING)
+        running = len(_running_trials(study, studies.get(fold_study(name))))
         failed = sum(1 for t in counted if t.state == TrialState.FAIL)
         left = max(budget - len(counted), 0)
         reproductions = studies.get(reproduction_study(name))
@@ -99,6 +100,15 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     else:
         lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
     return lines
+
+
+def _running_trials(study: optuna.Study, folds: optuna.Study | None) -> set[int]:
+    """The slots of a method's trials running now: their own unit, or one of their fold units."""
+    running = {work.slot_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    if folds is not None:
+        per_trial = int(folds.user_attrs["folds"])
+        running |= {int(t.user_attrs["slot"]) // per_trial for t in folds.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    return {slot for slot in running if slot is not None}
 
 
 def _clock(seconds: float) -> str:

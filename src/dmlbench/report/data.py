@@ -113,11 +113,12 @@ def _search_trials(storage: Any, method: str) -> list[dict[str, Any]]:
 
 def _cost(trial: FrozenTrial) -> dict[str, Any] | None:
     """A unit's stored cost record with the interval it ran in (``started``, ``completed``: POSIX
-    seconds of the storage's clock), for the report's running time."""
+    seconds of the storage's clock), for the report's running time; a trial of fold units
+    (``protocol.fold_units``) records its folds' interval in its cost, and that one is kept."""
     cost = trial.user_attrs.get("cost")
     if not cost or trial.datetime_start is None or trial.datetime_complete is None:
         return cost
-    return {**cost, "started": trial.datetime_start.timestamp(), "completed": trial.datetime_complete.timestamp()}
+    return {"started": trial.datetime_start.timestamp(), "completed": trial.datetime_complete.timestamp(), **cost}
 
 
 def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:

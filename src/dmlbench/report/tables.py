@@ -261,6 +261,10 @@ def parameters(data: ReportData) -> list[tuple[str, str]]:
         ("parallel trials", str(protocol.parallel_trials)),
         ("frozen-trunk feature cache", "used: the search trained only heads on cached trunk features (one trunk per fold); "
                                        "the reproductions trained full models" if protocol.frozen_trunk else "not used"),
+        # Only when on, as benchmark.json records it: the reports of the benchmarks without it are unchanged.
+        *([("fold units", ("each fold run of a search trial was a unit of work of its own, taken by any worker "
+                           "(protocol.fold_units); the same results as one worker running a trial's folds in turn"))]
+          if protocol.fold_units else []),
     ]
 
 
