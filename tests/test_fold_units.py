@@ -26,11 +26,12 @@ from protocol_fixtures import benchmark_spec, study
 from test_cli_process import console_script
 
 from dmlbench.errors import RunInterrupted
-from dmlbench.protocol import fold_units, search, work
-from dmlbench.protocol.fold_units import FoldRun, TrialFailed
+from dmlbench.protocol import search, work
+from dmlbench.protocol.fold_units import FoldRun
 from dmlbench.protocol.layout import fold_study
 from dmlbench.protocol.prepare import prepare
 from dmlbench.protocol.schedule import retry_failed_units, run_search_stage
+from dmlbench.protocol.search import TrialFailed
 from dmlbench.protocol.storage import open_storage
 
 optuna.logging.set_verbosity(logging.WARNING)
@@ -226,7 +227,6 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., list[tup
             return FoldRun(score, str(context.output_dir / f"{slot}_{fold.index}"), 1 + fold.index, {"map_at_r": [0.1, score]})
 
         monkeypatch.setattr(search, "train_fold", train_fold)
-        monkeypatch.setattr(fold_units, "train_fold", train_fold)
         return trained
 
     yield install

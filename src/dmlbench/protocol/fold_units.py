@@ -1,7 +1,7 @@
-"""The fold runs of a search trial (``protocol.search``): ``train_fold`` trains one; with
-``protocol.fold_units: true`` each is also its own unit of work that any worker may take, so that the
-search keeps up to methods x folds x ``parallel_trials`` workers busy instead of methods x
-``parallel_trials`` (a trial that trains its folds one after another holds one worker).
+"""``protocol.fold_units: true``: every fold run of a search trial (``protocol.search``) is its own
+unit of work that any worker may take, so that the search keeps up to methods x folds x
+``parallel_trials`` workers busy instead of methods x ``parallel_trials`` (a trial that trains its
+folds one after another holds one worker). ``FoldRun`` is what a trial keeps of a fold run either way.
 
 A method's fold units are the fixed units of its fold study ``folds:METHOD`` (``layout.fold_study``),
 in the benchmark's storage, so workers on other machines share them as they share the trials. Slot
@@ -11,22 +11,22 @@ retried and marked interrupted as every unit is (``protocol.work``):
 * fold 0 of trial ``k`` is enqueued once trial ``k`` may start (``MethodSearch._ready``), with the
   parameters the trial gets (``MethodSearch._propose``: a function of the earlier trials only); the
   trial's other folds copy them;
-* a fold unit trains its run in the trial's directory (``METHOD/trial_SSSS/fold_I``: a killed
-  attempt's run resumes from its checkpoint) and stores what the trial needs: the best validation
-  score as its value, ``run_dir``, ``epochs_run``, ``curves`` and, in ``cost``, the samples it saw.
-  A fold after one of its trial that failed is skipped (failed as such): a trial stops at its first
-  failing fold;
+* a fold unit trains its run (``search.train_fold``) in the trial's directory
+  (``METHOD/trial_SSSS/fold_I``: a killed attempt's run resumes from its checkpoint) and stores what
+  the trial needs: the best validation score as its value, ``run_dir``, ``epochs_run``, ``curves``
+  and, in ``cost``, the samples it saw. A fold after one of its trial that failed is skipped (failed
+  as such): a trial stops at its first failing fold;
 * trial ``k`` is claimed once its folds are *settled*, every one done or done up to the first that
   failed (``FoldUnits.outcomes``); its unit reads them in fold order and fails with the first failed
   fold's reason, so its value, attributes and failure are those of a trial that trained its folds
-  itself, whoever ran which fold and in which order. Its cost is the sum of those folds' costs.
+  itself, whoever ran which fold and in which order. Its cost is the sum of those folds' costs. A
+  worker takes a method's fold units before its trials (``MethodSearch.step``).
 
 The median pruner needs a trial's folds one after another; ``protocol.benchmark`` refuses it here.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,18 +35,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench.protocol import layout, work
-from dmlbench.protocol.feature_cache import FeatureCache
 from dmlbench.protocol.folds import ClassFold
 from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
-from dmlbench.protocol.units import Attempt, Unit, open_unit_study, run_samples, validation_curves
-from dmlbench.training import train_or_resume
+from dmlbench.protocol.units import Attempt, Unit, open_unit_study
 
 Finished = Mapping[int, FrozenTrial]  # the done trial of every finished slot of a method's study
 FoldRunner = Callable[[ClassFold, Mapping[str, Any]], "FoldRun"]  # a trial's fold run, given the trial's assignment
-
-
-class TrialFailed(RuntimeError):
-    """A trial that has no score (a failed run, a non-finite validation score)."""
+# Trains fold ``fold`` of trial ``slot`` with an assignment, adding its training samples to a list (``search.train_fold``).
+Trainer = Callable[[int, ClassFold, Mapping[str, Any], list[int]], "FoldRun"]
 
 
 @dataclass(frozen=True)
@@ -58,26 +54,6 @@ class FoldRun:
     run_dir: str
     epochs_run: int
     curves: dict[str, list[float]]
-
-
-def train_fold(plan: MethodPlan, context: Context, slot: int, fold: ClassFold, assignment: Mapping[str, Any],
-               features: FeatureCache | None, samples: list[int]) -> FoldRun:
-    """Train (or resume) fold ``fold``'s run of search slot ``slot`` with ``assignment`` (seed 001
-    §3.3: one run per fold, scored by its best validation checkpoint); its training samples are
-    appended to ``samples`` once it trained; ``TrialFailed`` without a finite validation score."""
-    config = plan.run_config(assignment, fold)
-    run_dir = layout.fold_dir(layout.trial_dir(context.output_dir, plan.name, slot), fold.index)
-    record = {"method": plan.name, "stage": layout.SEARCH_STAGE, "trial": slot, "fold": fold.index,
-              "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash}
-    context.report({**record, "run_dir": str(run_dir)})
-    result = train_or_resume(config, run_dir, progress=context.progress, record=record,
-                             features=None if features is None else features.features(fold))
-    samples.append(run_samples(run_dir))
-    key = config.evaluation.selection_metric
-    score = None if result.best_validation is None else result.best_validation.get(key)
-    if score is None or not math.isfinite(score):
-        raise TrialFailed(f"fold {fold.index}: no finite validation {key} (best checkpoint: {result.best_epoch})")
-    return FoldRun(float(score), str(run_dir), result.epochs_run, validation_curves(run_dir))
 
 
 @dataclass
@@ -93,11 +69,11 @@ class FoldUnits(Unit):
     """The fold runs of one method's search trials as units of work (the module docstring); ``step()``
     runs one fold this worker took. ``claim_trial`` and ``trial_attempt`` are the trials' side."""
 
-    def __init__(self, plan: MethodPlan, settings: SearchSettings, context: Context, features: FeatureCache | None,
-                 trials: optuna.Study, ready: Callable[[int, Finished], bool],
+    def __init__(self, plan: MethodPlan, settings: SearchSettings, context: Context, trials: optuna.Study, train: Trainer,
+                 ready: Callable[[int, Finished], bool],
                  propose: Callable[[int, Finished], tuple[dict[str, Any], dict[str, Any]]]) -> None:
-        self.plan, self.settings, self.context, self.features = plan, settings, context, features
-        self.trials, self.ready, self.propose = trials, ready, propose
+        self.plan, self.settings, self.context = plan, settings, context
+        self.trials, self.train, self.ready, self.propose = trials, train, ready, propose
         self.folds = settings.folds
         self.done = False
         self.study = open_unit_study(context.worker, layout.fold_study(plan.name), {
@@ -120,8 +96,7 @@ class FoldUnits(Unit):
             done = self.outcomes(trial)
             if len(done) <= index and done and done[-1].state != TrialState.COMPLETE:  # the trial ends at that fold
                 raise work.UnitFailed(f"skipped: fold {len(done) - 1} of trial {trial} failed")
-            run = train_fold(self.plan, self.context, trial, self.context.layout.folds[index],
-                             self.plan.space.suggest(claimed.trial), self.features, samples)
+            run = self.train(trial, self.context.layout.folds[index], self.plan.space.suggest(claimed.trial), samples)
             attributes.update(run_dir=run.run_dir, epochs_run=run.epochs_run, curves=run.curves)
             return run.score
 

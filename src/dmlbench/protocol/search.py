@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,13 +44,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dmlbench.protocol import work
+from dmlbench.protocol import layout, work
 from dmlbench.protocol.feature_cache import FeatureCache
-from dmlbench.protocol.fold_units import FoldRun, FoldRunner, FoldUnits, train_fold
-from dmlbench.protocol.folds import FoldLayout
+from dmlbench.protocol.fold_units import FoldRun, FoldRunner, FoldUnits
+from dmlbench.protocol.folds import ClassFold, FoldLayout
 from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.storage import redact
-from dmlbench.protocol.units import Attempt, Unit
+from dmlbench.protocol.units import Attempt, Unit, run_samples, validation_curves
+from dmlbench.training import train_or_resume
 
 
 @dataclass
@@ -65,6 +67,10 @@ class SearchResult:
     best_params: dict[str, Any] | None
     fold_layout_hash: str
     trials: list[dict[str, Any]] = field(default_factory=list)
+
+
+class TrialFailed(RuntimeError):
+    """A trial that has no score (a failed run, a non-finite validation score)."""
 
 
 def make_sampler(settings: SearchSettings, seed: int | None = None) -> optuna.samplers.BaseSampler:
@@ -150,12 +156,18 @@ class MethodSearch(Unit):
             if self.study.user_attrs.get("trials") != settings.trials:
                 self.study.set_user_attr("trials", settings.trials)  # the budget ``dmlbench status`` counts against
         # ``protocol.fold_units``: the trials' fold runs are units of their own, each trial their mean.
-        self.folds = (FoldUnits(plan, settings, context, features, self.study, self._ready, self._propose)
+        self.folds = (FoldUnits(plan, settings, context, self.study, self._train, self._ready, self._propose)
                       if settings.fold_units else None)
 
     @property
     def method(self) -> str:
         return self.plan.name
+
+    def step(self) -> str:
+        """With fold units, one of them if there is one to take, else a trial whose folds are done."""
+        if self.folds is not None and (state := self.folds.step()) not in (work.WAIT, work.DONE):
+            return state
+        return super().step()
 
     def claim(self) -> work.Claim | str:
         if self.folds is not None:
@@ -167,8 +179,11 @@ class MethodSearch(Unit):
         if self.folds is not None:
             return self.folds.trial_attempt(claimed, lambda fold_run: self._body(claimed, fold_run))
         samples: list[int] = []  # each fold run's, as it ends: a pruned or failed trial counts the folds it trained
-        return Attempt(self._body(claimed, lambda fold, assignment: train_fold(
-            self.plan, self.context, claimed.slot, fold, assignment, self.features, samples)), lambda: sum(samples))
+        return Attempt(self._body(claimed, lambda fold, assignment: self._train(claimed.slot, fold, assignment, samples)),
+                       lambda: sum(samples))
+
+    def _train(self, slot: int, fold: ClassFold, assignment: Mapping[str, Any], samples: list[int]) -> FoldRun:
+        return train_fold(self.plan, self.context, slot, fold, assignment, self.features, samples)
 
     def _body(self, claimed: work.Claim, fold_run: FoldRunner) -> Callable[[dict[str, Any]], float]:
         """The claimed trial's cross-validation with ``fold_run`` giving each fold's run."""
@@ -211,6 +226,26 @@ class MethodSearch(Unit):
 
     def result(self) -> SearchResult:
         return _result(self.study, self.method, self.settings.storage, self.context.layout)
+
+
+def train_fold(plan: MethodPlan, context: Context, slot: int, fold: ClassFold, assignment: Mapping[str, Any],
+               features: FeatureCache | None, samples: list[int]) -> FoldRun:
+    """Train (or resume) fold ``fold``'s run of search slot ``slot`` with ``assignment``, scored by its
+    best validation checkpoint; its training samples are appended to ``samples`` once it trained;
+    ``TrialFailed`` without a finite validation score."""
+    config = plan.run_config(assignment, fold)
+    run_dir = layout.fold_dir(layout.trial_dir(context.output_dir, plan.name, slot), fold.index)
+    record = {"method": plan.name, "stage": layout.SEARCH_STAGE, "trial": slot, "fold": fold.index,
+              "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash}
+    context.report({**record, "run_dir": str(run_dir)})
+    result = train_or_resume(config, run_dir, progress=context.progress, record=record,
+                             features=None if features is None else features.features(fold))
+    samples.append(run_samples(run_dir))
+    key = config.evaluation.selection_metric
+    score = None if result.best_validation is None else result.best_validation.get(key)
+    if score is None or not math.isfinite(score):
+        raise TrialFailed(f"fold {fold.index}: no finite validation {key} (best checkpoint: {result.best_epoch})")
+    return FoldRun(float(score), str(run_dir), result.epochs_run, validation_curves(run_dir))
 
 
 def _cross_validate(

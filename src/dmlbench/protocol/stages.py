@@ -55,9 +55,7 @@ class SearchStage(Stage):
         """Nothing: every search is made with the stage."""
 
     def units(self) -> list[Unit]:
-        # A method's fold units before its trials (``protocol.fold_units``): a trial is taken once its
-        # folds are done, so a worker runs the folds there are before it looks at the trials.
-        return [unit for search in self.searches.values() for unit in [*([search.folds] if search.folds else []), search]]
+        return list(self.searches.values())
 
 
 class ReproductionStage(Stage):
