@@ -176,6 +176,25 @@ def test_one_and_two_workers_on_fold_units_give_the_sequential_results(
     assert [line.split()[1:] for line in out.splitlines() if line.startswith(METHOD)] == [["2", "0", "0", "0", "2/2"]]
 
 
+def test_the_dry_run_counts_the_folds_busy_and_rehearses_the_report_on_whole_trials(
+    config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dmlbench.protocol import cost
+    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.rehearsal import SplitSize, rehearse
+
+    prepared = prepare(load_spec(config), tmp_path / "out", [FOLD_UNITS, "protocol.parallel_trials=2"])
+    rehearsed = rehearse(prepared, tmp_path / "rehearsal", SplitSize(images=50, classes=10, width=8))
+    assert [t["state"] for t in trials(rehearsed.output_dir, rehearsed.storage)] == ["COMPLETE", "COMPLETE"]
+    made_up = {field.name: 0.5 for field in dataclasses.fields(cost.Measured) if field.name != "method_steps"}
+    monkeypatch.setattr(cost, "measure", lambda *args, **kwargs: cost.Measured(**{**made_up, "steps_per_epoch": 5, "test_images": 10}))
+    assert ("the search keeps at most 4 workers busy (1 search(es) x 2 parallel trial(s) x 2 folds: each fold is a unit "
+            "of work, protocol.fold_units)") in cost.dry_run(prepared).splitlines()
+    sequential = prepare(load_spec(config), tmp_path / "out", ["protocol.parallel_trials=2"])
+    assert "keeps at most 2 workers busy (1 search(es) x 2 parallel trial(s): a trial runs its folds in one worker; " \
+           "protocol.fold_units: true makes each fold a unit of work, up to 4)" in cost.dry_run(sequential)
+
+
 def test_a_worker_killed_mid_fold_is_continued_by_the_same_command_with_the_same_results(
     config: Path, reference: Path, tmp_path: Path,
 ) -> None:

@@ -123,7 +123,7 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
 def _search_parallelism(protocol: ProtocolSpec, searches: int) -> str:
     """How many workers the search keeps busy (``ProtocolSpec.search_concurrency``), folds counted with ``fold_units``."""
     busy = protocol.search_concurrency(searches)
-    trials = f"{searches} searches x {protocol.parallel_trials} parallel trial(s)"
+    trials = f"{searches} search(es) x {protocol.parallel_trials} parallel trial(s)"
     if protocol.fold_units:
         return f"the search keeps at most {busy} workers busy ({trials} x {protocol.folds} folds: each fold is a unit of work, protocol.fold_units)"
     return (f"the search keeps at most {busy} workers busy ({trials}: a trial runs its folds in one worker; "

@@ -65,7 +65,9 @@ def made_up_test_split(test: SplitSize, seed: int, folds: int) -> tuple[dict[str
 def rehearse(prepared: Prepared, directory: Path, test: SplitSize) -> Prepared:
     """Store the benchmark ``prepared`` describes in ``directory`` with made-up results (see the module
     docstring); the prepared benchmark of that directory and its storage, ready for the report."""
-    rehearsed = replace(prepared, output_dir=directory, storage=storage.default_url(directory, prepared.jobs))
+    # Its trials complete whole, without fold units (``protocol.fold_units``): the report reads none.
+    rehearsed = replace(prepared, output_dir=directory, storage=storage.default_url(directory, prepared.jobs),
+                        search=replace(prepared.search, fold_units=False))
     write_benchmark_file(rehearsed)
     schedule = Schedule(rehearsed, context_of(rehearsed))
     results = _MadeUpResults(prepared, test)
