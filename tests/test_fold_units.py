@@ -75,7 +75,7 @@ FOLD_UNITS = "protocol.fold_units=true"
 
 
 def console(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=300, cwd=REPO,
+    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=300, cwd=REPO, check=False,
                           env=None if env is None else {**os.environ, **env})
 
 
@@ -209,7 +209,7 @@ def test_a_worker_killed_mid_fold_is_continued_by_the_same_command_with_the_same
         time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     same_results(output, reference)
     folds = optuna.load_study(study_name=fold_study(METHOD), storage=f"sqlite:///{output / 'study.db'}")
