@@ -490,6 +490,8 @@ def test_jobs_auto_on_a_sqlite_benchmark_goes_on_with_one_worker(reference: Path
         (16, None, ["protocol.fold_units=true"], 4),  # 2 methods x 2 folds, each fold a unit
         (3, None, ["protocol.fold_units=true"], 3),
         (16, None, ["protocol.fold_units=true", "protocol.parallel_trials=2"], 8),
+        (16, None, ["protocol.search_repeats=3"], 6),  # every repeated search is a study of its own
+        (16, None, ["protocol.search_repeats=3", "protocol.search_repeat_methods=[triplet_semihard]"], 4),
     ],
 )
 def test_auto_jobs_fills_the_cores_at_the_runs_thread_count(cores: int, omp: str | None, threads_override: list[str],

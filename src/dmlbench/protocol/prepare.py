@@ -34,7 +34,7 @@ from dmlbench.protocol.benchmark import (
 from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark_if_any
 from dmlbench.protocol.folds import FoldLayout, fold_layout
 from dmlbench.protocol.method_checks import check_samplers, check_shared
-from dmlbench.protocol.plan import MethodPlan, ReproductionSettings, SearchSettings, search_repeats
+from dmlbench.protocol.plan import MethodPlan, ReproductionSettings, SearchSettings, repeated_searches, search_repeats
 from dmlbench.training import records, threads
 from dmlbench.training.setup import build_model, check_input_channels, check_input_size, load_dataset
 
@@ -303,7 +303,7 @@ AUTO_JOBS = "auto"
 def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
     """``--jobs auto``: as many worker processes as this process's cores hold at the methods' torch
     thread count (one each when ``training.num_threads`` is ``auto`` and ``OMP_NUM_THREADS`` unset),
-    at most the units of work the search can run at once (``ProtocolSpec.search_concurrency``).
+    at most the units of work the search can run at once (``ProtocolSpec.search_concurrency``, repeats too).
 
     One process per core because on the built-in benchmark two one-thread workers took 200 s where
     one two-thread worker took 269 s (``python benchmarks/jobs.py src/dmlbench/configs/benchmark.yaml``
@@ -316,7 +316,7 @@ def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
     measured."""
     fixed = [int(plan.config.training.num_threads) for plan in plans.values() if plan.config.training.num_threads != threads.AUTO]
     per_process = max(fixed, default=threads.pinned_threads() or 1)
-    return max(1, min(threads.available_cores() // per_process, spec.protocol.search_concurrency(len(plans))))
+    return max(1, min(threads.available_cores() // per_process, spec.protocol.search_concurrency(len(plans) + len(repeated_searches(plans, spec.protocol)))))
 
 
 def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
