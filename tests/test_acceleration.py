@@ -93,7 +93,7 @@ def test_run_json_records_the_resolved_choices(tmp_path: Path) -> None:
     assert choices["acceleration"] == {"precision": "fp32", "deterministic": True, "channels_last": False, "compile": False}
 
 
-def test_images_go_to_a_gpu_only_unaugmented_and_within_a_quarter_of_its_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_images_go_to_a_gpu_augmented_or_not_within_a_quarter_of_its_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     from dmlbench import data
     from dmlbench.data.base import ImageDataset
     from dmlbench.training.setup import held_on
@@ -105,10 +105,31 @@ def test_images_go_to_a_gpu_only_unaugmented_and_within_a_quarter_of_its_free_me
     size = dataset.images.numel()
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * size, 8 * size))
     held_on(dataset, CUDA)
-    assert moved == [CUDA]
+    held_on(dataset.with_augmentation("base", seed=0), CUDA)  # its views are cut on the GPU too
+    assert moved == [CUDA, CUDA]
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * size - 1, 8 * size))
     held_on(dataset, CUDA)
-    held_on(dataset.with_augmentation("base", seed=0), CUDA)
+    assert moved == [CUDA, CUDA]
+
+
+def test_a_file_dataset_goes_to_a_gpu_by_the_bytes_of_the_parts_it_touches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file dataset on a CUDA device had no ``augmentation`` to ask (an AttributeError before any
+    training); it is now held there when its parts' base images fit, the training items' part only."""
+    import replicas
+
+    from dmlbench import data
+    from dmlbench.data.files import FileDataset
+    from dmlbench.training.setup import held_on
+
+    root = replicas.folder(tmp_path / "data", classes=2, per_class=3)
+    dataset = data.build("folder", root=str(root), image_size=16, augmentation="base")
+    development = dataset.subset([0, 2])  # class_0: the development part, 3 images of 3 x 18 x 18
+    assert development.held_bytes() == 3 * 3 * 18 * 18 and dataset.held_bytes() == 2 * development.held_bytes()
+    moved = []
+    monkeypatch.setattr(FileDataset, "on_device", lambda self, device: moved.append(device) or self)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * development.held_bytes(), 10**9))
+    held_on(development, CUDA)
+    held_on(dataset, CUDA)
     assert moved == [CUDA]
 
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import replicas
 import torch
 
-import replicas
 from dmlbench import data
+from dmlbench.errors import UserInputError
 
 
 def test_cached_batches_equal_decoded_batches(tmp_path: Path) -> None:
@@ -109,3 +110,30 @@ def test_training_decodes_no_test_image_and_evaluation_skips_an_unreadable_one(t
     with pytest.warns(UserWarning, match="skipping 1 unreadable test images"):
         splits = make_splits(config, dataset)
     assert len(splits.test) == 11 and dataset.metadata["unreadable_items"] == [dataset.paths.index(broken)]
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["decoded-here", "from-the-cache"])
+def test_a_file_dataset_held_on_a_device_gives_the_host_batches(tmp_path: Path, cached: bool) -> None:
+    """``on_device`` (the GPU path of ``training.setup.held_on``) run on the CPU: the same views,
+    augmented or not, from base images decoded once; a training subset holds its part only."""
+    root = replicas.cub200(tmp_path / "data")
+    cache = str(tmp_path / "cache") if cached else None
+    dataset = data.build("cub200", root=str(root), image_size=16, augmentation="reality_check", seed=3, cache_dir=cache)
+    development = [0, 5, 3]
+    held = dataset.subset(development).on_device(torch.device("cpu"))
+    assert held.held_device == torch.device("cpu") and torch.equal(held.source_indices, torch.tensor(development))
+    for epoch in (None, 1, 2):
+        for expected, found in zip(dataset.subset(development).batch([2, 0, 1], epoch=epoch), held.batch([2, 0, 1], epoch=epoch)):
+            assert torch.equal(expected, found)
+    assert torch.equal(held.subset([1]).batch([0], epoch=1)[0], dataset.batch([5], epoch=1)[0])
+    assert list(held._shared._held) == [(0, "cpu")]  # the development part, never the test split
+    assert held.batch([], epoch=1)[0].shape == (0, 3, 16, 16)
+
+
+def test_a_held_file_dataset_refuses_an_unreadable_image_in_one_line(tmp_path: Path) -> None:
+    root = replicas.folder(tmp_path / "data", classes=2, per_class=2)
+    (root / "class_0" / "1.png").write_bytes(b"not an image")
+    held = data.build("folder", root=str(root), image_size=16).on_device(torch.device("cpu"))
+    assert held.batch([0])[0].shape == (1, 3, 16, 16)
+    with pytest.raises(UserInputError, match=r"unreadable image .*class_0/1\.png"):
+        held.batch([1])

@@ -4,7 +4,9 @@ A format reader (``data/formats.py``) lists the files, their classes, the split 
 declares (train/test) and, where it has them, the query/gallery roles of its test items. Decoding
 uses Pillow in a small thread pool (JPEG decoding releases the GIL). An optional on-disk cache holds
 the decoded base images (``transforms.base_size``) as one memory-mapped uint8 array per part
-(development items, test split), so that training alone never decodes a test image.
+(development items, test split), so that training alone never decodes a test image. On a GPU
+(``FileDataset.on_device``) the parts a dataset touches are decoded once, or read from that cache,
+and held there as uint8, so the training views are cut there with no host copy per step.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
 
     # No file format here records where an image comes from (see ``ImageDataset.domains``).
     domains: np.ndarray | None = None
+    # The device holding the base images, where the views are cut (``on_device``); None: the host path.
+    held_device: torch.device | None = None
 
     def __init__(
         self,
@@ -142,7 +146,8 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
         shared = self._shared
         positions = self._positions[index.numpy()]
         size = self.image_size[0]
-        bases = shared.bases(positions)
+        held = self.held_device
+        bases = shared.bases(positions) if held is None else shared.held_bases(positions, held)
         views = []
         for position, base in zip(positions.tolist(), bases):
             if epoch is None or shared.augmentation == "none":
@@ -150,8 +155,24 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
             else:
                 generator = transforms.item_generator(shared.seed, epoch, position)
                 views.append(transforms.augment(base, shared.augmentation, size, generator))
-        images = torch.stack(views).to(torch.float32) / 255.0 if views else torch.empty(0, 3, size, size)
+        images = torch.stack(views).to(torch.float32) / 255.0 if views else torch.empty(0, 3, size, size, device=held)
         return images, self.labels[index], index
+
+    def on_device(self, device: torch.device) -> FileDataset:
+        """The same items with the base images of the parts they touch held on ``device`` (a GPU) as
+        uint8, decoded once (or read from the decoded-image cache): batches are cut and turned into
+        floats there with the same random draws, so the views are those of the host path up to the
+        device's own resampling arithmetic."""
+        view = self.subset(range(len(self)))
+        view.source_indices = self.source_indices
+        view.held_device = torch.device(device)
+        return view
+
+    def held_bytes(self) -> int:
+        """The bytes ``on_device`` holds: every base image of the parts this dataset's items touch."""
+        shared = self._shared
+        parts = np.unique(shared.parts()[self._positions]).tolist() if len(self) else []
+        return sum(len(shared.part_positions(part)) for part in parts) * 3 * shared.base_size ** 2
 
     def subset(self, indices: IndexLike) -> FileDataset:
         """The items at ``indices`` (in that order); ``source_indices`` maps them to the root dataset."""
@@ -164,6 +185,7 @@ class FileDataset(Dataset[tuple[Tensor, int, int]]):
         view.name = self.name
         view.metadata = self.metadata
         view.source_indices = torch.from_numpy(view._positions.copy())
+        view.held_device = self.held_device
         return view
 
     def find_unreadable(self) -> list[int]:
@@ -200,6 +222,7 @@ class _Shared:
         self._cache: dict[int, np.ndarray] = {}  # part -> memory-mapped base images
         self._unreadable: dict[int, np.ndarray] = {}  # part -> its unreadable positions
         self._pool: ThreadPoolExecutor | None = None
+        self._held: dict[tuple[int, str], Tensor] = {}  # (part, device) -> its base images held there
 
     def content_hash(self) -> str:
         if self._content_hash is None:
@@ -256,7 +279,8 @@ class _Shared:
             self._parts = parts
         return self._parts
 
-    def _part_positions(self, part: int) -> np.ndarray:
+    def part_positions(self, part: int) -> np.ndarray:
+        """The positions of one part, sorted (the rows of its cached and held arrays)."""
         if part not in self._positions_of:
             self._positions_of[part] = np.flatnonzero(self.parts() == part).astype(np.int64)
         return self._positions_of[part]
@@ -269,13 +293,38 @@ class _Shared:
             parts = self.parts()[positions]
             bases = []
             for position, part in zip(positions.tolist(), parts.tolist()):
-                row = int(np.searchsorted(self._part_positions(part), position))
+                row = int(np.searchsorted(self.part_positions(part), position))
                 bases.append(torch.from_numpy(np.array(self._open_cache(part)[row])))
             return bases
         try:
             return list(self._map(self.decode, positions.tolist()))
         except UnreadableImage as error:
             raise UserInputError(f"unreadable image {error}") from None
+
+    def held_bases(self, positions: np.ndarray, device: torch.device) -> list[Tensor]:
+        """``bases`` from the parts held on ``device`` (``held_part``), as views of them there."""
+        parts = self.parts()[positions]
+        held = {part: self.held_part(part, device) for part in np.unique(parts).tolist()}
+        bad = positions[np.isin(positions, self.unreadable_positions(positions))]
+        if bad.size:  # the held array has zeros there; never hand them out as an image
+            raise UserInputError(f"unreadable image {self.root / self.paths[int(bad[0])]}")
+        return [held[part][int(np.searchsorted(self.part_positions(part), position))]
+                for position, part in zip(positions.tolist(), parts.tolist())]
+
+    def held_part(self, part: int, device: torch.device) -> Tensor:
+        """One part's base images on ``device``, uint8 ``[N, 3, B, B]`` in position order: the
+        decoded-image cache's array when there is a cache, else decoded here once (its unreadable
+        positions remembered as the cache would)."""
+        key = (part, str(device))
+        if key not in self._held:
+            if self.cache_dir is not None:
+                host = np.array(self._open_cache(part))
+            else:
+                positions = self.part_positions(part)
+                host = np.zeros((len(positions), 3, self.base_size, self.base_size), dtype=np.uint8)
+                self._unreadable[part] = np.asarray(self._decode_into(host, positions), dtype=np.int64)
+            self._held[key] = torch.from_numpy(host).to(device)
+        return self._held[key]
 
     def unreadable_positions(self, positions: np.ndarray) -> np.ndarray:
         """The unreadable positions of every part that ``positions`` touch (sorted)."""
@@ -304,7 +353,7 @@ class _Shared:
                 return False
             return True
 
-        positions = self._part_positions(part)
+        positions = self.part_positions(part)
         flags = np.asarray(list(self._map(readable, positions.tolist())), dtype=bool)
         self._unreadable[part] = positions[~flags] if len(positions) else positions
         return self._unreadable[part]
@@ -333,10 +382,18 @@ class _Shared:
             array_path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserInputError(f"cannot create cache directory {array_path.parent}: {error.strerror or error}") from None
-        positions = self._part_positions(part)
+        positions = self.part_positions(part)
         shape = (len(positions), 3, self.base_size, self.base_size)
         temporary = array_path.with_name(f".{array_path.name}.{os.getpid()}.tmp")
         array = np.lib.format.open_memmap(temporary, mode="w+", dtype=np.uint8, shape=shape)
+        bad = self._decode_into(array, positions)
+        array.flush()
+        del array
+        os.replace(temporary, array_path)
+        atomic_write(record_path, lambda stream: stream.write(json.dumps({"positions": bad}).encode()))
+
+    def _decode_into(self, array: np.ndarray, positions: np.ndarray) -> list[int]:
+        """Decode the base image of ``positions[row]`` into ``array[row]``; the unreadable positions, sorted."""
         bad: list[int] = []
 
         def store(row: int) -> None:
@@ -347,10 +404,7 @@ class _Shared:
 
         for _ in self._map(store, range(len(positions))):
             pass
-        array.flush()
-        del array
-        os.replace(temporary, array_path)
-        atomic_write(record_path, lambda stream: stream.write(json.dumps({"positions": sorted(bad)}).encode()))
+        return sorted(bad)
 
     def _map(self, function: Any, items: Any) -> Any:
         if self.workers == 1:

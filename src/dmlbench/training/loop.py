@@ -302,15 +302,17 @@ class ImageBatches:
             # Files Pillow cannot decode are left out of every split (load_dataset warns); never silently.
             "unreadable_images": len(setup.dataset.metadata.get("unreadable_items", [])),
             # uint8 images held on the GPU (training.setup.held_on): no host copy per step; recorded only
-            # then, so that CPU runs (and file datasets, which decode per batch) keep their records.
+            # then, so that CPU runs keep their records.
             **({"images_on_device": True} if _images_on_device(setup.train_set) else {}),
         }
 
 
 def _images_on_device(dataset: Any) -> bool:
-    """Whether an in-memory dataset's images were moved off the host (``training.setup.held_on``)."""
+    """Whether a dataset's images were moved off the host (``training.setup.held_on``): an in-memory
+    dataset's tensor, or the base images a file dataset holds (its ``held_device``)."""
     images = getattr(dataset, "images", None)
-    return isinstance(images, torch.Tensor) and images.device.type != "cpu"
+    device = images.device if isinstance(images, torch.Tensor) else getattr(dataset, "held_device", None)
+    return isinstance(device, torch.device) and device.type != "cpu"
 
 
 @dataclass

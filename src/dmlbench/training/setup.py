@@ -14,6 +14,7 @@ from torch.utils.data import Sampler
 from dmlbench import data, losses, mining, models, plugins, sampling
 from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
+from dmlbench.data.files import FileDataset
 from dmlbench.data.splits import Splits, standard_splits, train_test_split
 from dmlbench.errors import PluginFailed, UserInputError
 from dmlbench.losses.base import MetricLoss, loss_parameters
@@ -248,14 +249,16 @@ def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
 _DEVICE_DATA_SHARE = 0.25
 
 
-def held_on(dataset: ImageDataset, device: torch.device) -> ImageDataset:
+def held_on(dataset: ImageDataset | FileDataset, device: torch.device) -> ImageDataset | FileDataset:
     """``dataset`` with its uint8 images on ``device`` when that spares a host copy per step (a CUDA
-    device, no augmentation, which is drawn on the host, and images within a quarter of the device's
-    free memory); else ``dataset`` itself. The batches' values are the same either way."""
-    if device.type != "cuda" or dataset.augmentation != "none":
+    device, and images within a quarter of the device's free memory: an in-memory dataset's, or the
+    decoded base images of a file dataset's parts); else ``dataset`` itself. The training views are
+    then cut there, with the random draws of the host path (``data.transforms``)."""
+    if device.type != "cuda":
         return dataset
     free, _ = torch.cuda.mem_get_info(device)
-    if dataset.images.numel() > _DEVICE_DATA_SHARE * free:
+    size = dataset.images.numel() if isinstance(dataset, ImageDataset) else dataset.held_bytes()
+    if size > _DEVICE_DATA_SHARE * free:
         return dataset
     return dataset.on_device(device)
 
