@@ -90,8 +90,11 @@ def test_run_jobs_numbers_its_workers_and_says_how_they_share_the_gpus(
     fake_cuda(monkeypatch, 2)
     trained_on: list[torch.device] = []
 
+    shares: list[int] = []
+
     def run_benchmark(prepared: Any, **kwargs: Any) -> None:
         trained_on.append(resolve_device("auto"))
+        shares.append(threads._processes)
 
     FakeProcess.started.clear()
     monkeypatch.setattr(jobs, "multiprocessing", SimpleNamespace(get_context=lambda method: SimpleNamespace(Process=FakeProcess)))
@@ -104,6 +107,7 @@ def test_run_jobs_numbers_its_workers_and_says_how_they_share_the_gpus(
     assert jobs.run_jobs(prepared, None, [], progress=True) is None  # type: ignore[arg-type]
     assert capsys.readouterr().err == "--jobs 4: 2 worker(s) on cuda:0, 2 worker(s) on cuda:1\n"
     assert embed._worker is None  # the parent is a worker only while its workers run
+    assert shares == [4] and threads._processes == 1  # and shares the cores with them only then
     # Each spawned worker, run here: the same loop, on its own share of the GPUs.
     monkeypatch.setattr("dmlbench.protocol.benchmark.load_spec", lambda path: None)
     monkeypatch.setattr("dmlbench.protocol.prepare.prepare", lambda *args, **kwargs: None)
@@ -116,6 +120,7 @@ def test_run_jobs_numbers_its_workers_and_says_how_they_share_the_gpus(
         optuna.logging.set_verbosity(verbosity)
     assert [process.args[0] for process in FakeProcess.started] == [1, 2, 3]
     assert trained_on == [torch.device("cuda", index) for index in (0, 1, 0, 1)]
+    assert shares == [4, 4, 4, 4]
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,9 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
         with owned_output(prepared):
             return _run_jobs(prepared, config_path, overrides, progress=progress, report=report)
     finally:
-        set_worker(None)  # a later run in this process (the Python API's caller) is no worker
+        # A later run in this process (the Python API's caller) is no worker and has the cores to itself.
+        set_worker(None)
+        share_cores(1)
 
 
 def _say_gpus(prepared: Prepared) -> None:
