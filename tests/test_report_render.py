@@ -182,6 +182,14 @@ def test_the_search_is_called_random_when_every_trial_is_a_start_up_trial(trials
         assert search.startswith(f"Optuna gp sampler after {expected} random start-up trials"), search
 
 
+def test_one_trial_and_one_reproduction_are_counted_in_the_singular() -> None:
+    """A one-trial search (results/one_trial_searches_glyphs) read "1 trials" and "all 1 trials"."""
+    rows = dict(tables.parameters(_data(trials=1, startup_trials=None)))
+    assert rows["budget per method"].startswith("1 trial x "), rows["budget per method"]
+    assert rows["search"].startswith("random: the one trial is a start-up trial of Optuna's gp sampler"), rows["search"]
+    assert dict(tables.parameters(_data(trials=8, startup_trials=4)))["budget per method"].startswith("8 trials x ")
+
+
 def test_the_default_start_up_count_is_optunas() -> None:
     for sampler in (optuna.samplers.GPSampler, optuna.samplers.TPESampler):
         assert inspect.signature(sampler).parameters["n_startup_trials"].default == tables.OPTUNA_STARTUP_TRIALS

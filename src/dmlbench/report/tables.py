@@ -246,8 +246,9 @@ def parameters(data: ReportData) -> list[tuple[str, str]]:
     protocol = b.protocol
     epochs = protocol.epochs if protocol.epochs is not None else "each method's training.epochs"
     return [
-        ("budget per method", (f"{protocol.trials} trials x {protocol.folds} folds, then {protocol.reproductions} "
-                               f"reproductions x {protocol.folds} folds; at most {epochs} epochs per run")),
+        ("budget per method", (f"{counted(protocol.trials, 'trial')} x {protocol.folds} folds, then "
+                               f"{counted(protocol.reproductions, 'reproduction')} x {protocol.folds} folds; "
+                               f"at most {epochs} epochs per run")),
         ("folds", f"{protocol.folds} class-disjoint ({protocol.fold_mode}) on the development classes"),
         ("search", (f"{search_sampler(protocol)}; seed {protocol.search_seed}; objective fold-mean "
                     f"validation MAP@R; pruning: {protocol.pruner}")),
@@ -268,6 +269,11 @@ def parameters(data: ReportData) -> list[tuple[str, str]]:
     ]
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is one ("1 trial", "3 trials")."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 OPTUNA_STARTUP_TRIALS = 10  # n_startup_trials of Optuna's GPSampler and TPESampler when protocol.startup_trials is unset
 
 
@@ -278,8 +284,9 @@ def search_sampler(protocol: StoredProtocol) -> str:
     count = OPTUNA_STARTUP_TRIALS if startup is None else int(startup)
     source = f"Optuna's default of {count}" if startup is None else str(count)
     if count >= protocol.trials:
-        return (f"random: all {protocol.trials} trials are start-up trials of Optuna's {protocol.sampler} "
-                f"sampler ({source} start-up trials), so no trial was suggested by its model")
+        every = "the one trial is a start-up trial" if protocol.trials == 1 else f"all {protocol.trials} trials are start-up trials"
+        return (f"random: {every} of Optuna's {protocol.sampler} sampler ({source} start-up trials), so no trial "
+                "was suggested by its model")
     return f"Optuna {protocol.sampler} sampler after {source} random start-up trials"
 
 
