@@ -1,10 +1,16 @@
 """The protocol's one path in tests: a benchmark spec, its search stage, one method's units."""
 
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 
+from dmlbench.protocol import work
 from dmlbench.protocol.benchmark import BenchmarkSpec
 from dmlbench.protocol.benchmark_file import BenchmarkRecord
 from dmlbench.protocol.prepare import Prepared, prepare
@@ -47,3 +53,29 @@ def reproduce(spec: BenchmarkSpec, output_dir: Path, name: str, params: dict[str
     unit = MethodReproduction(prepared.plans[name], params, prepared.reproduction, context_of(prepared))
     drive(lambda: [unit])
     return unit.result()
+
+
+def counting_claims(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the scheduler's claims from now on: ``worked`` (a unit taken) and ``looks`` (WAIT or DONE)."""
+    claims = {"worked": 0, "looks": 0}
+    real_claim = work.claim
+
+    def counted_claim(*args: object, **kwargs: object) -> object:
+        claimed = real_claim(*args, **kwargs)
+        claims["worked" if isinstance(claimed, work.Claim) else "looks"] += 1
+        return claimed
+
+    monkeypatch.setattr(work, "claim", counted_claim)
+    return claims
+
+
+def kill_9_once_written(command: list[str], marker: Path, cwd: Path) -> None:
+    """Start ``command``, SIGKILL it as soon as ``marker`` exists (within 120 s) and wait for it."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert process.poll() is None, "the benchmark ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()

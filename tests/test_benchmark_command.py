@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from cli_runner import run_cli
+from protocol_fixtures import counting_claims
 from test_cli_process import console_script, run
 
 from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
@@ -102,15 +103,7 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     finished studies and studies are exactly the scheduler's claims and studies in that run; and the
     rehearsal it times the report on stores what that run stored. A repeated search costs what a method
     does (the estimate once counted each method's search once, whatever ``protocol.search_repeats``)."""
-    claims: dict[str, int] = {"worked": 0, "looks": 0}
-    real_claim = work.claim
-
-    def counted_claim(*args: object, **kwargs: object) -> object:
-        claimed = real_claim(*args, **kwargs)
-        claims["worked" if isinstance(claimed, work.Claim) else "looks"] += 1
-        return claimed
-
-    monkeypatch.setattr(work, "claim", counted_claim)
+    claims = counting_claims(monkeypatch)
     output = tmp_path / "out"
     overrides = ["protocol.trials=1", "protocol.reproductions=2", f"protocol.search_repeats={repeats}"]
     code, out, err = run_cli(["benchmark", str(SMOKE), *overrides, "-o", str(output)], capsys)

@@ -10,9 +10,7 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 import yaml
 from cli_runner import cli_exit_code, run_cli
 from optuna.trial import FrozenTrial, TrialState
-from protocol_fixtures import benchmark_spec, study
+from protocol_fixtures import benchmark_spec, counting_claims, kill_9_once_written, study
 from test_cli_process import console_script
 
 from dmlbench.errors import RunInterrupted
@@ -131,15 +129,7 @@ def test_one_and_two_workers_on_fold_units_give_the_sequential_results(
     config: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # One worker, this process: the dry run's units and looks are the claims it made.
-    claims = {"worked": 0, "looks": 0}
-    real_claim = work.claim
-
-    def counted_claim(*args: object, **kwargs: object) -> object:
-        claimed = real_claim(*args, **kwargs)
-        claims["worked" if isinstance(claimed, work.Claim) else "looks"] += 1
-        return claimed
-
-    monkeypatch.setattr(work, "claim", counted_claim)
+    claims = counting_claims(monkeypatch)
     one = tmp_path / "one"
     assert cli_exit_code(["benchmark", str(config), FOLD_UNITS, "-o", str(one), "-q"]) == 0
     monkeypatch.undo()
@@ -200,15 +190,7 @@ def test_a_worker_killed_mid_fold_is_continued_by_the_same_command_with_the_same
 ) -> None:
     output = tmp_path / "out"
     command = [console_script(), "benchmark", str(config), FOLD_UNITS, "-o", str(output), "-q"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    marker = output / METHOD / "trial_0001" / "fold_0" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert process.poll() is None, "the benchmark ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_9_once_written(command, output / METHOD / "trial_0001" / "fold_0" / "metrics.jsonl", REPO)
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     same_results(output, reference)

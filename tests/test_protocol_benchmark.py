@@ -3,16 +3,14 @@
 import csv
 import io
 import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from cli_runner import run_cli
+from protocol_fixtures import kill_9_once_written
 from test_cli_process import console_script
 
 torch.set_num_threads(1)
@@ -459,15 +457,7 @@ def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_
     spec = write_spec(tmp_path / "bench.yaml")
     output = tmp_path / "out"
     command = [console_script(), "benchmark", str(spec), "-o", str(output), "-q"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    marker = output / "triplet" / "trial_0001" / "fold_0" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert process.poll() is None, "the benchmark ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_9_once_written(command, output / "triplet" / "trial_0001" / "fold_0" / "metrics.jsonl", REPO)
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (output / "results.csv").read_bytes() == (finished / "results.csv").read_bytes()
