@@ -27,13 +27,16 @@ SIDES = {"sequential": "false", "fold_units": "true"}
 
 
 def one_method(config: Path, method: str | None) -> dict[str, Any]:
-    """The benchmark ``config`` with only ``method`` (default: its first), its plugin files named by absolute paths."""
+    """The benchmark ``config`` with only ``method`` (default: its first) and no declared comparisons, its
+    plugin files named by absolute paths."""
     spec = yaml.safe_load(config.read_text())
     chosen = [entry for entry in spec["methods"] if method in (None, entry["name"])][:1]
     if not chosen:
         raise SystemExit(f"{config} has no method {method!r}")
     plugins = [str((config.parent / name).resolve()) if name.endswith(".py") else name for name in spec.get("plugins", [])]
-    return {**spec, "methods": chosen, **({"plugins": plugins} if plugins else {})}
+    # The comparisons it declares name the other methods: one method is compared with nothing.
+    analysis = {key: value for key, value in (spec.get("analysis") or {}).items() if key not in ("references", "pairs")}
+    return {**spec, "methods": chosen, "analysis": analysis, **({"plugins": plugins} if plugins else {})}
 
 
 def timed(config: Path, fold_units: str, folds: int, overrides: list[str], directory: Path) -> float:

@@ -51,3 +51,12 @@ def test_gpu_figures_run_on_a_cpu_at_tiny_sizes() -> None:
     targets = [line for line in lines if line.startswith("target ")]
     assert len(targets) == 6 and all(line.endswith("(CPU: not a target)") for line in targets)
     assert "not measured" in targets[3]  # GPU busy: no GPU to sample
+
+
+def test_fold_units_sides_agree_on_one_method_of_a_benchmark_that_declares_comparisons() -> None:
+    """The built-in benchmark names its references: one method of it runs with them dropped, both ways."""
+    config = BENCHMARKS.parent / "src" / "dmlbench" / "configs" / "benchmark.yaml"
+    lines = run("fold_units.py", "--config", str(config), "--method", "margin", "--folds", "2",
+                "protocol.trials=2", "protocol.reproductions=2", "protocol.epochs=1")
+    assert lines[-2] == "results.csv and runs.csv: identical"
+    assert lines[-1].startswith("wall-time ratio fold_units / sequential: ") and float(lines[-1].rsplit(" ", 1)[1]) > 0

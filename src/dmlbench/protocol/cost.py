@@ -123,10 +123,11 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
 def _search_parallelism(protocol: ProtocolSpec, searches: int) -> str:
     """How many workers the search keeps busy (``ProtocolSpec.search_concurrency``), folds counted with ``fold_units``."""
     busy = protocol.search_concurrency(searches)
+    workers = "1 worker" if busy == 1 else f"{busy} workers"
     trials = f"{searches} search(es) x {protocol.parallel_trials} parallel trial(s)"
     if protocol.fold_units:
-        return f"the search keeps at most {busy} workers busy ({trials} x {protocol.folds} folds: each fold is a unit of work, protocol.fold_units)"
-    return (f"the search keeps at most {busy} workers busy ({trials}: a trial runs its folds in one worker; "
+        return f"the search keeps at most {workers} busy ({trials} x {protocol.folds} folds: each fold is a unit of work, protocol.fold_units)"
+    return (f"the search keeps at most {workers} busy ({trials}: a trial runs its folds in one worker; "
             f"protocol.fold_units: true makes each fold a unit of work, up to {busy * protocol.folds})")
 
 
