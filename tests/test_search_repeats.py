@@ -174,3 +174,28 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
     code, _, err = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--sd", "0.008",
                             "--search-sd", "-1"], capsys)
     assert code == 2 and "--search-sd" in err
+
+
+
+def test_plan_chooses_the_trials_per_search_from_search_sds_measured_at_each(capsys: pytest.CaptureFixture[str]) -> None:
+    """--search-sd-at adds searches of other lengths, each at its measured search SD (one-trial searches of
+    results/one_trial_searches_glyphs: 3.93 points pooled, search_variance.csv), and names the cheapest."""
+    config = str(REPO / "configs" / "search_luck_method_glyphs.yaml")
+    pilot = str(REPO / "results" / "search_luck_method_glyphs")
+    code, out, err = run_cli(["plan", config, "--pilot", pilot, "--search-sd-at", "1=0.0393", "--search-sd-at", "2=0.0146"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[-5].startswith("  trials per search (the search SD measured at each")
+    assert lines[-4].startswith("    1 trial(s), search SD 3.93 points: none within 100 searches reaches 80%")
+    assert lines[-3].startswith("    2 trial(s), search SD 1.46 points: protocol.search_repeats=")
+    assert lines[-2].startswith("    4 trial(s), search SD 1.46 points: protocol.search_repeats=")
+    # At the same search SD two trials cost less than four: the cheapest is the two-trial design.
+    two = lines[-3].split(": ", 1)[1].split(" (")[0]
+    assert lines[-1].startswith(f"  cheapest over trials per search: protocol.trials=2 {two} (")
+    for bad, reason in ((["--search-sd-at", "4=0.01"], "the config's own protocol.trials"),
+                        (["--search-sd-at", "one=0.01"], "takes TRIALS=X"),
+                        (["--search-sd-at", "1=2"], "TRIALS must be a new count")):
+        code, _, err = run_cli(["plan", config, "--pilot", pilot, *bad], capsys)
+        assert code == 2 and reason in err and err.strip().count("\n") == 0, err
+    code, _, err = run_cli(["plan", config, "--sd", "0.008", "--search-sd-at", "1=0.01"], capsys)
+    assert code == 2 and "--search-sd X or a --pilot" in err

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dmlbench.analysis.endpoints import ScoreTable
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, SD_BOUND_CONFIDENCE, PilotSpread, comparison_power, paired_sd, sd_upper_bound
-from dmlbench.analysis.search_luck import MAX_SEARCHES, cheapest_design, design_power
+from dmlbench.analysis.search_luck import MAX_SEARCHES, cheapest_design, cheapest_over_trials, design_power
 
 
 @dataclass(frozen=True)
@@ -107,12 +107,15 @@ def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: 
 
 
 def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | PilotSpread], search_sd: float, source: str,
-                     alpha: float = 0.05, search_sd_bound: float | None = None) -> str:
+                     alpha: float = 0.05, search_sd_bound: float | None = None,
+                     other_trials: Mapping[int, float] | None = None) -> str:
     """Planning over searches and seeds (``analysis.search_luck``): for verdicts about the methods, the power of
     the family's design and the cheapest design (searches x reproductions, in training runs per method) at
     which every comparison's t-test and TOST reach 80% at the strictest Holm threshold, each comparison at its
     seed SD and ``search_sd`` for every method; with ``search_sd_bound`` (a pilot's upper bound,
-    ``search_luck.search_sd_upper_bound``) also the cheapest design at that bound."""
+    ``search_luck.search_sd_upper_bound``) also the cheapest design at that bound; with ``other_trials``
+    (trials per search -> the search SD measured at that many) the cheapest design over trials per search too
+    (``search_luck.cheapest_over_trials``)."""
     m = len(family.comparisons)
     lines = [f"searches and seeds (verdicts about the methods, their search included): search SD {100 * search_sd:.2f} "
              f"points ({source}); {family.trials} trials of {family.folds} fold runs per search; designs priced in "
@@ -133,7 +136,26 @@ def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | Pilot
         lines.append(f"  but from the pilot's searches the search SD may be up to {100 * search_sd_bound:.2f} points "
                      f"({100 * SD_BOUND_CONFIDENCE:.0f}% upper bound, chi-square, approximate; a long tail of unlucky "
                      f"searches can exceed it): cheapest design there: {_design_text(search_sd_bound, seed_sd, family, m, alpha)}")
+    if other_trials:
+        lines.extend(_over_trials_lines({family.trials: search_sd, **other_trials}, seed_sd, family, m, alpha))
     return "\n".join(lines)
+
+
+def _over_trials_lines(search_sds: Mapping[int, float], seed_sd: float, family: Family, comparisons: int,
+                       alpha: float) -> list[str]:
+    """The cheapest design at each number of trials per search whose search SD is known, and over them."""
+    lines = ["  trials per search (the search SD measured at each; Bouthillier et al. 2021):"]
+    for trials, sd in sorted(search_sds.items()):
+        priced = replace(family, trials=trials)
+        lines.append(f"    {trials} trial(s), search SD {100 * sd:.2f} points: {_design_text(sd, seed_sd, priced, comparisons, alpha)}")
+    best = cheapest_over_trials(search_sds, seed_sd, family.margin, comparisons, family.folds, alpha=alpha)
+    if best is None:
+        lines.append("  cheapest over trials per search: none reaches 80%")
+    else:
+        trials, design = best
+        lines.append(f"  cheapest over trials per search: protocol.trials={trials} protocol.search_repeats={design.searches} "
+                     f"protocol.reproductions={design.reproductions} ({design.runs_per_method} training runs per method)")
+    return lines
 
 
 def _design_text(search_sd: float, seed_sd: float, family: Family, comparisons: int, alpha: float) -> str:

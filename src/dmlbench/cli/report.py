@@ -76,15 +76,18 @@ def plan_command(
     pilot: Annotated[Optional[Path], typer.Option("--pilot", metavar="DIR", help="A finished benchmark whose paired differences give each comparison's SD.")] = None,
     sd: Annotated[Optional[float], typer.Option("--sd", metavar="X", help="The SD of the paired differences, in score units (0.008 = 0.8 points).")] = None,
     search_sd: Annotated[Optional[float], typer.Option("--search-sd", metavar="X", help="A method's search-luck SD, in score units: also plan searches and seeds (default: measured on a --pilot with repeated searches).")] = None,
+    search_sd_at: Annotated[Optional[list[str]], typer.Option("--search-sd-at", metavar="TRIALS=X", help="The search SD measured with TRIALS trials per search (repeatable): also choose the trials per search.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Print, for every declared comparison, the power of the paired t-test and of TOST at the config's
     reproductions and margin, and the reproductions needed for 80% power after Holm; with a search SD
     (--search-sd, or a pilot that repeated its searches) also the cheapest design of searches and seeds
-    for verdicts about the methods; train nothing.
+    for verdicts about the methods, and with --search-sd-at the cheapest over trials per search too;
+    train nothing.
 
-    Exit codes: 0 printed, 2 bad input (neither or both of --pilot and --sd, no runs.csv in the pilot),
-    130 interrupted by Ctrl-C, 143 by SIGTERM.
+    Exit codes: 0 printed, 2 bad input (neither or both of --pilot and --sd, no runs.csv in the pilot,
+    a --search-sd-at that is not TRIALS=X or lacks the config's own search SD), 130 interrupted by
+    Ctrl-C, 143 by SIGTERM.
     """
     if (pilot is None) == (sd is None):
         raise UserInputError("plan needs one of --pilot DIR (a finished benchmark) or --sd X (a stated SD)")
@@ -95,6 +98,7 @@ def plan_command(
         raise UserInputError(f"--sd must lie strictly between 0 and 1 (score units), got {sd}")
     if search_sd is not None and not 0.0 <= search_sd < 1.0:
         raise UserInputError(f"--search-sd must lie in [0, 1) (score units), got {search_sd}")
+    other_trials = _search_sds_at(search_sd_at or [])
     require_yaml(config_path, "benchmark config")
     from dmlbench.analysis import planning
     from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
@@ -117,8 +121,29 @@ def plan_command(
         measured = pilot_search_sd(pilot, family.endpoint)
         if measured is not None:
             (search_sd, bound), source = measured, f"measured in {pilot}, pooled over its repeated methods"
+    if other_trials and search_sd is None:
+        raise UserInputError("--search-sd-at compares with the config's own trials per search, whose search SD is "
+                             "--search-sd X or a --pilot that repeated its searches")
+    if family.trials in other_trials:
+        raise UserInputError(f"--search-sd-at {family.trials}=...: {family.trials} is the config's own protocol.trials, "
+                             "whose search SD is --search-sd or the pilot's")
     if search_sd is not None:
-        typer.echo(planning.search_plan_text(family, sds, search_sd, source, search_sd_bound=bound))
+        typer.echo(planning.search_plan_text(family, sds, search_sd, source, search_sd_bound=bound, other_trials=other_trials))
+
+
+def _search_sds_at(values: list[str]) -> dict[int, float]:
+    """``--search-sd-at TRIALS=X`` values as trials per search -> search SD (score units)."""
+    parsed: dict[int, float] = {}
+    for value in values:
+        trials, _, sd = value.partition("=")
+        try:
+            count, spread = int(trials), float(sd)
+        except ValueError:
+            raise UserInputError(f"--search-sd-at takes TRIALS=X (4=0.0146), got {value!r}") from None
+        if count < 1 or not 0.0 <= spread < 1.0 or count in parsed:
+            raise UserInputError(f"--search-sd-at {value!r}: TRIALS must be a new count >= 1 and X in [0, 1) (score units)")
+        parsed[count] = spread
+    return parsed
 
 
 def rejudge_command(
