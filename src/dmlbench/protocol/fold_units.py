@@ -83,10 +83,10 @@ class FoldUnits(Unit):
 
     def claim(self) -> work.Claim | str:
         with self.context.worker.lock.held():
-            finished = _finished(self.trials)
+            done_trials = work.finished(work.slots(self.trials.get_trials(deepcopy=False)))
             return work.claim(self.study, self.context.worker, budget=self.settings.trials * self.folds,
-                              ready=lambda slot, _: self.ready(slot // self.folds, finished),
-                              propose=lambda slot, _: self._fold_params(slot, finished))
+                              ready=lambda slot, _: self.ready(slot // self.folds, done_trials),
+                              propose=lambda slot, _: self._fold_params(slot, done_trials))
 
     def attempt(self, claimed: work.Claim) -> Attempt:
         trial, index = divmod(claimed.slot, self.folds)
@@ -158,11 +158,6 @@ class FoldUnits(Unit):
     def _first_fold_params(self, trial: int) -> tuple[dict[str, Any], dict[str, Any]]:
         first = min(work.slots(self.study.get_trials(deepcopy=False))[trial * self.folds], key=lambda t: t.number)
         return work.fixed_params(first), {"params": first.user_attrs["params"]}
-
-
-def _finished(study: optuna.Study) -> dict[int, FrozenTrial]:
-    grouped = work.slots(study.get_trials(deepcopy=False))
-    return {slot: trial for slot, attempts in grouped.items() if (trial := work.done_trial(attempts)) is not None}
 
 
 def _summed(folds: list[FrozenTrial]) -> work.Cost:

@@ -41,6 +41,11 @@ def done_trial(attempts: list[FrozenTrial]) -> FrozenTrial | None:
     return next((trial for trial in sorted(attempts, key=lambda t: t.number) if done(trial) and trial.number not in retried), None)
 
 
+def finished(grouped: dict[int, list[FrozenTrial]]) -> dict[int, FrozenTrial]:
+    """The done trial of every finished slot of ``slots(...)``'s grouping (what ``work.claim`` decides on)."""
+    return {slot: trial for slot, attempts in grouped.items() if (trial := done_trial(attempts)) is not None}
+
+
 def fixed_params(trial: FrozenTrial) -> dict[str, Any]:
     """The parameters an attempt of a slot was enqueued with (an attempt stopped before its unit
     suggested them has none in ``params``): what another attempt of the slot is enqueued with."""

@@ -37,7 +37,7 @@ from dmlbench.files import storage_error
 from dmlbench.ownership import DirectoryInUse, process_exists
 from dmlbench.protocol import storage as storage_module
 # The slot bookkeeping is work's vocabulary too: its callers use it as ``work.counted`` and so on.
-from dmlbench.protocol.slots import RETRY_OF_FAILED, counted, done, done_trial, fixed_params, interrupted, slot_of, slots  # noqa: F401
+from dmlbench.protocol.slots import RETRY_OF_FAILED, counted, done, done_trial, finished, fixed_params, interrupted, slot_of, slots  # noqa: F401
 
 WAIT, DONE = "wait", "done"
 
@@ -200,14 +200,14 @@ def claim(
         repair_interrupted(study)
         trials = study.get_trials(deepcopy=False)
         grouped = slots(trials)
-        finished = {slot: trial for slot, attempts in grouped.items() if (trial := done_trial(attempts)) is not None}
+        done_slots = finished(grouped)
         waiting = [t for t in trials if t.state == TrialState.WAITING]
         if not waiting:
             slot = len(grouped)
-            if slot >= budget or not ready(slot, finished):
-                complete = len(finished) >= budget and slot >= budget
+            if slot >= budget or not ready(slot, done_slots):
+                complete = len(done_slots) >= budget and slot >= budget
                 return DONE if complete else WAIT
-            params, attributes = propose(slot, finished)
+            params, attributes = propose(slot, done_slots)
             study.enqueue_trial(params, user_attrs={**attributes, "slot": slot})
         trial = study.ask()
         trial_id = storage_module.trial_id(trial)
