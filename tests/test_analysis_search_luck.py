@@ -120,15 +120,17 @@ def test_over_trials_per_search_the_cheapest_design_is_the_least_costly_of_each_
     minimum of the cheapest design at each count, ties to fewer trials, and none when no count reaches 80%."""
     seed_sd, margin, comparisons, folds = 0.008, 0.01, 3, 2
     measured = {1: 0.03, 2: 0.006, 4: 0.004, 8: 0.0035}  # 2 and 4 trials tie at 120 runs per method
-    best = cheapest_over_trials(measured, seed_sd, margin, comparisons, folds)
     each = {trials: cheapest_design(sd, seed_sd, margin, comparisons, trials, folds) for trials, sd in measured.items()}
+    best = cheapest_over_trials(each)
     assert best is not None and each[1] is None  # one-trial searches vary too much to reach the power at all
     lowest = min(design.runs_per_method for design in each.values() if design is not None)
     assert best[1] == each[best[0]] and best[1].runs_per_method == lowest
     assert best[0] == 2  # a tie at the lowest cost (with 4 trials) goes to the shorter search
     # The same luck at every count: the shortest search is the cheapest (a trial costs folds runs per search).
-    assert cheapest_over_trials({1: 0.004, 4: 0.004}, seed_sd, margin, comparisons, folds)[0] == 1  # type: ignore[index]
-    assert cheapest_over_trials({1: 0.05, 4: 0.05}, seed_sd, margin, comparisons, folds) is None
+    same = {trials: cheapest_design(0.004, seed_sd, margin, comparisons, trials, folds) for trials in (1, 4)}
+    assert cheapest_over_trials(same)[0] == 1  # type: ignore[index]
+    assert cheapest_over_trials({trials: cheapest_design(0.05, seed_sd, margin, comparisons, trials, folds)
+                                 for trials in (1, 4)}) is None
 
 
 def test_an_assumed_search_sd_enters_the_paired_tests_and_their_interval() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dmlbench.analysis.endpoints import ScoreTable
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, SD_BOUND_CONFIDENCE, PilotSpread, comparison_power, paired_sd, sd_upper_bound
-from dmlbench.analysis.search_luck import MAX_SEARCHES, cheapest_design, cheapest_over_trials, design_power
+from dmlbench.analysis.search_luck import MAX_SEARCHES, Design, cheapest_design, cheapest_over_trials, design_power
 
 
 @dataclass(frozen=True)
@@ -144,11 +144,12 @@ def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | Pilot
 def _over_trials_lines(search_sds: Mapping[int, float], seed_sd: float, family: Family, comparisons: int,
                        alpha: float) -> list[str]:
     """The cheapest design at each number of trials per search whose search SD is known, and over them."""
+    designs = {trials: cheapest_design(sd, seed_sd, family.margin, comparisons, trials, family.folds, alpha=alpha)
+               for trials, sd in sorted(search_sds.items())}
     lines = ["  trials per search (the search SD measured at each; Bouthillier et al. 2021):"]
-    for trials, sd in sorted(search_sds.items()):
-        priced = replace(family, trials=trials)
-        lines.append(f"    {trials} trial(s), search SD {100 * sd:.2f} points: {_design_text(sd, seed_sd, priced, comparisons, alpha)}")
-    best = cheapest_over_trials(search_sds, seed_sd, family.margin, comparisons, family.folds, alpha=alpha)
+    lines += [f"    {trials} trial(s), search SD {100 * search_sds[trials]:.2f} points: {_design_words(design)}"
+              for trials, design in designs.items()]
+    best = cheapest_over_trials(designs)
     if best is None:
         lines.append("  cheapest over trials per search: none reaches 80%")
     else:
@@ -159,7 +160,10 @@ def _over_trials_lines(search_sds: Mapping[int, float], seed_sd: float, family: 
 
 
 def _design_text(search_sd: float, seed_sd: float, family: Family, comparisons: int, alpha: float) -> str:
-    design = cheapest_design(search_sd, seed_sd, family.margin, comparisons, family.trials, family.folds, alpha=alpha)
+    return _design_words(cheapest_design(search_sd, seed_sd, family.margin, comparisons, family.trials, family.folds, alpha=alpha))
+
+
+def _design_words(design: Design | None) -> str:
     if design is None:
         return f"none within {MAX_SEARCHES} searches reaches 80%: the search luck alone exceeds what the margin allows"
     return (f"protocol.search_repeats={design.searches} protocol.reproductions={design.reproductions} "

@@ -202,12 +202,10 @@ def cheapest_design(search_sd: float, seed_sd: float, margin: float, comparisons
     return best
 
 
-def cheapest_over_trials(search_sds: Mapping[int, float], seed_sd: float, margin: float, comparisons: int, folds: int,
-                         target: float = 0.8, alpha: float = DEFAULT_ALPHA) -> tuple[int, Design] | None:
-    """Bouthillier et al. (MLSys 2021), shorter searches repeated more often: over the trials per search
-    whose search SD is known (``search_sds``: trials -> SD), the cheapest design (``cheapest_design`` at
-    each) in training runs per method, with its trials per search; ties go to fewer trials; ``None``
-    when none reaches ``target``. A search of fewer trials costs less but its choice varies more."""
-    found = [(trials, design) for trials, sd in sorted(search_sds.items())
-             if (design := cheapest_design(sd, seed_sd, margin, comparisons, trials, folds, target, alpha)) is not None]
+def cheapest_over_trials(designs: Mapping[int, Design | None]) -> tuple[int, Design] | None:
+    """Bouthillier et al. (MLSys 2021), shorter searches repeated more often: of the cheapest designs at
+    each number of trials per search (``designs``: trials -> ``cheapest_design`` at the search SD measured
+    with that many), the one of fewest training runs per method, with its trials per search; ties go to
+    fewer trials; ``None`` when none reaches the power. A shorter search costs less, its choice varies more."""
+    found = [(trials, design) for trials, design in sorted(designs.items()) if design is not None]
     return min(found, key=lambda pair: (pair[1].runs_per_method, pair[0])) if found else None
