@@ -213,6 +213,15 @@ class ImageDataset(Dataset[tuple[Tensor, int, int]]):
         subset.augmentation, subset.augmentation_seed = self.augmentation, self.augmentation_seed
         return subset
 
+    @property
+    def held_device(self) -> torch.device:
+        """The device holding the uint8 images (a GPU after ``on_device``; the host otherwise)."""
+        return self.images.device
+
+    def held_bytes(self) -> int:
+        """The bytes ``on_device`` holds: the uint8 images."""
+        return self.images.numel()
+
     def on_device(self, device: torch.device) -> ImageDataset:
         """The same items with the uint8 images held on ``device`` (a GPU): batches are gathered and
         turned into floats there, with no copy from the host per step; the values are the same."""

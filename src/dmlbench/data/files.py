@@ -287,15 +287,8 @@ class _Shared:
 
     def bases(self, positions: np.ndarray) -> list[Tensor]:
         if self.cache_dir is not None:
-            bad = positions[np.isin(positions, self.unreadable_positions(positions))]
-            if bad.size:  # the cache holds zeros there; never hand them out as an image
-                raise UserInputError(f"unreadable image {self.root / self.paths[int(bad[0])]}")
-            parts = self.parts()[positions]
-            bases = []
-            for position, part in zip(positions.tolist(), parts.tolist()):
-                row = int(np.searchsorted(self.part_positions(part), position))
-                bases.append(torch.from_numpy(np.array(self._open_cache(part)[row])))
-            return bases
+            self._refuse_unreadable(positions)
+            return [torch.from_numpy(np.array(self._open_cache(part)[row])) for part, row in self._part_rows(positions)]
         try:
             return list(self._map(self.decode, positions.tolist()))
         except UnreadableImage as error:
@@ -303,13 +296,22 @@ class _Shared:
 
     def held_bases(self, positions: np.ndarray, device: torch.device) -> list[Tensor]:
         """``bases`` from the parts held on ``device`` (``held_part``), as views of them there."""
+        held = {part: self.held_part(part, device) for part in np.unique(self.parts()[positions]).tolist()}
+        self._refuse_unreadable(positions)  # after holding: decoding a part here finds its unreadable files
+        return [held[part][row] for part, row in self._part_rows(positions)]
+
+    def _part_rows(self, positions: np.ndarray) -> list[tuple[int, int]]:
+        """Per position, its part and its row in that part's cached or held array."""
         parts = self.parts()[positions]
-        held = {part: self.held_part(part, device) for part in np.unique(parts).tolist()}
-        bad = positions[np.isin(positions, self.unreadable_positions(positions))]
-        if bad.size:  # the held array has zeros there; never hand them out as an image
-            raise UserInputError(f"unreadable image {self.root / self.paths[int(bad[0])]}")
-        return [held[part][int(np.searchsorted(self.part_positions(part), position))]
+        return [(part, int(np.searchsorted(self.part_positions(part), position)))
                 for position, part in zip(positions.tolist(), parts.tolist())]
+
+    def _refuse_unreadable(self, positions: np.ndarray) -> None:
+        """A ``UserInputError`` naming the first unreadable file among ``positions``: a cached or held
+        array holds zeros there, never to be handed out as an image."""
+        bad = positions[np.isin(positions, self.unreadable_positions(positions))]
+        if bad.size:
+            raise UserInputError(f"unreadable image {self.root / self.paths[int(bad[0])]}")
 
     def held_part(self, part: int, device: torch.device) -> Tensor:
         """One part's base images on ``device``, uint8 ``[N, 3, B, B]`` in position order: the

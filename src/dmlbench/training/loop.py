@@ -308,10 +308,9 @@ class ImageBatches:
 
 
 def _images_on_device(dataset: Any) -> bool:
-    """Whether a dataset's images were moved off the host (``training.setup.held_on``): an in-memory
-    dataset's tensor, or the base images a file dataset holds (its ``held_device``)."""
-    images = getattr(dataset, "images", None)
-    device = images.device if isinstance(images, torch.Tensor) else getattr(dataset, "held_device", None)
+    """Whether a dataset's images were moved off the host (``training.setup.held_on``; a plugin's dataset
+    may have no ``held_device``)."""
+    device = getattr(dataset, "held_device", None)
     return isinstance(device, torch.device) and device.type != "cpu"
 
 

@@ -257,8 +257,7 @@ def held_on(dataset: ImageDataset | FileDataset, device: torch.device) -> ImageD
     if device.type != "cuda":
         return dataset
     free, _ = torch.cuda.mem_get_info(device)
-    size = dataset.images.numel() if isinstance(dataset, ImageDataset) else dataset.held_bytes()
-    if size > _DEVICE_DATA_SHARE * free:
+    if dataset.held_bytes() > _DEVICE_DATA_SHARE * free:
         return dataset
     return dataset.on_device(device)
 
