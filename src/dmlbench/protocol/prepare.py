@@ -316,7 +316,8 @@ def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
     measured."""
     fixed = [int(plan.config.training.num_threads) for plan in plans.values() if plan.config.training.num_threads != threads.AUTO]
     per_process = max(fixed, default=threads.pinned_threads() or 1)
-    return max(1, min(threads.available_cores() // per_process, spec.protocol.search_concurrency(len(plans) + len(repeated_searches(plans, spec.protocol)))))
+    searches = len(plans) + len(repeated_searches(plans, spec.protocol))
+    return max(1, min(threads.available_cores() // per_process, spec.protocol.search_concurrency(searches)))
 
 
 def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
