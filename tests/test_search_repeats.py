@@ -195,7 +195,7 @@ def test_plan_chooses_the_trials_per_search_from_search_sds_measured_at_each(cap
     for bad, reason in ((["--search-sd-at", "4=0.01"], "the config's own protocol.trials"),
                         (["--search-sd-at", "one=0.01"], "takes TRIALS=X"),
                         (["--search-sd-at", "1=2"], "TRIALS must be a new count")):
-        code, _, err = run_cli(["plan", config, "--pilot", pilot, *bad], capsys)
-        assert code == 2 and reason in err and err.strip().count("\n") == 0, err
-    code, _, err = run_cli(["plan", config, "--sd", "0.008", "--search-sd-at", "1=0.01"], capsys)
-    assert code == 2 and "--search-sd X or a --pilot" in err
+        code, out, err = run_cli(["plan", config, "--pilot", pilot, *bad], capsys)
+        assert code == 2 and reason in err and err.strip().count("\n") == 0 and out == "", err
+    code, out, err = run_cli(["plan", config, "--sd", "0.008", "--search-sd-at", "1=0.01"], capsys)
+    assert code == 2 and "--search-sd X or a --pilot" in err and out == ""  # refused before any line of the plan

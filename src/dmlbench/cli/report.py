@@ -108,12 +108,6 @@ def plan_command(
     if others:  # a run setting cannot change a power calculation: say so rather than ignore it
         raise UserInputError(f"plan takes protocol.* and analysis.* overrides only; got {others[0]!r}")
     family = spec.planned_family()
-    if pilot is not None:
-        sds = planning.pilot_sds(read_runs(pilot, "pilot"), family)
-        typer.echo(planning.plan_text(family, sds, f"measured in {pilot} per comparison"))
-    else:
-        sds = {pair: sd for pair in family.comparisons}
-        typer.echo(planning.plan_text(family, sds, f"{100 * sd:.2f} points (--sd)"))
     source, bound = "--search-sd", None
     if search_sd is None and pilot is not None:
         from dmlbench.report.committed import pilot_search_sd
@@ -121,15 +115,21 @@ def plan_command(
         measured = pilot_search_sd(pilot, family.endpoint)
         if measured is not None:
             (search_sd, bound), source = measured, f"measured in {pilot}, pooled over its repeated methods"
+    # Refused before anything is printed: a plan cut off by its error would read as a whole one.
     if other_trials and search_sd is None:
         raise UserInputError("--search-sd-at compares with the config's own trials per search, whose search SD is "
                              "--search-sd X or a --pilot that repeated its searches")
     if family.trials in other_trials:
         raise UserInputError(f"--search-sd-at {family.trials}=...: {family.trials} is the config's own protocol.trials, "
                              "whose search SD is --search-sd or the pilot's")
+    if pilot is not None:
+        sds = planning.pilot_sds(read_runs(pilot, "pilot"), family)
+        typer.echo(planning.plan_text(family, sds, f"measured in {pilot} per comparison"))
+    else:
+        sds = {pair: sd for pair in family.comparisons}
+        typer.echo(planning.plan_text(family, sds, f"{100 * sd:.2f} points (--sd)"))
     if search_sd is not None:
         typer.echo(planning.search_plan_text(family, sds, search_sd, source, search_sd_bound=bound, other_trials=other_trials))
-
 
 def _search_sds_at(values: list[str]) -> dict[int, float]:
     """``--search-sd-at TRIALS=X`` values as trials per search -> search SD (score units)."""
