@@ -4,6 +4,7 @@ first seconds printing the command that continues, and the dry run's estimate bu
 scheduler's real amount of work."""
 
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -94,18 +95,20 @@ def test_report_summary_is_the_summary_section_or_else_the_leaderboard() -> None
         == "\n".join(table)
 
 
-@pytest.mark.parametrize("repeats", [1, 2])
+@pytest.mark.parametrize(("repeats", "baselines"), [(1, ["untrained"]), (2, ["untrained", "raw_pixels"])])
 def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_counts_its_work(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, repeats: int
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, repeats: int, baselines: list[str]
 ) -> None:
     """One real (small) benchmark: the output folder is the first line on stderr, stdout ends with the
     report's summary and its paths, not the whole report.md; the dry run's counts of units, looks at
     finished studies and studies are exactly the scheduler's claims and studies in that run; and the
     rehearsal it times the report on stores what that run stored. A repeated search costs what a method
-    does (the estimate once counted each method's search once, whatever ``protocol.search_repeats``)."""
+    does (the estimate once counted each method's search once, whatever ``protocol.search_repeats``), and
+    each baseline its own study and units (the looks once assumed one baseline)."""
     claims = counting_claims(monkeypatch)
     output = tmp_path / "out"
-    overrides = ["protocol.trials=1", "protocol.reproductions=2", f"protocol.search_repeats={repeats}"]
+    overrides = ["protocol.trials=1", "protocol.reproductions=2", f"protocol.search_repeats={repeats}",
+                 f"protocol.baselines=[{','.join(baselines)}]"]
     code, out, err = run_cli(["benchmark", str(SMOKE), *overrides, "-o", str(output)], capsys)
     assert code == 0, err
     assert err.splitlines()[0] == f"output: {output} (report.md and report.html at the end)"
@@ -114,7 +117,7 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     # Two reproductions decide nothing: the summary gives the design that would, as this command with more.
     needed = re.search(r"To decide the 1 undecided comparison\(s\): (\d+) reproductions per method", summary)
     assert needed is not None and int(needed.group(1)) > 2, summary
-    assert (f"`dmlbench benchmark {SMOKE} protocol.trials=1 protocol.search_repeats={repeats} "
+    assert (f"`dmlbench benchmark {SMOKE} protocol.trials=1 protocol.search_repeats={repeats} {shlex.quote(overrides[-1])} "
             f"protocol.reproductions={needed.group(1)} -o NEW_DIR`") in summary
     assert out.endswith(f"{summary}\nreport: {output / 'report.md'} {output / 'report.html'}; "
                         f"results: {output / 'results.csv'}\n")
@@ -122,11 +125,15 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     prepared = prepare(load_spec(SMOKE), tmp_path / "estimate", overrides)
     zero = {field.name: 0 for field in fields(cost.Measured) if field.name != "method_steps"}
     methods, folds = repeats * len(prepared.plans), prepared.spec.protocol.folds
-    assert cost.estimate(prepared, cost.Measured(**{**zero, "unit": 1.0})) == claims["worked"] == methods * 3 + 2
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "unit": 1.0})) == claims["worked"] == methods * 3 + 2 * len(baselines)
     assert cost.estimate(prepared, cost.Measured(**{**zero, "look": 1.0})) == claims["looks"]
-    # Every training run costs its overhead once; the baseline builds each fold's untrained model per reproduction.
+    # Every training run costs its overhead once; the untrained baseline builds one model per reproduction
+    # and embeds the test split once for all its folds, as the raw pixels do.
     assert cost.estimate(prepared, cost.Measured(**{**zero, "run_overhead": 1.0})) == methods * 3 * folds
-    assert cost.estimate(prepared, cost.Measured(**{**zero, "setup": 1.0})) == 2 * folds
+    assert cost.estimate(prepared, cost.Measured(**{**zero, "setup": 1.0})) == 2
+    test_images = 10
+    embedding = cost.Measured(**{**zero, "embed_per_image": 1.0, "test_images": test_images})
+    assert cost.estimate(prepared, embedding) == test_images * 2 * (methods * folds + len(baselines))
     assert cost.estimate(prepared, cost.Measured(**{**zero, "startup": 7.0})) == 7.0
     # Each method's runs at its own step: the second method's three times the first's.
     second = list(prepared.plans)[1]

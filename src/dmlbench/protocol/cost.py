@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dmlbench.protocol import timings
+from dmlbench.protocol import layout, timings
 from dmlbench.protocol.benchmark import ProtocolSpec
 from dmlbench.protocol.plan import repeated_searches
 from dmlbench.protocol.prepare import Prepared
@@ -153,18 +153,20 @@ def estimate(prepared: Prepared, measured: Measured) -> float:
     trained_reproduction = folds * (measured.fold_run + test_embedding)
     scoring = (1 + folds) * measured.test_scoring
     reproductions = searches * protocol.reproductions * (trained_reproduction + scoring + measured.class_sums)
-    baselines = len(protocol.baselines)
-    baseline = baselines * protocol.reproductions * (folds * (measured.setup + test_embedding) + scoring)
+    # A baseline's reproduction embeds the test split once and gives that embedding to every fold (the
+    # folds split only the development classes); only the untrained one builds a model.
+    baselines, untrained = len(protocol.baselines), protocol.baselines.count(layout.UNTRAINED)
+    baseline = protocol.reproductions * (untrained * measured.setup + baselines * (test_embedding + scoring))
     # With ``protocol.fold_units`` a search has a second study, its fold units, and a trial is a unit per
     # fold and one of its own (its fold mean); before that one, the fold units say once that they wait.
     search_studies, trial_units, waits = (2, folds + 1, 1) if protocol.fold_units else (1, 1, 0)
     units = searches * (protocol.trials * trial_units + protocol.reproductions) + baselines * protocol.reproductions
     studies = (search_studies + 1) * searches + baselines  # every search (and its folds) and its reproductions, the baselines
     # The one scheduling loop starts from the first study after every unit: a unit of the k-th study
-    # (searches, then reproductions, then the baseline) first looks at the k - 1 before it.
+    # (searches, then reproductions, then the baselines) first looks at the k - 1 before it.
     looks = (protocol.trials * (search_studies * trial_units * searches * (searches - 1) // 2 + waits * searches)
              + protocol.reproductions * (search_studies * searches * searches + searches * (searches - 1) // 2
-                                         + (search_studies + 1) * searches)
+                                         + baselines * (search_studies + 1) * searches + baselines * (baselines - 1) // 2)
              + studies)
     storage = measured.storage_setup + units * measured.unit + looks * measured.look + studies * measured.study
     return measured.startup + training + reproductions + baseline + storage + measured.report
