@@ -114,11 +114,19 @@ def test_a_benchmark_names_its_folder_first_prints_its_summary_and_the_estimate_
     assert err.splitlines()[0] == f"output: {output} (report.md and report.html at the end)"
     summary = report_summary((output / "report.md").read_text(), SMOKE, overrides)
     assert 0 < len(summary.splitlines()) <= SUMMARY_LINES and "## " not in out
-    # Two reproductions decide nothing: the summary gives the design that would, as this command with more.
-    needed = re.search(r"To decide the 1 undecided comparison\(s\): (\d+) reproductions per method", summary)
-    assert needed is not None and int(needed.group(1)) > 2, summary
-    assert (f"`dmlbench benchmark {SMOKE} protocol.trials=1 protocol.search_repeats={repeats} {shlex.quote(overrides[-1])} "
-            f"protocol.reproductions={needed.group(1)} -o NEW_DIR`") in summary
+    # Two reproductions (or searches) decide nothing: the summary gives the design that would, as this command
+    # with its own values of the keys that design sets.
+    if repeats == 1:
+        needed = re.search(r"To decide the 1 undecided comparison\(s\): (\d+) reproductions per method", summary)
+        assert needed is not None and int(needed.group(1)) > 2, summary
+        assert (f"`dmlbench benchmark {SMOKE} protocol.trials=1 protocol.search_repeats=1 {shlex.quote(overrides[-1])} "
+                f"protocol.reproductions={needed.group(1)} -o NEW_DIR`") in summary
+    else:
+        design = re.search(r"To decide the 1 undecided comparison\(s\) about the methods, search luck included: (\d+) searches "
+                           r"x (\d+) reproductions per method", summary)
+        assert design is not None, summary
+        assert (f"`dmlbench benchmark {SMOKE} protocol.trials=1 {shlex.quote(overrides[-1])} protocol.search_repeats="
+                f"{design.group(1)} protocol.reproductions={design.group(2)} -o NEW_DIR`") in summary
     assert out.endswith(f"{summary}\nreport: {output / 'report.md'} {output / 'report.html'}; "
                         f"results: {output / 'results.csv'}\n")
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cli_runner import run_cli
+from dmlbench.analysis import search_luck
 from dmlbench.protocol.storage import default_url
 
 torch.set_num_threads(1)
@@ -129,6 +130,22 @@ def test_every_search_is_in_runs_csv_and_the_methods_are_judged_over_their_searc
     assert rows[0]["outcome"] == expected.outcome()
     assert "## Verdicts about the methods (search luck included)" in (out / "report.md").read_text()
     assert {row["conditional_on_search"] for row in csv.DictReader((out / "comparisons.csv").open())} == {"true"}
+    # The summary, what the command prints, leads with these verdicts (it once gave search 0's and asked for
+    # more reproductions of it), and prices the design that would decide them at the search SD measured here.
+    summary = (out / "report.md").read_text().split("## Summary\n")[1].split("\n## ")[0]
+    counts = {outcome: int(rows[0]["outcome"] == outcome) for outcome in ("better", "worse", "equivalent", "inconclusive")}
+    assert (f"judged about the methods over 2 searches per method (each search's mean over its reproductions, paired by "
+            f"search index) — decided: {counts['better']} better, {counts['worse']} worse, {counts['equivalent']} equivalent; "
+            f"undecided: {counts['inconclusive']} inconclusive") in summary
+    assert "These verdicts are about the methods" in summary and "Each verdict rests on one search" not in summary
+    assert counts["inconclusive"] == 1
+    pooled = next(float(row["search_sd"]) for row in csv.DictReader((out / "search_variance.csv").open()) if row["method"] == "pooled")
+    seed_sd = next(float(row["sd_of_differences"]) for row in csv.DictReader((out / "power.csv").open())
+                   if (row["mode"], row["metric"]) == ("concatenated", "map_at_r"))
+    design = search_luck.cheapest_design(pooled, seed_sd, 0.01, 1, 1, 2)
+    assert design is not None and (f"{design.searches} searches x {design.reproductions} reproductions per method (the planner "
+                                   f"at the observed spread and {100 * pooled:.2f} points of search luck as these searches "
+                                   "measured it)") in summary
     code, out_text, _ = run_cli(["rejudge", str(out), "--check"], capsys)
     assert code == 0, out_text
 

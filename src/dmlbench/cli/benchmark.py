@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -165,9 +166,14 @@ def report_summary(report: str, config_path: Path | None = None, overrides: list
     else:
         first = next((index for index, line in enumerate(lines) if line.startswith("|")), len(lines))
         chosen = list(takewhile(lambda line: line.startswith("|"), lines[first:]))
-    kept = [shlex.quote(item) for item in overrides or [] if not item.startswith("protocol.reproductions=")]
+    text = "\n".join(chosen[:SUMMARY_LINES])
+    # The suggested command sets its own keys (protocol.reproductions, protocol.search_repeats): this run's
+    # values of those are left out, the rest of its overrides kept.
+    suggested = re.search(r"`dmlbench benchmark CONFIG ([^`]*)`", text)
+    replaced = {item.split("=", 1)[0] for item in suggested.group(1).split() if "=" in item} if suggested else set()
+    kept = [shlex.quote(item) for item in overrides or [] if item.split("=", 1)[0] not in replaced]
     command = " ".join(["dmlbench benchmark", *([shlex.quote(str(config_path))] if config_path else []), *kept])
-    return "\n".join(chosen[:SUMMARY_LINES]).replace("`dmlbench benchmark CONFIG", f"`{command}")
+    return text.replace("`dmlbench benchmark CONFIG", f"`{command}")
 
 
 def search_command(

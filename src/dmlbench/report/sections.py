@@ -10,11 +10,18 @@ import numpy as np
 
 from dmlbench.analysis.correlations import Correlation, RankAgreement
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, TARGET_POWER
-from dmlbench.analysis.search_luck import cheapest_design
+from dmlbench.analysis.search_luck import cheapest_design, pooled_search_sd
 from dmlbench.analysis.statistics import OUTCOMES, PairedComparison
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.benchmark import MIN_REPRODUCTIONS
-from dmlbench.protocol.layout import CLAIM_COMPARISONS_CSV, RAW_PIXELS, UNTRAINED, VALIDATION_CURVES_CSV
+from dmlbench.protocol.layout import (
+    CLAIM_COMPARISONS_CSV,
+    COMPARISONS_CSV,
+    METHOD_COMPARISONS_CSV,
+    RAW_PIXELS,
+    UNTRAINED,
+    VALIDATION_CURVES_CSV,
+)
 from dmlbench.protocol.results import result_rows
 from dmlbench.report import plots, tables, uncertainty
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
@@ -156,12 +163,20 @@ def _difference(c: PairedComparison) -> str:
     return f"{100 * c.mean_difference:+.2f}{interval}"
 
 
-def _outcome_rule(claims: Claims) -> str:
+def _outcome_rule(claims: Claims, searches: int | None = None) -> str:
+    """How a verdict is reached and what it is about: with ``searches`` (repeated searches), the methods over
+    that many searches each; without, the one search per method the reproductions belong to."""
     points = f"{100 * claims.margin:g} percentage point{'s' if claims.margin != 0.01 else ''}"
-    return (f"*better* / *worse*: Holm-adjusted paired t-test p < {ALPHA}; *equivalent*: not better or worse and the "
+    rule = (f"*better* / *worse*: Holm-adjusted paired t-test p < {ALPHA}; *equivalent*: not better or worse and the "
             f"two one-sided tests (TOST) put the mean difference within ±{points} (`analysis.equivalence_margin`), "
             f"Holm-adjusted p < {ALPHA}; *inconclusive*: neither, so the data can tell the methods neither apart "
-            "nor alike. Equivalence is read off the 90% interval (what TOST at 5% tests), a difference off the 95% one. "
+            "nor alike. Equivalence is read off the 90% interval (what TOST at 5% tests), a difference off the 95% one. ")
+    if searches is not None:
+        return rule + (f"These verdicts are about the methods, their search included: each pairs two methods' means over "
+                       f"their {searches} searches by search index (`{METHOD_COMPARISONS_CSV}`, `conditional_on_search` "
+                       "false). The sections below that pair reproductions by seed judge search 0 alone, conditional on "
+                       f"that one search (`{COMPARISONS_CSV}`, `{CLAIM_COMPARISONS_CSV}`).")
+    return (rule +
             "Each verdict rests on one search per method (`conditional_on_search` in the CSV files): another search "
             "may move a method more than the seeds do; `search_sd_allowance` is the largest search SD that would leave "
             "the verdict standing, and repeated searches (`protocol.search_repeats`) give verdicts about the methods."
@@ -221,22 +236,68 @@ def summary_section(data: ReportData) -> Section | None:
             f"{MIN_REPRODUCTIONS} reproductions; this benchmark was started before dmlbench refused fewer). Each mean "
             "below is a single run's score; run a new benchmark with `protocol.reproductions` of 2 or more to "
             "compare methods."])
-    paragraphs = [sentence for sentence in (_baseline_sentence(data), _primary_sentence(data), _design_sentence(data))
-                  if sentence]
-    bullets = []
-    for r in [r for r in claims.references if (r.mode, r.metric) == claims.primary and r.comparisons]:
-        references = list(dict.fromkeys(x.reference for x in claims.references))
-        others = [c.a for c in r.comparisons if c.a not in references]
-        verdicts = "; ".join(f"{label}: {', '.join(names) if names else 'none'}" for label, names in (
-            ("better", r.methods("better", others)), ("equivalent", r.methods("equivalent", others)),
-            ("worse", r.methods("worse", others)), ("inconclusive", r.methods("inconclusive", others))))
-        bullets.append(f"Against `{r.reference}`: {verdicts}.")
+    references = list(dict.fromkeys(x.reference for x in claims.references))
+    about_methods = _primary_method_family(data)
+    if about_methods:
+        # Searches repeated: the headline is the verdicts about the methods, not search 0's.
+        sentences = (_baseline_sentence(data), _method_primary_sentence(data, about_methods),
+                     _method_design_sentence(data, about_methods))
+        against = [(reference, [c for c in about_methods if c.b == reference and c.a not in references])
+                   for reference in references]
+    else:
+        sentences = (_baseline_sentence(data), _primary_sentence(data), _design_sentence(data))
+        against = [(r.reference, [c for c in r.comparisons if c.a not in references])
+                   for r in claims.references if (r.mode, r.metric) == claims.primary and r.comparisons]
+    paragraphs = [sentence for sentence in sentences if sentence]
+    bullets = [_against_sentence(reference, compared) for reference, compared in against if compared]
     leaders = [f"{metric_title(metric)}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
-    paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims)
+    searches = min(c.n for c in about_methods) if about_methods else None
+    paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims, searches)
                       + " The other modes and metrics, the treated-control pairs and every p-value follow below and in "
                       f"`{CLAIM_COMPARISONS_CSV}`; they are secondary endpoints, each its own Holm family, not corrected "
                       "across endpoints.")
     return Section("Summary", paragraphs, bullets=bullets)
+
+
+def _against_sentence(reference: str, compared: list[PairedComparison]) -> str:
+    """One reference's line of the summary: the methods compared with it, by outcome."""
+    verdicts = "; ".join(f"{outcome}: {', '.join(names) or 'none'}" for outcome in ("better", "equivalent", "worse", "inconclusive")
+                         for names in [[c.a for c in compared if c.outcome(ALPHA) == outcome]])
+    return f"Against `{reference}`: {verdicts}."
+
+
+def _primary_method_family(data: ReportData) -> list[PairedComparison]:
+    """The primary endpoint's declared comparisons judged over the repeated searches; empty without repeats."""
+    return next((family for mode, metric, family in uncertainty.method_families(data)
+                 if (mode, metric) == data.claims.primary), [])
+
+
+def _method_primary_sentence(data: ReportData, family: list[PairedComparison]) -> str:
+    """``_primary_sentence`` for verdicts about the methods: counted over the searches, then what search 0
+    alone decided (its reproductions paired by seed, conditional on that search)."""
+    counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
+    decided = ", ".join(f"{counts[outcome]} {outcome}" for outcome in OUTCOMES[:3])
+    withheld = sum(bool(c.no_verdict) for c in family)
+    why = (f" ({withheld} of them without a verdict: too few or identical paired differences)" if withheld else "")
+    one_search = data.claims.families.get(data.claims.primary)
+    search_zero = (f" Search 0 alone, conditional on its one search ({one_search[0].n} reproductions paired by seed, "
+                   f"`{COMPARISONS_CSV}`), decided {sum(c.outcome(ALPHA) != 'inconclusive' for c in one_search)} of them."
+                   if one_search and not isinstance(one_search, str) else "")
+    return (f"Primary endpoint {uncertainty.endpoint_title(data.claims.primary)}: {len(family)} declared comparison(s) in "
+            f"one Holm family, judged about the methods over {min(c.n for c in family)} searches per method (each "
+            f"search's mean over its reproductions, paired by search index) — decided: {decided}; undecided: "
+            f"{counts['inconclusive']} inconclusive{why}.{search_zero}")
+
+
+def _method_design_sentence(data: ReportData, family: list[PairedComparison]) -> str | None:
+    """``_design_sentence`` for verdicts about the methods: the planner's cheapest searches x reproductions at
+    the search SD these searches measured (pooled over the methods, as ``dmlbench plan --pilot`` takes it)."""
+    undecided = {(c.a, c.b) for c in family if c.outcome(ALPHA) == "inconclusive"}
+    seed_sds = [p.sd for p in data.claims.power if (p.a, p.b) in undecided]
+    variances = uncertainty.repeated_variances(data)
+    if not undecided or not seed_sds or not variances:
+        return None
+    return _search_design_sentence(data, len(undecided), max(seed_sds), pooled_search_sd(variances), measured=True)
 
 
 def _baseline_sentence(data: ReportData) -> str | None:
@@ -288,7 +349,8 @@ def _design_sentence(data: ReportData) -> str | None:
     if not undecided or not planned:
         return None
     if claims.search_sd:
-        return _search_design_sentence(data, len(undecided), max(p.sd for p in claims.power if (p.a, p.b) in undecided))
+        return _search_design_sentence(data, len(undecided), max(p.sd for p in claims.power if (p.a, p.b) in undecided),
+                                       claims.search_sd)
     if any(needed is None for needed in planned):
         return (f"No number of reproductions up to {MAX_REPRODUCTIONS} gives the undecided comparisons 80% power at the "
                 "observed spread: a wider `analysis.equivalence_margin` or a less noisy protocol (longer training, "
@@ -301,31 +363,37 @@ def _design_sentence(data: ReportData) -> str | None:
             f"`dmlbench benchmark CONFIG protocol.reproductions={needed} -o NEW_DIR`.")
 
 
-def _search_design_sentence(data: ReportData, undecided: int, seed_sd: float) -> str:
-    """``_design_sentence`` when the tests include search luck (``analysis.search_sd``): more reproductions
-    cannot beat it, so the planner's cheapest searches x reproductions (``search_luck.cheapest_design``)."""
+def _search_design_sentence(data: ReportData, undecided: int, seed_sd: float, search_sd: float, measured: bool = False) -> str:
+    """``_design_sentence`` when the verdicts are about the methods (searches repeated, ``measured``: the search SD
+    is theirs) or allow for declared search luck (``analysis.search_sd``): more reproductions cannot beat it, so
+    the planner's cheapest searches x reproductions (``search_luck.cheapest_design``)."""
     claims, protocol = data.claims, data.benchmark.protocol
-    family = claims.families[claims.primary]
-    design = cheapest_design(claims.search_sd, seed_sd, claims.margin, len(family), protocol.trials, protocol.folds, alpha=ALPHA)
+    comparisons = len(claims.families[claims.primary])
+    design = cheapest_design(search_sd, seed_sd, claims.margin, comparisons, protocol.trials, protocol.folds, alpha=ALPHA)
     if design is None:
         return ("No design of searches and reproductions gives the undecided comparisons 80% power: the search luck "
-                f"({100 * claims.search_sd:.2f} points per method) exceeds what the ±{100 * claims.margin:g}-point margin allows.")
-    seconds = design.searches * _seconds_at(data, design.reproductions)
+                f"({100 * search_sd:.2f} points per method) exceeds what the ±{100 * claims.margin:g}-point margin allows.")
+    seconds = _seconds_at(data, design.reproductions, design.searches)
     duration = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+    luck = f"{100 * search_sd:.2f} points of search luck" + (" as these searches measured it" if measured else "")
     return (f"To decide the {undecided} undecided comparison(s) about the methods, search luck included: "
             f"{design.searches} searches x {design.reproductions} reproductions per method (the planner at the observed "
-            f"spread and {100 * claims.search_sd:.2f} points of search luck), about {duration} on this machine at this "
+            f"spread and {luck}), about {duration} on this machine at this "
             f"run's cost: `dmlbench benchmark CONFIG protocol.search_repeats={design.searches} "
             f"protocol.reproductions={design.reproductions} -o NEW_DIR`.")
 
 
-def _seconds_at(data: ReportData, reproductions: int) -> float:
-    """This benchmark's own wall time with ``reproductions`` per method: its search trials as they ran,
-    its reproductions and baselines scaled from the ones it ran (one worker)."""
+def _seconds_at(data: ReportData, reproductions: int, searches: int | None = None) -> float:
+    """This benchmark's own wall time with ``reproductions`` per method and ``searches`` per method (default:
+    as many as it ran): its searches as they ran, scaled to that many, its reproductions and baselines scaled
+    from the ones it ran (one worker; the baselines are scored once, whatever the searches)."""
+    searches_run = 1 + max((len(names) for names in data.repeats.values()), default=0)
+    scale = 1.0 if searches is None else searches / searches_run
     search = sum(t["cost"]["wall_seconds"] for trials in data.trials.values() for t in trials if t.get("cost"))
-    ran = [[cost for cost in costs if cost] for costs in data.reproduction_costs.values()]
-    scaled = sum(sum(cost["wall_seconds"] for cost in costs) / len(costs) * reproductions for costs in ran if costs)
-    return search + scaled
+    scaled = {name: sum(cost["wall_seconds"] for cost in ran) / len(ran) * reproductions
+              for name, costs in data.reproduction_costs.items() for ran in [[cost for cost in costs if cost]] if ran}
+    baselines = sum(seconds for name, seconds in scaled.items() if name in (UNTRAINED, RAW_PIXELS))
+    return scale * (search + sum(scaled.values()) - baselines) + baselines
 
 
 def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
