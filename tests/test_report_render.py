@@ -358,3 +358,11 @@ def test_the_class_bootstrap_covers_the_primary_endpoint_and_its_cross_domain_mo
     assert "`margin` has no per-class concatenated_cross_domain test scores" in page
     rows = [line.split(",") for line in uncertainty.uncertainty_csvs(data)["class_bootstrap.csv"].splitlines()[1:]]
     assert {row[0] for row in rows} == {"concatenated"}
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(90, "90 s"), (600, "10 minutes"), (7140, "119 minutes"), (313740, "87 hours")])
+def test_a_planned_design_s_time_is_given_in_the_unit_one_plans_with(seconds: float, text: str) -> None:
+    """The summary's "about N ..." of a design that would decide: 5,229 minutes read as 87 hours."""
+    from dmlbench.report.sections import _duration
+
+    assert _duration(seconds) == text

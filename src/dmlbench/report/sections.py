@@ -356,8 +356,7 @@ def _design_sentence(data: ReportData) -> str | None:
                 "observed spread: a wider `analysis.equivalence_margin` or a less noisy protocol (longer training, "
                 "more test classes) must decide them.")
     needed = max(needed for needed in planned if needed is not None)
-    seconds = _seconds_at(data, needed)
-    duration = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+    duration = _duration(_seconds_at(data, needed))
     return (f"To decide the {len(undecided)} undecided comparison(s): {needed} reproductions per method (the planner at "
             f"the observed spread), about {duration} on this machine at this run's cost: "
             f"`dmlbench benchmark CONFIG protocol.reproductions={needed} -o NEW_DIR`.")
@@ -373,14 +372,20 @@ def _search_design_sentence(data: ReportData, undecided: int, seed_sd: float, se
     if design is None:
         return ("No design of searches and reproductions gives the undecided comparisons 80% power: the search luck "
                 f"({100 * search_sd:.2f} points per method) exceeds what the ±{100 * claims.margin:g}-point margin allows.")
-    seconds = _seconds_at(data, design.reproductions, design.searches)
-    duration = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+    duration = _duration(_seconds_at(data, design.reproductions, design.searches))
     luck = f"{100 * search_sd:.2f} points of search luck" + (" as these searches measured it" if measured else "")
     return (f"To decide the {undecided} undecided comparison(s) about the methods, search luck included: "
             f"{design.searches} searches x {design.reproductions} reproductions per method (the planner at the observed "
             f"spread and {luck}), about {duration} on this machine at this "
             f"run's cost: `dmlbench benchmark CONFIG protocol.search_repeats={design.searches} "
             f"protocol.reproductions={design.reproductions} -o NEW_DIR`.")
+
+
+def _duration(seconds: float) -> str:
+    """A planned design's time in the unit a reader plans with."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} minutes" if seconds < 2 * 3600 else f"{seconds / 3600:.0f} hours"
 
 
 def _seconds_at(data: ReportData, reproductions: int, searches: int | None = None) -> float:
