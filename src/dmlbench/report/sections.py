@@ -261,9 +261,20 @@ def summary_section(data: ReportData) -> Section | None:
 
 def _against_sentence(reference: str, compared: list[PairedComparison]) -> str:
     """One reference's line of the summary: the methods compared with it, by outcome."""
-    verdicts = "; ".join(f"{outcome}: {', '.join(names) or 'none'}" for outcome in ("better", "equivalent", "worse", "inconclusive")
-                         for names in [[c.a for c in compared if c.outcome(ALPHA) == outcome]])
+    def named(outcome: str) -> str:
+        return ", ".join(c.a for c in compared if c.outcome(ALPHA) == outcome) or "none"
+
+    verdicts = "; ".join(f"{outcome}: {named(outcome)}" for outcome in ("better", "equivalent", "worse", "inconclusive"))
     return f"Against `{reference}`: {verdicts}."
+
+
+def _tally(family: list[PairedComparison]) -> str:
+    """A family's verdicts counted, decided first: a newcomer reads the first verdict line as the answer."""
+    counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
+    decided = ", ".join(f"{counts[outcome]} {outcome}" for outcome in OUTCOMES[:3])
+    withheld = sum(bool(c.no_verdict) for c in family)
+    why = (f" ({withheld} of them without a verdict: too few or identical paired differences)" if withheld else "")
+    return f"decided: {decided}; undecided: {counts['inconclusive']} inconclusive{why}"
 
 
 def _primary_method_family(data: ReportData) -> list[PairedComparison]:
@@ -275,18 +286,13 @@ def _primary_method_family(data: ReportData) -> list[PairedComparison]:
 def _method_primary_sentence(data: ReportData, family: list[PairedComparison]) -> str:
     """``_primary_sentence`` for verdicts about the methods: counted over the searches, then what search 0
     alone decided (its reproductions paired by seed, conditional on that search)."""
-    counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
-    decided = ", ".join(f"{counts[outcome]} {outcome}" for outcome in OUTCOMES[:3])
-    withheld = sum(bool(c.no_verdict) for c in family)
-    why = (f" ({withheld} of them without a verdict: too few or identical paired differences)" if withheld else "")
     one_search = data.claims.families.get(data.claims.primary)
     search_zero = (f" Search 0 alone, conditional on its one search ({one_search[0].n} reproductions paired by seed, "
                    f"`{COMPARISONS_CSV}`), decided {sum(c.outcome(ALPHA) != 'inconclusive' for c in one_search)} of them."
                    if one_search and not isinstance(one_search, str) else "")
     return (f"Primary endpoint {uncertainty.endpoint_title(data.claims.primary)}: {len(family)} declared comparison(s) in "
             f"one Holm family, judged about the methods over {min(c.n for c in family)} searches per method (each "
-            f"search's mean over its reproductions, paired by search index) — decided: {decided}; undecided: "
-            f"{counts['inconclusive']} inconclusive{why}.{search_zero}")
+            f"search's mean over its reproductions, paired by search index) — {_tally(family)}.{search_zero}")
 
 
 def _method_design_sentence(data: ReportData, family: list[PairedComparison]) -> str | None:
@@ -322,16 +328,10 @@ def _primary_sentence(data: ReportData) -> str | None:
     family = claims.families.get(claims.primary)
     if not family or isinstance(family, str):
         return None
-    counts = {outcome: sum(c.outcome(ALPHA) == outcome for c in family) for outcome in OUTCOMES}
     likely = sum(p.tost_holm >= TARGET_POWER or p.ttest_holm >= TARGET_POWER for p in claims.power)
     endpoint = uncertainty.endpoint_title(claims.primary)
-    # Decided first, then what is not: a newcomer reads the first verdict line as the benchmark's answer.
-    decided = ", ".join(f"{counts[outcome]} {outcome}" for outcome in OUTCOMES[:3])
-    withheld = sum(bool(c.no_verdict) for c in family)
-    why = (f" ({withheld} of them without a verdict: too few or identical paired differences)" if withheld else "")
     return (f"Primary endpoint {endpoint}: {len(family)} declared comparison(s) in one Holm family, "
-            f"{family[0].n} reproductions paired by seed — decided: {decided}; undecided: "
-            f"{counts['inconclusive']} inconclusive{why}"
+            f"{family[0].n} reproductions paired by seed — {_tally(family)}"
             + f". At the observed spread {likely} of {len(claims.power)} comparisons had 80% power at the strictest Holm "
             "threshold (section Power)" + (", so an inconclusive verdict is mostly what this design could give." if likely < len(claims.power) else "."))
 
@@ -395,10 +395,17 @@ def _seconds_at(data: ReportData, reproductions: int, searches: int | None = Non
     searches_run = 1 + max((len(names) for names in data.repeats.values()), default=0)
     scale = 1.0 if searches is None else searches / searches_run
     search = sum(t["cost"]["wall_seconds"] for trials in data.trials.values() for t in trials if t.get("cost"))
-    scaled = {name: sum(cost["wall_seconds"] for cost in ran) / len(ran) * reproductions
-              for name, costs in data.reproduction_costs.items() for ran in [[cost for cost in costs if cost]] if ran}
-    baselines = sum(seconds for name, seconds in scaled.items() if name in (UNTRAINED, RAW_PIXELS))
-    return scale * (search + sum(scaled.values()) - baselines) + baselines
+    trained = baselines = 0.0
+    for name, costs in data.reproduction_costs.items():
+        ran = [cost["wall_seconds"] for cost in costs if cost]
+        if not ran:
+            continue
+        seconds = sum(ran) / len(ran) * reproductions
+        if name in (UNTRAINED, RAW_PIXELS):
+            baselines += seconds
+        else:
+            trained += seconds
+    return scale * (search + trained) + baselines
 
 
 def _leaders(data: ReportData) -> list[tuple[str, str, float]]:
