@@ -237,7 +237,7 @@ def summary_section(data: ReportData) -> Section | None:
             "below is a single run's score; run a new benchmark with `protocol.reproductions` of 2 or more to "
             "compare methods."])
     references = list(dict.fromkeys(x.reference for x in claims.references))
-    about_methods = _primary_method_family(data)
+    about_methods = uncertainty.primary_method_family(data)
     if about_methods:
         # Searches repeated: the headline is the verdicts about the methods, not search 0's.
         sentences = (_baseline_sentence(data), _method_primary_sentence(data, about_methods),
@@ -275,12 +275,6 @@ def _tally(family: list[PairedComparison]) -> str:
     withheld = sum(bool(c.no_verdict) for c in family)
     why = (f" ({withheld} of them without a verdict: too few or identical paired differences)" if withheld else "")
     return f"decided: {decided}; undecided: {counts['inconclusive']} inconclusive{why}"
-
-
-def _primary_method_family(data: ReportData) -> list[PairedComparison]:
-    """The primary endpoint's declared comparisons judged over the repeated searches; empty without repeats."""
-    return next((family for mode, metric, family in uncertainty.method_families(data)
-                 if (mode, metric) == data.claims.primary), [])
 
 
 def _method_primary_sentence(data: ReportData, family: list[PairedComparison]) -> str:

@@ -321,14 +321,19 @@ def repeated_variances(data: ReportData) -> dict[str, VarianceComponents]:
             if method not in BASELINES and len(by_search) >= 2}
 
 
+def primary_method_family(data: ReportData) -> list[PairedComparison]:
+    """The primary endpoint's declared comparisons judged over the repeated searches; empty without repeats."""
+    return next((family for mode, metric, family in method_families(data) if (mode, metric) == data.claims.primary), [])
+
+
 def method_verdict_part(data: ReportData) -> Part | None:
     """The primary endpoint's verdicts about the methods (search luck included), or none without repeats."""
-    primary = [family for mode, metric, family in method_families(data) if (mode, metric) == data.claims.primary]
-    if not primary:
+    family = primary_method_family(data)
+    if not family:
         return None
     rows = [[f"{c.a} − {c.b}", str(c.n), f"{100 * c.mean_difference:+.2f} [{100 * c.difference_low:+.2f}, "
              f"{100 * c.difference_high:+.2f}]", f"{c.t_pvalue_holm:.3g}", f"{c.tost_pvalue_holm:.3g}", c.outcome()]
-            for c in primary[0]]
+            for c in family]
     text = (f"Verdicts about the methods, their search included: each method's declared comparisons on "
             f"{endpoint_title(data.claims.primary)} judged over its repeated searches (search means paired by search "
             "index, so n counts searches; docs/protocol.md, \"Search luck\"), Holm across the family as above. These, not "
