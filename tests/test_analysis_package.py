@@ -88,6 +88,24 @@ def test_a_damaged_runs_csv_is_one_line_and_exit_2_and_nothing_is_rewritten(tmp_
         assert (study / "comparisons.csv").read_text() == committed
 
 
+def test_a_damaged_search_repeats_csv_is_one_line_and_exit_2_and_nothing_is_rewritten(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A study whose runs.csv predates its search column is judged over the searches from search_repeats.csv:
+    a copy of that file cut short, or with a row that has no search mean, is refused naming it (it once gave
+    a traceback)."""
+    study = tmp_path / "study"
+    shutil.copytree(RESULTS / "search_luck_glyphs", study)
+    committed = {name: (study / name).read_text() for name in ("comparisons.csv", "method_comparisons.csv")}
+    text = (RESULTS / "search_luck_glyphs" / "search_repeats.csv").read_text()
+    second_row_end = text.index("\n", text.index("\n", text.index("\n") + 1) + 1)
+    broken_row = text[:second_row_end].rsplit(",", 1)[0] + ",zero" + text[second_row_end:]
+    for damaged, reason in ((text[:700], "is truncated"), (broken_row, "line 3 is not a row of method, search and")):
+        (study / "search_repeats.csv").write_text(damaged)
+        code, _, err = run_cli(["rejudge", str(study)], capsys)
+        assert code == 2 and reason in err and err.strip().count("\n") == 0, err
+        assert {name: (study / name).read_text() for name in committed} == committed
+
+
 def test_the_built_in_benchmark_declares_the_search_sd_measured_on_its_own_config() -> None:
     """analysis.search_sd of the main job is the pooled search SD of its config searched 29 times
     (results/search_luck_method_glyphs/search_variance.csv), to the four decimals it is written with."""

@@ -113,19 +113,26 @@ def _reproductions(table: SearchTable, first_seed: int) -> dict[str, MethodRepro
 
 def _repeat_means(directory: Path) -> SearchMeans:
     """The primary endpoint's search means from ``search_repeats.csv`` (studies whose ``runs.csv`` predates
-    its ``search`` column); its last column is ``test_<mode>_<metric>``."""
+    its ``search`` column); its last column is ``test_<mode>_<metric>``. A damaged file (cut short: it is
+    always written whole, ending in a newline; a row without a search mean) is a one-line ``UserInputError``."""
     path = directory / layout.SEARCH_REPEATS_CSV
     if not path.is_file():
         return {}
-    with path.open(newline="") as stream:
-        rows = list(csv.DictReader(stream))
+    text = path.read_text()
+    if not text.endswith("\n"):
+        raise UserInputError(f"{path} is truncated (it does not end with a whole row); restore it from a copy")
+    rows = list(csv.DictReader(text.splitlines()))
     column = [name for name in rows[0] if name.startswith("test_")][0] if rows else ""
     mode = next((m for m in sorted(ALL_MODES, key=len, reverse=True) if column.startswith(f"test_{m}_")), None)
     if mode is None:
         return {}
     means: dict[str, dict[int, float]] = {}
-    for row in rows:
-        means.setdefault(row["method"], {})[int(row["search"])] = float(row[column])
+    for line, row in enumerate(rows, start=2):
+        try:
+            means.setdefault(row["method"], {})[int(row["search"])] = float(row[column])
+        except (KeyError, TypeError, ValueError):
+            raise UserInputError(f"{path} line {line} is not a row of method, search and {column}; "
+                                 "restore the file from a copy") from None
     return {(mode, column[len(f"test_{mode}_"):]): means}
 
 
