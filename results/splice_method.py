@@ -19,20 +19,25 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import shutil
 import sys
 from pathlib import Path
 
+from dmlbench.errors import UserInputError
+from dmlbench.protocol.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE, RESULTS_CSV, RUNS_CSV
 
 
-def design_differences(study: dict, remeasure: dict, method: str) -> list[str]:
-    """What differs between two ``benchmark.json`` designs, as far as ``method``'s runs are concerned."""
-    found = [key for key in ("protocol", "fold_layout_hash", "dataset") if study.get(key) != remeasure.get(key)]
-    if study["spec"]["base"] != remeasure["spec"]["base"]:
+def design_differences(study: Path, remeasure: Path, method: str) -> list[str]:
+    """What differs between two studies' designs (``benchmark.json``), as far as ``method``'s runs are concerned;
+    a protocol key one of them predates reads as its default."""
+    records = [read_benchmark(folder) for folder in (study, remeasure)]
+    found = [key for key in ("fold_layout_hash", "dataset") if getattr(records[0], key) != getattr(records[1], key)]
+    if records[0].protocol.model_dump() != records[1].protocol.model_dump():
+        found.append("protocol")
+    if records[0].spec.base != records[1].spec.base:
         found.append("spec.base")
-    own = [[entry for entry in record["spec"]["methods"] if entry["name"] == method] for record in (study, remeasure)]
+    own = [[entry for entry in record.spec.methods if entry.name == method] for record in records]
     if not own[0] or not own[1]:
         found.append(f"no method {method!r} in {'the study' if not own[0] else 'the re-measure'}")
     elif own[0] != own[1]:
@@ -97,21 +102,27 @@ def main(argv: list[str] | None = None) -> int:
         for name in (RUNS_CSV, BENCHMARK_FILE, RESULTS_CSV):
             if not (folder / name).is_file():
                 parser.error(f"{folder} holds no {name}")
-    records = [json.loads((folder / BENCHMARK_FILE).read_text()) for folder in (args.study, args.remeasure)]
-    differences = design_differences(*records, args.method)
+    try:
+        differences = design_differences(args.study, args.remeasure, args.method)
+    except UserInputError as error:
+        parser.error(str(error))
     if differences:
         parser.error(f"{args.remeasure} does not have {args.study}'s design: {', '.join(differences)} differ")
-    args.output.mkdir(parents=True, exist_ok=True)
+    tables, agreement = {}, ""
     try:
         for name in (RUNS_CSV, RESULTS_CSV):
             columns, rows = _rows(args.study / name)
             new_columns, new_rows = _rows(args.remeasure / name)
             new_rows = _in_columns(new_rows, new_columns, columns)
-            _write(args.output / name, columns, spliced(rows, new_rows, args.method))
+            tables[name] = (columns, spliced(rows, new_rows, args.method))
             if name == RUNS_CSV:
-                print(baseline_agreement(rows, new_rows))
+                agreement = baseline_agreement(rows, new_rows)
     except ValueError as error:
         parser.error(str(error))
+    args.output.mkdir(parents=True, exist_ok=True)
+    for name, (columns, rows) in tables.items():
+        _write(args.output / name, columns, rows)
+    print(agreement)
     shutil.copyfile(args.study / BENCHMARK_FILE, args.output / BENCHMARK_FILE)
     print(f"{args.output}: {args.study}'s {RUNS_CSV} and {RESULTS_CSV} with {args.method}'s rows from {args.remeasure}")
     return 0

@@ -440,3 +440,42 @@ def test_trials_per_search_refuses_damaged_copies_in_one_line(tmp_path: Path) ->
     (tmp_path / "benchmark.json").write_text('{"prot')
     with pytest.raises(SystemExit, match="benchmark.json is missing or damaged"):
         module.main([str(tmp_path)])
+
+
+def _spliceable(folder: Path, rows: list[str], margin_high: float = 0.5) -> None:
+    folder.mkdir()
+    spec = {"base": {"seed": 0}, "methods": [{"name": "a"}, {"name": "b", "search": {"loss.params.margin": {"low": 0.05, "high": margin_high}}}]}
+    write_benchmark(folder, benchmark_record(methods=["a", "b"], spec=spec, fold_layout_hash="f"))
+    columns = "method,reproduction,mode,metric,value" + (",search" if rows[0].count(",") == 5 else "")
+    (folder / "runs.csv").write_text("\n".join([columns, *rows]) + "\n")
+    methods = dict.fromkeys(row.split(",")[0] for row in rows)
+    (folder / "results.csv").write_text("method,mode,metric,mean,ci_low,ci_high,n\n"
+                                        + "".join(f"{name},concatenated,map_at_r,{len(name)},0,1,2\n" for name in methods))
+
+
+def test_splice_method_replaces_one_methods_rows_where_they_stood_and_checks_the_design(tmp_path: Path,
+                                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The study's rows with the method's re-measured rows in their place; the re-measure's `search` column
+    (one search) dropped to the study's columns; its baselines compared with the study's; a re-measure of
+    another design, or with a second search, refused in one line (exit 2) before anything is written."""
+    _spliceable(tmp_path / "study", ["a,0,concatenated,map_at_r,0.4", "b,0,concatenated,map_at_r,0.3",
+                                     "b,1,concatenated,map_at_r,0.31", "untrained,0,concatenated,map_at_r,0.1"])
+    _spliceable(tmp_path / "fix", ["b,0,concatenated,map_at_r,0.35,0", "b,1,concatenated,map_at_r,0.36,0",
+                                   "untrained,0,concatenated,map_at_r,0.1,0"])
+    main = _script("splice_method").main
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "study"), str(tmp_path / "fix"), "--method", "b", "-o", str(out)]) == 0
+    assert (out / "runs.csv").read_text().splitlines() == [
+        "method,reproduction,mode,metric,value", "a,0,concatenated,map_at_r,0.4", "b,0,concatenated,map_at_r,0.35",
+        "b,1,concatenated,map_at_r,0.36", "untrained,0,concatenated,map_at_r,0.1"]
+    assert [line.split(",")[0] for line in (out / "results.csv").read_text().splitlines()] == ["method", "a", "b", "untrained"]
+    assert (out / "benchmark.json").read_text() == (tmp_path / "study" / "benchmark.json").read_text()
+    assert "baselines: 1 of 1 values in both identical" in capsys.readouterr().out
+
+    _spliceable(tmp_path / "other", ["b,0,concatenated,map_at_r,0.35"], margin_high=0.6)
+    _spliceable(tmp_path / "two", ["b,0,concatenated,map_at_r,0.35,0", "b,0,concatenated,map_at_r,0.2,1"])
+    for remeasure, message in (("other", "spec.methods[b] differ"), ("two", "do not fit the study's")):
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(tmp_path / "study"), str(tmp_path / remeasure), "--method", "b", "-o", str(tmp_path / f"out_{remeasure}")])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out_other").exists() and not (tmp_path / "out_two").exists()
