@@ -537,3 +537,30 @@ def test_dry_run_counts_runs_and_epochs_and_stores_nothing(tmp_path: Path, capsy
     assert "2 methods x (2 search trials + 2 reproductions) x 2 folds = 16 training runs" in out
     assert "16 epochs of 5 steps" in out and "estimate" in out
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resumed_benchmark_trains_with_the_threads_it_started_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A run's last digits depend on its torch thread count, and `auto` gives a worker its share of the
+    cores: a benchmark started with one thread per worker and resumed where `auto` gives two (another
+    --jobs, another OMP_NUM_THREADS) trains with the one recorded in benchmark.json; a new one with two."""
+    from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
+    from dmlbench.protocol.benchmark_file import read_benchmark
+    from dmlbench.protocol.prepare import prepare
+    from dmlbench.protocol.record import write_benchmark_file
+
+    small = ["training.num_threads=auto", "protocol.trials=1"]
+
+    def threads_of(output: Path) -> set[int]:
+        return {json.loads(path.read_text())["num_threads"] for path in output.rglob("run.json")}
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec, overrides = apply_spec_overrides(load_spec(SMOKE), small)
+    started = tmp_path / "started"
+    assert write_benchmark_file(prepare(spec, started, overrides)).threads_per_worker == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    for output in (started, tmp_path / "new"):
+        result = run_in_process(["benchmark", str(SMOKE), *small, "-o", str(output), "-q"], capsys)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert threads_of(started) == {1} and read_benchmark(started).threads_per_worker == 1
+    assert threads_of(tmp_path / "new") == {2} and read_benchmark(tmp_path / "new").threads_per_worker == 2

@@ -16,6 +16,7 @@ from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol.baseline import Baseline
 from dmlbench.protocol.benchmark_file import (
     AnalysisChange,
+    BenchmarkRecord,
     PluginChange,
     StoredAnalysis,
     benchmark_path,
@@ -28,7 +29,7 @@ from dmlbench.protocol.prepare import Prepared, hashed_analysis, plugin_identity
 from dmlbench.protocol.reproductions import MethodReproduction
 from dmlbench.protocol.results import MethodReproductions
 from dmlbench.protocol.search import MethodSearch, SearchResult, failed_search_text
-from dmlbench.training import tracking
+from dmlbench.training import threads, tracking
 from dmlbench.training.embed import resolve_device
 
 
@@ -50,24 +51,29 @@ def _device(prepared: Prepared) -> str:
     return str(resolve_device(next(iter(prepared.plans.values())).config.training.device))
 
 
-def write_benchmark_file(prepared: Prepared) -> None:
+def write_benchmark_file(prepared: Prepared) -> BenchmarkRecord:
     """Create the output directory and ``benchmark.json`` (the description, the analysis, the storage
-    redacted, the config hash, the commit, the start time, the machine and the data's source); for a
-    benchmark already started, record in it what this worker accepted on purpose (an analysis or
-    plugin change) and, for one started before the analysis was fixed or the data's source was
-    recorded, the analysis of this spec and the data's source."""
+    redacted, the config hash, the commit, the start time, the machine, the data's source and the
+    threads of an ``auto`` run); for a benchmark already started, record in it what this worker accepted
+    on purpose (an analysis or plugin change) and, for one started before the analysis was fixed or the
+    data's source or the threads were recorded, the analysis of this spec, the data's source and this
+    worker's threads. Returns the record as stored."""
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
     analysis = hashed_analysis(prepared.spec.analysis.model_dump(mode="json"))
     stored = read_benchmark_if_any(prepared.output_dir)
     if stored is None:
-        write_benchmark(prepared.output_dir, new_benchmark({
+        record = new_benchmark({
             **prepared.description(), "analysis": analysis, "analysis_in_hash": True, "storage": prepared.redacted,
             "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
             # the machine of the worker that started it (each run.json has its own)
             "environment": provenance.environment(_device(prepared)), "data_source": prepared.data_source,
-            **({"pretrained_weights": prepared.weights} if prepared.weights else {})}))
-        return
+            "threads_per_worker": threads.auto_threads(prepared.jobs),
+            **({"pretrained_weights": prepared.weights} if prepared.weights else {})})
+        write_benchmark(prepared.output_dir, record)
+        return record
     changed = False
+    if stored.threads_per_worker is None:  # started before they were recorded (each run.json holds its own)
+        stored.threads_per_worker, changed = threads.auto_threads(prepared.jobs), True
     if stored.data_source is None and prepared.data_source:  # started before it was recorded; the same data (hash checked)
         stored.data_source, changed = prepared.data_source, True
     if stored.pretrained_weights is None and prepared.weights:  # started before they were recorded
@@ -84,6 +90,7 @@ def write_benchmark_file(prepared: Prepared) -> None:
             stored.plugin_changes_accepted, changed = [*stored.plugin_changes_accepted, accepted_plugins], True
     if changed:
         write_benchmark(prepared.output_dir, stored)
+    return stored
 
 
 def track_report(prepared: Prepared, written: Mapping[str, Path]) -> None:

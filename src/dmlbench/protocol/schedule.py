@@ -35,6 +35,7 @@ from dmlbench.protocol.search import MethodSearch, SearchResult
 from dmlbench.protocol.stages import BaselineStage, ReproductionStage, SearchStage, Stage
 from dmlbench.protocol.units import Unit
 from dmlbench.training import records
+from dmlbench.training.threads import pinned_auto_threads
 
 # How often a worker whose remaining work is running elsewhere looks again (seconds).
 POLL_SECONDS = 1.0
@@ -109,12 +110,11 @@ def owned_output(prepared: Prepared) -> Iterator[None]:
 
 def run_search_stage(prepared: Prepared, *, progress: bool = True) -> dict[str, SearchResult]:
     """The search stage alone (``dmlbench search``): every method's study, then ``search.json``."""
-    with owned_output(prepared):
+    with owned_output(prepared), pinned_auto_threads(write_benchmark_file(prepared).threads_per_worker):
         return _with_retries(prepared, lambda: _search_only(prepared, progress))
 
 
 def _search_only(prepared: Prepared, progress: bool) -> dict[str, SearchResult]:
-    write_benchmark_file(prepared)
     protocol = prepared.spec.protocol
     searches = len(prepared.plans) + len(prepared.repeats)
     context = context_of(prepared, Progress(searches * protocol.trials * protocol.folds, 0, progress), progress)
@@ -139,8 +139,10 @@ def run_benchmark(
     with a doubling back-off for up to ``prepared.retry_seconds`` per outage, then stops with a
     ``StorageFailed`` (the same command continues later). A unit whose result could not be stored is
     taken up again through the heartbeat, its finished fold runs kept. The worker holds the output
-    directory meanwhile (``owned_output``)."""
-    with owned_output(prepared):
+    directory meanwhile (``owned_output``). A run with ``training.num_threads: auto`` trains with the
+    threads the benchmark started with (``benchmark.json``'s ``threads_per_worker``), whatever this
+    worker's ``--jobs``: a thread count changes a run's last digits."""
+    with owned_output(prepared), pinned_auto_threads(write_benchmark_file(prepared).threads_per_worker):
         return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report))
 
 
@@ -190,7 +192,6 @@ def context_of(prepared: Prepared, reporter: Progress | None = None, progress: b
 
 def _work_on_benchmark(prepared: Prepared, progress: bool,
                        report: ReportWriter | None) -> BenchmarkOutcome | None:
-    write_benchmark_file(prepared)
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol
     total = (len(prepared.plans) + len(prepared.repeats)) * (protocol.trials + protocol.reproductions) * protocol.folds
