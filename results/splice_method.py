@@ -9,8 +9,10 @@ be re-judged by ``dmlbench rejudge``.
 
 The re-measure must have the study's design: the same base config, protocol, fold layout and the method's
 own overrides and search (``benchmark.json``), so its rows are the ones the whole study would produce
-today. Every other method's rows are the study's as committed; the baselines it also ran are compared
-with the study's and reported (identical values: the code and machine reproduce the study's other runs).
+today, trained with the study's thread count (``threads_per_worker``; a thread count changes a run's last
+digits and a search's choices), which it can check only where both recorded it. Every other method's
+rows are the study's as committed; the baselines it also ran are compared with the study's and reported
+(identical values: the data, code and machine give the study's untrained runs).
 It writes ``runs.csv`` and ``results.csv`` (the method's rows replaced where they stood) and the study's
 ``benchmark.json`` (its declared analysis), and prints what it did.
 """
@@ -37,6 +39,9 @@ def design_differences(study: Path, remeasure: Path, method: str) -> list[str]:
         found.append("protocol")
     if records[0].spec.base != records[1].spec.base:
         found.append("spec.base")
+    if None not in (records[0].threads_per_worker, records[1].threads_per_worker) and \
+            records[0].threads_per_worker != records[1].threads_per_worker:
+        found.append("threads_per_worker")
     own = [[entry for entry in record.spec.methods if entry.name == method] for record in records]
     if not own[0] or not own[1]:
         found.append(f"no method {method!r} in {'the study' if not own[0] else 'the re-measure'}")

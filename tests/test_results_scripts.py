@@ -442,10 +442,10 @@ def test_trials_per_search_refuses_damaged_copies_in_one_line(tmp_path: Path) ->
         module.main([str(tmp_path)])
 
 
-def _spliceable(folder: Path, rows: list[str], margin_high: float = 0.5) -> None:
+def _spliceable(folder: Path, rows: list[str], margin_high: float = 0.5, threads: int | None = None) -> None:
     folder.mkdir()
     spec = {"base": {"seed": 0}, "methods": [{"name": "a"}, {"name": "b", "search": {"loss.params.margin": {"low": 0.05, "high": margin_high}}}]}
-    write_benchmark(folder, benchmark_record(methods=["a", "b"], spec=spec, fold_layout_hash="f"))
+    write_benchmark(folder, benchmark_record(methods=["a", "b"], spec=spec, fold_layout_hash="f", threads_per_worker=threads))
     columns = "method,reproduction,mode,metric,value" + (",search" if rows[0].count(",") == 5 else "")
     (folder / "runs.csv").write_text("\n".join([columns, *rows]) + "\n")
     methods = dict.fromkeys(row.split(",")[0] for row in rows)
@@ -474,8 +474,14 @@ def test_splice_method_replaces_one_methods_rows_where_they_stood_and_checks_the
 
     _spliceable(tmp_path / "other", ["b,0,concatenated,map_at_r,0.35"], margin_high=0.6)
     _spliceable(tmp_path / "two", ["b,0,concatenated,map_at_r,0.35,0", "b,0,concatenated,map_at_r,0.2,1"])
-    for remeasure, message in (("other", "spec.methods[b] differ"), ("two", "do not fit the study's")):
+    _spliceable(tmp_path / "threads_study", ["b,0,concatenated,map_at_r,0.3"], threads=1)
+    _spliceable(tmp_path / "threads", ["b,0,concatenated,map_at_r,0.35"], threads=2)
+    # a study that predates its thread record cannot be checked; one that has it can
+    assert main([str(tmp_path / "study"), str(tmp_path / "threads"), "--method", "b", "-o", str(tmp_path / "unknown")]) == 0
+    refused = (("study", "other", "spec.methods[b] differ"), ("study", "two", "do not fit the study's"),
+               ("threads_study", "threads", "threads_per_worker differ"))
+    for study, remeasure, message in refused:
         with pytest.raises(SystemExit) as exit_info:
-            main([str(tmp_path / "study"), str(tmp_path / remeasure), "--method", "b", "-o", str(tmp_path / f"out_{remeasure}")])
+            main([str(tmp_path / study), str(tmp_path / remeasure), "--method", "b", "-o", str(tmp_path / f"out_{remeasure}")])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
-    assert not (tmp_path / "out_other").exists() and not (tmp_path / "out_two").exists()
+        assert not (tmp_path / f"out_{remeasure}").exists()
