@@ -564,3 +564,5 @@ def test_a_resumed_benchmark_trains_with_the_threads_it_started_with(tmp_path: P
         assert result.returncode == 0, result.stderr[-3000:]
     assert threads_of(started) == {1} and read_benchmark(started).threads_per_worker == 1
     assert threads_of(tmp_path / "new") == {2} and read_benchmark(tmp_path / "new").threads_per_worker == 2
+    # a config that sets the count records it: auto's share would misstate what its runs train with
+    assert write_benchmark_file(prepare(load_spec(SMOKE), tmp_path / "pinned")).threads_per_worker == 1

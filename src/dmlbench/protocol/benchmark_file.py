@@ -133,7 +133,7 @@ class BenchmarkRecord(_Stored):
     git_commit: str | None = None
     created: str | None = None
     environment: dict[str, Any] | None = None  # the machine of the worker that started it
-    # torch threads of a run under ``training.num_threads: auto``, fixed when it started (absent: started before it was)
+    # torch threads of a run (``training.num_threads``; ``auto`` fixed when it started; absent: started before it was)
     threads_per_worker: int | None = None
     # ``prepare.data_source``: test images, images per domain, licences (absent: recorded before it existed)
     data_source: dict[str, Any] | None = None

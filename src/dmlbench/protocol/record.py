@@ -51,6 +51,15 @@ def _device(prepared: Prepared) -> str:
     return str(resolve_device(next(iter(prepared.plans.values())).config.training.device))
 
 
+def _threads_per_worker(prepared: Prepared) -> int:
+    """The torch threads a run trains with: ``auto``'s share for this worker where a method leaves
+    ``training.num_threads`` at ``auto``, else the largest number the methods set."""
+    settings = {plan.config.training.num_threads for plan in prepared.plans.values()}
+    if threads.AUTO in settings:
+        return threads.auto_threads(prepared.jobs)
+    return max(int(setting) for setting in settings)
+
+
 def write_benchmark_file(prepared: Prepared) -> BenchmarkRecord:
     """Create the output directory and ``benchmark.json`` (the description, the analysis, the storage
     redacted, the config hash, the commit, the start time, the machine, the data's source and the
@@ -67,13 +76,13 @@ def write_benchmark_file(prepared: Prepared) -> BenchmarkRecord:
             "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
             # the machine of the worker that started it (each run.json has its own)
             "environment": provenance.environment(_device(prepared)), "data_source": prepared.data_source,
-            "threads_per_worker": threads.auto_threads(prepared.jobs),
+            "threads_per_worker": _threads_per_worker(prepared),
             **({"pretrained_weights": prepared.weights} if prepared.weights else {})})
         write_benchmark(prepared.output_dir, record)
         return record
     changed = False
     if stored.threads_per_worker is None:  # started before they were recorded (each run.json holds its own)
-        stored.threads_per_worker, changed = threads.auto_threads(prepared.jobs), True
+        stored.threads_per_worker, changed = _threads_per_worker(prepared), True
     if stored.data_source is None and prepared.data_source:  # started before it was recorded; the same data (hash checked)
         stored.data_source, changed = prepared.data_source, True
     if stored.pretrained_weights is None and prepared.weights:  # started before they were recorded
