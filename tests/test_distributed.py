@@ -46,9 +46,11 @@ def torchrun(run_dir: Path, overrides: list[str], nproc: int = 2) -> subprocess.
 
 
 def failure(completed: subprocess.CompletedProcess[str]) -> str:
-    """The workers' own error lines (torchrun's summary alone does not say what went wrong)."""
+    """The workers' own error lines (torchrun's summary alone does not say what went wrong), and the C++
+    runtime's (``terminate called ...``, a signal) for a worker that aborts without an exception."""
     lines = completed.stderr.splitlines()
-    return "\n".join(line for line in lines if "rror" in line or "what()" in line or "abort" in line.lower())[-4000:]
+    words = ("rror", "what()", "abort", "terminate", "signal")
+    return "\n".join(line for line in lines if any(word in line.lower() or word in line for word in words))[-4000:]
 
 
 def assert_same_training(single: Path, parallel: Path, config: config_module.Config) -> None:
