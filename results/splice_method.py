@@ -51,9 +51,14 @@ def design_differences(study: Path, remeasure: Path, method: str) -> list[str]:
 
 
 def _rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    with path.open(newline="") as stream:
-        reader = csv.DictReader(stream)
-        return list(reader.fieldnames or []), list(reader)
+    """The file's columns and rows; a damaged copy (cut short: the report writes it whole, ending in a
+    newline; a row with missing fields) is a ``ValueError`` naming it, never rows spliced from part of it."""
+    text = path.read_text()
+    reader = csv.DictReader(text.splitlines())
+    rows = list(reader)
+    if not text.endswith("\n") or any(None in row.values() or None in row for row in rows):
+        raise ValueError(f"{path} is truncated or damaged; restore it from a copy")
+    return list(reader.fieldnames or []), rows
 
 
 def spliced(study_rows: list[dict[str, str]], remeasured: list[dict[str, str]], method: str) -> list[dict[str, str]]:

@@ -478,8 +478,10 @@ def test_splice_method_replaces_one_methods_rows_where_they_stood_and_checks_the
     _spliceable(tmp_path / "threads", ["b,0,concatenated,map_at_r,0.35"], threads=2)
     # a study that predates its thread record cannot be checked; one that has it can
     assert main([str(tmp_path / "study"), str(tmp_path / "threads"), "--method", "b", "-o", str(tmp_path / "unknown")]) == 0
+    _spliceable(tmp_path / "cut", ["b,0,concatenated,map_at_r,0.35", "b,1,concatenated,map_at_r,0.36"])
+    (tmp_path / "cut" / "runs.csv").write_text((tmp_path / "cut" / "runs.csv").read_text()[:-12])
     refused = (("study", "other", "spec.methods[b] differ"), ("study", "two", "do not fit the study's"),
-               ("threads_study", "threads", "threads_per_worker differ"))
+               ("threads_study", "threads", "threads_per_worker differ"), ("study", "cut", "runs.csv is truncated or damaged"))
     for study, remeasure, message in refused:
         with pytest.raises(SystemExit) as exit_info:
             main([str(tmp_path / study), str(tmp_path / remeasure), "--method", "b", "-o", str(tmp_path / f"out_{remeasure}")])
