@@ -358,22 +358,48 @@ def test_status_counts_the_reproductions_of_methods_still_searching(reference: P
     count it (it once said "none, every search trial and reproduction is done")."""
     copy = tmp_path / "copy"
     shutil.copytree(reference, copy)
-    record = json.loads((copy / "benchmark.json").read_text())
-    record["storage"] = f"sqlite:///{copy.resolve() / 'study.db'}"
-    (copy / "benchmark.json").write_text(json.dumps(record))
-    optuna.delete_study(study_name="reproductions:triplet_semihard", storage=record["storage"])
+    storage = f"sqlite:///{copy.resolve() / 'study.db'}"
+    optuna.delete_study(study_name="reproductions:triplet_semihard", storage=storage)
     code, out, err = run_cli(["status", str(copy)], capsys)
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["triplet_semihard"], ["normalized_softmax"])}
     assert rows["triplet_semihard"][1:] == ["2", "0", "0", "0", "0/2"] and rows["normalized_softmax"][-1] == "2/2"
     assert "(estimate: 2 units left x mean" in out and "time left: none" not in out
     # --storage alone: the stages already started say how many reproductions every method gets.
-    code, out, err = run_cli(["status", "--storage", record["storage"]], capsys)
+    code, out, err = run_cli(["status", "--storage", storage], capsys)
     assert code == 0 and "0/2" in out and "(estimate: 2 units left x mean" in out, err
     for name in ("reproductions:normalized_softmax", "reproductions:untrained"):
-        optuna.delete_study(study_name=name, storage=record["storage"])
-    code, out, err = run_cli(["status", "--storage", record["storage"]], capsys)
+        optuna.delete_study(study_name=name, storage=storage)
+    code, out, err = run_cli(["status", "--storage", storage], capsys)
     assert code == 0 and "the reproductions of 2 method(s) not counted" in out and "time left: none" not in out, err
+
+
+def test_a_copied_or_moved_benchmark_directory_keeps_its_own_studies(reference: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmark.json records its default storage file with the path the benchmark started in: a copy
+    once read and resumed into the original's studies, and a moved directory could not be read."""
+    copy = tmp_path / "copy"
+    shutil.copytree(reference, copy)
+    original = (reference / "study.db").read_bytes()
+    optuna.delete_study(study_name="reproductions:triplet_semihard", storage=f"sqlite:///{copy / 'study.db'}")
+    code, out, err = run_cli(["status", str(copy)], capsys)
+    assert code == 0, err
+    assert out.splitlines()[0] == f"storage sqlite:///{copy.resolve() / 'study.db'}"
+    assert [line.split()[1:] for line in out.splitlines() if line.startswith("triplet_semihard ")] == [["2", "0", "0", "0", "0/2"]]
+    resumed = run_in_process(["benchmark", str(SMOKE), "-o", str(copy), "-q"], capsys)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (reference / "study.db").read_bytes() == original
+    for name in ("results.csv", "runs.csv"):
+        assert (copy / name).read_bytes() == (reference / name).read_bytes(), name
+    # On another machine: the path it recorded does not exist there.
+    record = json.loads((copy / "benchmark.json").read_text())
+    record["storage"] = "sqlite:////no-such-machine/runs/out/study.db"
+    (copy / "benchmark.json").write_text(json.dumps(record))
+    moved = copy.rename(tmp_path / "moved")
+    code, out, err = run_cli(["report", str(moved), "-o", str(tmp_path / "report"), "-q"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "report" / "results.csv").read_bytes() == (reference / "results.csv").read_bytes()
+    assert cli_exit_code(["audit", str(moved)]) == 0
 
 
 def test_the_dashboard_serves_the_smoke_study(reference: Path) -> None:

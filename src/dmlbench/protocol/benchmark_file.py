@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from dmlbench import files
 from dmlbench.errors import UserInputError
+from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol.benchmark import AnalysisSpec, ProtocolSpec
 from dmlbench.protocol.layout import BENCHMARK_FILE
 
@@ -175,7 +176,8 @@ def read_benchmark(output_dir: Path) -> BenchmarkRecord:
 
 
 def read_benchmark_if_any(output_dir: Path) -> BenchmarkRecord | None:
-    """As ``read_benchmark``, ``None`` where ``output_dir`` holds no ``benchmark.json``."""
+    """As ``read_benchmark``, ``None`` where ``output_dir`` holds no ``benchmark.json``. Its ``storage`` is
+    where the studies are now (``storage.in_directory``: a moved or copied directory's own file)."""
     path = benchmark_path(output_dir)
     if not path.is_file():
         return None
@@ -192,13 +194,15 @@ def read_benchmark_if_any(output_dir: Path) -> BenchmarkRecord | None:
             raise UserInputError(f"{path} was written by a newer dmlbench (format {written}; this one reads format "
                                  f"{BENCHMARK_FORMAT} and older): upgrade dmlbench to continue or report on it")
     try:
-        return BenchmarkRecord.model_validate(raw)
+        record = BenchmarkRecord.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(map(str, first["loc"]))
         where = f"key {key!r}: " if key else ""
         raise UserInputError(f"{path} is not a benchmark record ({where}{first['msg']}); restore it from a copy, "
                              "or use a new output directory") from None
+    record.storage = storage_module.in_directory(record.storage, output_dir)
+    return record
 
 
 def new_benchmark(contents: dict[str, Any]) -> BenchmarkRecord:
