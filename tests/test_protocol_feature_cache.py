@@ -83,6 +83,13 @@ def test_head_training_on_features_is_finite_deterministic_and_not_retrained(tmp
     again = train_or_resume(config, tmp_path / "a", progress=False, record={"stage": "search", "fold": 0}, features=features)
     assert again.already_complete and again.best_validation == first.best_validation
     assert (tmp_path / "a" / "metrics.jsonl").stat().st_mtime_ns == before
+    # One that lost its best checkpoint (a directory copied without its *.pt files) trains again, to the same digits.
+    (tmp_path / "a" / "checkpoint_best.pt").unlink()
+    (tmp_path / "a" / "checkpoint_last.pt").unlink()
+    retrained = train_or_resume(config, tmp_path / "a", progress=False, record={"stage": "search", "fold": 0}, features=features)
+    assert not retrained.already_complete and (tmp_path / "a" / "checkpoint_best.pt").is_file()
+    assert (retrained.best_epoch, retrained.best_validation) == (first.best_epoch, first.best_validation)
+    assert strip(metrics) == strip([json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()])
 
 
 def test_a_diverging_head_raises_training_diverged_and_is_recorded_failed(tmp_path: Path) -> None:

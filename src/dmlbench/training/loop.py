@@ -206,14 +206,21 @@ def train_or_resume(
 ) -> TrainResult:
     """The protocol's way to train a run, full or (``features``) head-only: continue it after an
     interruption, return it as it is once completed, and start it afresh when a killed attempt left
-    no ``run.json`` (nothing worth keeping)."""
+    no ``run.json``, or a completed run lost its best checkpoint (a benchmark directory copied without
+    its ``*.pt`` files): nothing worth keeping, and a run trains to the same digits again."""
     run_dir = Path(run_dir)
     # Owned before anything is decided or removed: another worker may still be training it.
     with records.owned_run_dir(run_dir) if distributed.current().is_main else contextlib.nullcontext():
-        if (run_dir / records.RUN_FILE).is_file():
+        if (run_dir / records.RUN_FILE).is_file() and not _lost_its_model(run_dir):
             return train(config, run_dir, resume=True, progress=progress, record=record, features=features)
         records.clear_run_dir(run_dir)
         return train(config, run_dir, progress=progress, record=record, features=features)
+
+
+def _lost_its_model(run_dir: Path) -> bool:
+    """A completed run without the best checkpoint every completed run saves."""
+    completed = files.read_json(run_dir / records.RUN_FILE).get("status") == "completed"
+    return completed and not (run_dir / records.BEST_CHECKPOINT).is_file()
 
 
 def _initialize_memory(source: BatchSource, device: torch.device, group: ProcessGroup) -> None:
