@@ -352,6 +352,31 @@ def test_status_counts_every_method(reference: Path, capsys: pytest.CaptureFixtu
     assert "untrained baseline: 2/2 scored" in out
 
 
+def test_status_counts_a_failed_reproduction_as_failed_not_done(reference: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A reproduction or baseline scoring that failed is finished without a score: status once showed it
+    as 2/2 (and "2/2 scored") with "every ... reproduction is done"."""
+    import sqlite3
+
+    copy = tmp_path / "copy"
+    shutil.copytree(reference, copy, ignore=shutil.ignore_patterns("*.pt"))
+    with sqlite3.connect(copy / "study.db") as connection:
+        for study in ("reproductions:triplet_semihard", "reproductions:untrained"):
+            (trial_id,) = connection.execute(
+                "SELECT trial_id FROM trials JOIN studies USING (study_id) WHERE study_name = ? AND number = 1",
+                (study,)).fetchone()
+            connection.execute("UPDATE trials SET state = 'FAIL' WHERE trial_id = ?", (trial_id,))
+            connection.execute("INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (?, 'fail_reason', ?)",
+                               (trial_id, json.dumps("training diverged")))
+    code, out, err = run_cli(["status", str(copy)], capsys)
+    assert code == 0, err
+    assert [line.split()[1:] for line in out.splitlines() if line.startswith("triplet_semihard ")] == [
+        ["2", "0", "0", "0", "2/2", "(1", "failed)"]]
+    assert "untrained baseline: 1/2 scored, 1 failed" in out
+    assert out.splitlines()[-1] == ("time left: none, every search trial and reproduction is done; 2 reproduction(s) "
+                                    "failed: once the cause is fixed, `dmlbench benchmark --retry-failed` runs them again")
+
+
 def test_status_counts_the_reproductions_of_methods_still_searching(reference: Path, tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Before a method's search ends its reproduction stage is not stored; the time left must still

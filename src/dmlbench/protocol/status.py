@@ -64,13 +64,14 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
                    if name.startswith(PREFIX) and name[len(PREFIX):] not in BASELINES and "reproductions" in study.user_attrs]
         planned = max(started, default=None)
     unplanned = 0  # methods whose reproductions no estimate can count yet
+    unscored = 0  # reproductions and baseline scorings that failed
     for name, study in studies.items():
         if name.startswith((PREFIX, FOLDS_PREFIX)):
             continue
         counted = work.counted(study)
         budget = int(study.user_attrs.get("trials", len(counted)))
         running = len(_running_trials(study, studies.get(fold_study(name))))
-        failed = sum(1 for t in counted if t.state == TrialState.FAIL)
+        failed = sum(t.state == TrialState.FAIL for t in counted)
         left = max(budget - len(counted), 0)
         reproductions = studies.get(reproduction_study(name))
         # A search done without one completed trial has no parameters to reproduce: nothing of it is left
@@ -78,21 +79,30 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         search_failed = left == 0 and not running and bool(counted) and all(t.state == TrialState.FAIL for t in counted)
         wanted = 0 if search_failed else int((reproductions.user_attrs.get("reproductions") if reproductions else planned) or 0)
         done_reproductions = len(work.counted(reproductions)) if reproductions is not None else 0
+        failed_reproductions = _failed(reproductions) if reproductions is not None else 0
         unplanned += reproductions is None and planned is None and not search_failed
         left_units += left + max(wanted - done_reproductions, 0)
         shown = ("search failed" if search_failed else
                  f"{done_reproductions}/{wanted}" if reproductions is not None or planned else "not started")
+        if failed_reproductions:  # finished, but without a score: not what "done" suggests
+            shown += f" ({failed_reproductions} failed)"
+            unscored += failed_reproductions
         lines.append(f"{name:<28} {len(counted):>5} {running:>7} {failed:>6} {left:>5} {shown:>13}")
     for name in BASELINES:
         baseline = studies.get(reproduction_study(name))
         if baseline is not None:
-            lines.append(f"{name} baseline: {len(work.counted(baseline))}/{baseline.user_attrs.get('reproductions')} scored")
+            failed = _failed(baseline)
+            unscored += failed
+            lines.append(f"{name} baseline: {len(work.counted(baseline)) - failed}/{baseline.user_attrs.get('reproductions')} scored"
+                         + (f", {failed} failed" if failed else ""))
     recent = sorted(worker for worker, seen in workers.items() if now - seen <= RECENT_SECONDS)
     lines.append(f"workers seen in the last {RECENT_SECONDS // 60} minutes: {len(recent)}"
                  + (f" ({', '.join(recent)})" if recent else ""))
     uncounted = f"; the reproductions of {unplanned} method(s) not counted: their number is not stored yet" if unplanned else ""
     if left_units == 0 and not unplanned:
-        lines.append("time left: none, every search trial and reproduction is done")
+        lines.append("time left: none, every search trial and reproduction is done" + (
+            f"; {unscored} reproduction(s) failed: once the cause is fixed, `dmlbench benchmark --retry-failed` runs "
+            "them again" if unscored else ""))
     elif durations:
         seconds = sum(durations) / len(durations) * left_units / max(len(recent), 1)
         lines.append(f"time left: about {_clock(seconds)} (estimate: {left_units} units left x mean "
@@ -100,6 +110,11 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     else:
         lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
     return lines
+
+
+def _failed(study: optuna.Study) -> int:
+    """The finished units of ``study`` that failed (a retried one counts once, as its retry)."""
+    return sum(trial.state == TrialState.FAIL for trial in work.counted(study))
 
 
 def _running_trials(study: optuna.Study, folds: optuna.Study | None) -> set[int]:
