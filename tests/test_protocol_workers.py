@@ -375,6 +375,13 @@ def test_status_counts_a_failed_reproduction_as_failed_not_done(reference: Path,
     assert "untrained baseline: 1/2 scored, 1 failed" in out
     assert out.splitlines()[-1] == ("time left: none, every search trial and reproduction is done; 2 reproduction(s) "
                                     "failed: once the cause is fixed, `dmlbench benchmark --retry-failed` runs them again")
+    # A baseline scoring not yet done is work left (status once said "none" while a baseline was scoring).
+    with sqlite3.connect(copy / "study.db") as connection:
+        connection.execute("DELETE FROM trials WHERE number = 0 AND study_id = "
+                           "(SELECT study_id FROM studies WHERE study_name = 'reproductions:untrained')")
+    code, out, err = run_cli(["status", str(copy)], capsys)
+    assert code == 0 and "untrained baseline: 0/2 scored, 1 failed" in out, err
+    assert out.splitlines()[-1].startswith("time left: about") and "(estimate: 1 units left x mean" in out
 
 
 def test_status_counts_the_reproductions_of_methods_still_searching(reference: Path, tmp_path: Path,

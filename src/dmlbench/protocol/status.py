@@ -93,6 +93,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         if baseline is not None:
             failed = _failed(baseline)
             unscored += failed
+            left_units += max(int(baseline.user_attrs.get("reproductions") or 0) - len(work.counted(baseline)), 0)
             lines.append(f"{name} baseline: {len(work.counted(baseline)) - failed}/{baseline.user_attrs.get('reproductions')} scored"
                          + (f", {failed} failed" if failed else ""))
     recent = sorted(worker for worker, seen in workers.items() if now - seen <= RECENT_SECONDS)
