@@ -25,7 +25,7 @@ from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
 from dmlbench.protocol.benchmark import AnalysisSpec, ProtocolSpec
-from dmlbench.protocol.layout import BENCHMARK_FILE
+from dmlbench.protocol.layout import BENCHMARK_FILE, JOURNAL_FILE, SQLITE_FILE
 
 # The format this version writes; it reads this one and the older ones. Raise it when a field changes
 # meaning or a new field must not be ignored by an older dmlbench.
@@ -177,7 +177,7 @@ def read_benchmark(output_dir: Path) -> BenchmarkRecord:
 
 def read_benchmark_if_any(output_dir: Path) -> BenchmarkRecord | None:
     """As ``read_benchmark``, ``None`` where ``output_dir`` holds no ``benchmark.json``. Its ``storage`` is
-    where the studies are now (``storage.in_directory``: a moved or copied directory's own file)."""
+    where the studies are now (``_storage_in``: a moved or copied directory's own file)."""
     path = benchmark_path(output_dir)
     if not path.is_file():
         return None
@@ -201,8 +201,20 @@ def read_benchmark_if_any(output_dir: Path) -> BenchmarkRecord | None:
         where = f"key {key!r}: " if key else ""
         raise UserInputError(f"{path} is not a benchmark record ({where}{first['msg']}); restore it from a copy, "
                              "or use a new output directory") from None
-    record.storage = storage_module.in_directory(record.storage, output_dir)
+    record.storage = _storage_in(output_dir, record.storage)
     return record
+
+
+def _storage_in(output_dir: Path, url: str) -> str:
+    """``url`` as the benchmark now in ``output_dir`` reads it. A default file storage (``study.db`` or
+    ``study.journal``, recorded with the absolute path of the directory the benchmark started in) is
+    the file of that name in ``output_dir`` where there is one: a benchmark directory moved, or copied
+    to another path or machine, keeps its own studies, and a copy never writes to the original's."""
+    storage = storage_module.storage_for(url)
+    if not isinstance(storage, storage_module.FileStorage) or storage.path.name not in (SQLITE_FILE, JOURNAL_FILE):
+        return url
+    local = Path(output_dir).resolve() / storage.path.name
+    return storage.prefix + str(local) if local.is_file() and local != storage.path else url
 
 
 def new_benchmark(contents: dict[str, Any]) -> BenchmarkRecord:

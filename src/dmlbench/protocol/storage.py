@@ -47,18 +47,6 @@ def default_url(output_dir: Path, jobs: int) -> str:
     return f"journal:///{directory / JOURNAL_FILE}" if jobs > 1 else f"sqlite:///{directory / SQLITE_FILE}"
 
 
-def in_directory(url: str, output_dir: Path) -> str:
-    """``url`` as the benchmark now in ``output_dir`` reads it. A default file storage (``study.db`` or
-    ``study.journal``, recorded with the absolute path of the directory the benchmark started in) is
-    the file of that name in ``output_dir`` where there is one: a benchmark directory moved, or copied
-    to another path or machine, keeps its own studies, and a copy never writes to the original's."""
-    storage = storage_for(url)
-    if not isinstance(storage, FileStorage) or storage.path.name not in (SQLITE_FILE, JOURNAL_FILE):
-        return url
-    local = Path(output_dir).resolve() / storage.path.name
-    return storage.prefix + str(local) if local.is_file() and local != storage.path else url
-
-
 def redact(url: str) -> str:
     """``url`` without its password (``postgresql://user:secret@host/db`` -> ``postgresql://user@host/db``).
 
