@@ -418,9 +418,13 @@ def test_a_copied_or_moved_benchmark_directory_keeps_its_own_studies(reference: 
     assert code == 0, err
     assert out.splitlines()[0] == f"storage sqlite:///{copy.resolve() / 'study.db'}"
     assert [line.split()[1:] for line in out.splitlines() if line.startswith("triplet_semihard ")] == [["2", "0", "0", "0", "0/2"]]
+    for name in ("report.md", "results.csv", "runs.csv"):  # written again once the reproductions are
+        (copy / name).unlink()
     resumed = run_in_process(["benchmark", str(SMOKE), "-o", str(copy), "-q"], capsys)
     assert resumed.returncode == 0, resumed.stderr
     assert (reference / "study.db").read_bytes() == original
+    rerun = optuna.load_study(study_name="reproductions:triplet_semihard", storage=f"sqlite:///{copy / 'study.db'}")
+    assert [trial.state for trial in rerun.trials] == [TrialState.COMPLETE] * 2
     for name in ("results.csv", "runs.csv"):
         assert (copy / name).read_bytes() == (reference / name).read_bytes(), name
     # On another machine: the path it recorded does not exist there.
