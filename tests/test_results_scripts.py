@@ -136,6 +136,15 @@ def test_transfer_pairs_only_the_reproductions_every_method_scored(tmp_path: Pat
     ("reality_check_glyphs", "lr_search_short_glyphs", "lr_search_short_glyphs/transfer_from_short_study.csv"),
     ("converged_glyphs", "converged_glyphs_strong", "converged_glyphs_strong/transfer_from_converged_glyphs.csv"),
     ("converged_glyphs_strong", "reality_check_emoji", "reality_check_emoji/transfer_from_converged_glyphs_strong.csv"),
+    # The same tables with triplet + semihard re-measured after the semihard fix in both studies.
+    ("reality_check_glyphs_semihard_fix", "converged_glyphs_semihard_fix", "converged_glyphs_semihard_fix/transfer_from_short_study.csv"),
+    ("converged_glyphs_semihard_fix", "converged_glyphs_strong_semihard_fix",
+     "converged_glyphs_strong_semihard_fix/transfer_from_converged_glyphs.csv"),
+    ("reality_check_glyphs_semihard_fix", "reality_check_emoji_semihard_fix", "reality_check_emoji_semihard_fix/transfer_from_glyphs.csv"),
+    ("converged_glyphs_semihard_fix", "reality_check_emoji_semihard_fix",
+     "reality_check_emoji_semihard_fix/transfer_from_converged_glyphs.csv"),
+    ("converged_glyphs_strong_semihard_fix", "reality_check_emoji_semihard_fix",
+     "reality_check_emoji_semihard_fix/transfer_from_converged_glyphs_strong.csv"),
 ])
 def test_the_committed_transfer_table_is_what_the_script_writes(first: str, second: str, table: str, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -339,6 +348,16 @@ def test_the_committed_confound_table_is_what_the_script_writes(tmp_path: Path) 
     ("converged_glyphs", "converged_glyphs_strong", "converged_glyphs_strong/ranking_against_converged_glyphs.csv"),
     ("reality_check_glyphs", "converged_glyphs_strong", "converged_glyphs_strong/ranking_against_short_study.csv"),
     ("converged_glyphs_strong", "reality_check_emoji", "reality_check_emoji/ranking_against_converged_glyphs_strong.csv"),
+    ("reality_check_glyphs_semihard_fix", "converged_glyphs_semihard_fix", "converged_glyphs_semihard_fix/ranking_against_short_study.csv"),
+    ("converged_glyphs_semihard_fix", "converged_glyphs_strong_semihard_fix",
+     "converged_glyphs_strong_semihard_fix/ranking_against_converged_glyphs.csv"),
+    ("reality_check_glyphs_semihard_fix", "converged_glyphs_strong_semihard_fix",
+     "converged_glyphs_strong_semihard_fix/ranking_against_short_study.csv"),
+    ("reality_check_glyphs_semihard_fix", "reality_check_emoji_semihard_fix", "reality_check_emoji_semihard_fix/ranking_against_glyphs.csv"),
+    ("converged_glyphs_semihard_fix", "reality_check_emoji_semihard_fix",
+     "reality_check_emoji_semihard_fix/ranking_against_converged_glyphs.csv"),
+    ("converged_glyphs_strong_semihard_fix", "reality_check_emoji_semihard_fix",
+     "reality_check_emoji_semihard_fix/ranking_against_converged_glyphs_strong.csv"),
 ])
 def test_the_committed_ranking_table_is_what_the_script_writes(first: str, second: str, table: str, tmp_path: Path) -> None:
     """The Kendall tau tables the READMEs quote (seeded bootstraps) follow from their two committed studies."""
