@@ -46,8 +46,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     workers: dict[str, float] = {}
     durations: list[float] = []
     left_units = 0
-    header = f"{'method':<28} {'done':>5} {'running':>7} {'failed':>6} {'left':>5} {'reproductions':>13}"
-    lines.append(header)
+    lines.append(f"{'method':<28} {'done':>5} {'running':>7} {'failed':>6} {'left':>5} {'reproductions':>13}")
     for name, study in studies.items():
         for key, value in study.user_attrs.items():
             if key.startswith("worker:"):
@@ -84,18 +83,14 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         left_units += left + max(wanted - done_reproductions, 0)
         shown = ("search failed" if search_failed else
                  f"{done_reproductions}/{wanted}" if reproductions is not None or planned else "not started")
-        if failed_reproductions:  # finished, but without a score: not what "done" suggests
-            shown += f" ({failed_reproductions} failed)"
-            unscored += failed_reproductions
+        shown += f" ({failed_reproductions} failed)" if failed_reproductions else ""  # finished, without a score
+        unscored += failed_reproductions
         lines.append(f"{name:<28} {len(counted):>5} {running:>7} {failed:>6} {left:>5} {shown:>13}")
     for name in BASELINES:
-        baseline = studies.get(reproduction_study(name))
-        if baseline is not None:
-            failed = _failed(baseline)
-            unscored += failed
-            left_units += max(int(baseline.user_attrs.get("reproductions") or 0) - len(work.counted(baseline)), 0)
-            lines.append(f"{name} baseline: {len(work.counted(baseline)) - failed}/{baseline.user_attrs.get('reproductions')} scored"
-                         + (f", {failed} failed" if failed else ""))
+        if (baseline := studies.get(reproduction_study(name))) is not None:
+            line, left, failed = _baseline_line(name, baseline)
+            lines.append(line)
+            left_units, unscored = left_units + left, unscored + failed
     recent = sorted(worker for worker, seen in workers.items() if now - seen <= RECENT_SECONDS)
     lines.append(f"workers seen in the last {RECENT_SECONDS // 60} minutes: {len(recent)}"
                  + (f" ({', '.join(recent)})" if recent else ""))
@@ -111,6 +106,13 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     else:
         lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
     return lines
+
+
+def _baseline_line(name: str, study: optuna.Study) -> tuple[str, int, int]:
+    """A baseline's line (its scorings done of those planned, and failed), its scorings left and failed."""
+    done, failed, planned = len(work.counted(study)), _failed(study), study.user_attrs.get("reproductions")
+    line = f"{name} baseline: {done - failed}/{planned} scored" + (f", {failed} failed" if failed else "")
+    return line, max(int(planned or 0) - done, 0), failed
 
 
 def _failed(study: optuna.Study) -> int:
