@@ -50,7 +50,7 @@ def failure(completed: subprocess.CompletedProcess[str]) -> str:
     runtime's (``terminate called ...``, a signal) for a worker that aborts without an exception."""
     lines = completed.stderr.splitlines()
     words = ("rror", "what()", "abort", "terminate", "signal")
-    return "\n".join(line for line in lines if any(word in line.lower() or word in line for word in words))[-4000:]
+    return "\n".join(line for line in lines if any(word in line.lower() for word in words))[-4000:]
 
 
 def assert_same_training(single: Path, parallel: Path, config: config_module.Config) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import storage as storage_module
@@ -70,15 +70,15 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         counted = work.counted(study)
         budget = int(study.user_attrs.get("trials", len(counted)))
         running = len(_running_trials(study, studies.get(fold_study(name))))
-        failed = sum(t.state == TrialState.FAIL for t in counted)
+        failed = _failed(counted)
         left = max(budget - len(counted), 0)
         reproductions = studies.get(reproduction_study(name))
         # A search done without one completed trial has no parameters to reproduce: nothing of it is left
         # (until benchmark --retry-failed enqueues its trials again).
         search_failed = left == 0 and not running and bool(counted) and all(t.state == TrialState.FAIL for t in counted)
         wanted = 0 if search_failed else int((reproductions.user_attrs.get("reproductions") if reproductions else planned) or 0)
-        done_reproductions = len(work.counted(reproductions)) if reproductions is not None else 0
-        failed_reproductions = _failed(reproductions) if reproductions is not None else 0
+        reproduced = work.counted(reproductions) if reproductions is not None else []
+        done_reproductions, failed_reproductions = len(reproduced), _failed(reproduced)
         unplanned += reproductions is None and planned is None and not search_failed
         left_units += left + max(wanted - done_reproductions, 0)
         shown = ("search failed" if search_failed else
@@ -110,14 +110,15 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
 
 def _baseline_line(name: str, study: optuna.Study) -> tuple[str, int, int]:
     """A baseline's line (its scorings done of those planned, and failed), its scorings left and failed."""
-    done, failed, planned = len(work.counted(study)), _failed(study), study.user_attrs.get("reproductions")
+    counted = work.counted(study)
+    done, failed, planned = len(counted), _failed(counted), study.user_attrs.get("reproductions")
     line = f"{name} baseline: {done - failed}/{planned} scored" + (f", {failed} failed" if failed else "")
     return line, max(int(planned or 0) - done, 0), failed
 
 
-def _failed(study: optuna.Study) -> int:
-    """The finished units of ``study`` that failed (a retried one counts once, as its retry)."""
-    return sum(trial.state == TrialState.FAIL for trial in work.counted(study))
+def _failed(counted: list[FrozenTrial]) -> int:
+    """How many of a study's counted units (``work.counted``: a retried one once, as its retry) failed."""
+    return sum(trial.state == TrialState.FAIL for trial in counted)
 
 
 def _running_trials(study: optuna.Study, folds: optuna.Study | None) -> set[int]:
