@@ -82,6 +82,19 @@ def test_a_truncated_last_checkpoint_on_resume_is_one_line(run_dir: Path, tmp_pa
     assert {name: data for name, data in snapshot(copy).items() if name != "train.lock"} == before
 
 
+@pytest.mark.parametrize("argv", [["train", "--resume", "--output", "{run}", "-q"], ["evaluate", "{run}"]])
+def test_a_truncated_run_record_is_one_line(argv: list[str], run_dir: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """run.json cut short once stopped ``train --resume`` (and a benchmark's unit) with a JSONDecodeError traceback."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    truncate(copy / "run.json")
+    before = snapshot(copy)
+    code, _, err = run_cli([part.format(run=copy) for part in argv], capsys)
+    assert_one_line(code, err, str(copy / "run.json"), "is damaged", f"delete {copy} to train the run again")
+    assert {name: data for name, data in snapshot(copy).items() if name != "train.lock"} == before
+
+
 @pytest.fixture(scope="module")
 def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("index")

@@ -439,6 +439,26 @@ def test_a_copied_or_moved_benchmark_directory_keeps_its_own_studies(reference: 
     assert code == 0, err
 
 
+def test_a_damaged_run_record_fails_its_unit_in_one_line(reference: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A reproduction whose fold run.json is cut short fails with a line naming the file and what to do (it
+    once ended the benchmark with a traceback); deleted, the run trains again under --retry-failed."""
+    copy = tmp_path / "copy"
+    shutil.copytree(reference, copy)
+    optuna.delete_study(study_name="reproductions:triplet_semihard", storage=f"sqlite:///{copy / 'study.db'}")
+    run_file = copy / "triplet_semihard" / "reproduction_00" / "fold_0" / "run.json"
+    run_file.write_text(run_file.read_text()[:60])
+    (copy / "report.md").unlink()
+    failed = run_in_process(["benchmark", str(SMOKE), "-o", str(copy), "-q"], capsys)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert f"reproduction 0: UserInputError: {run_file} is damaged" in failed.stderr
+    assert f"delete {run_file.parent} to train the run again" in failed.stderr
+    shutil.rmtree(run_file.parent)
+    retried = run_in_process(["benchmark", str(SMOKE), "-o", str(copy), "-q", "--retry-failed"], capsys)
+    assert retried.returncode == 0, retried.stderr
+    assert (copy / "results.csv").read_bytes() == (reference / "results.csv").read_bytes()
+
+
 def test_the_dashboard_serves_the_smoke_study(reference: Path) -> None:
     dashboard = Path(sys.executable).parent / "optuna-dashboard"
     if not dashboard.is_file():

@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 
-from dmlbench import files
+from dmlbench.errors import UserInputError
 from dmlbench.protocol import work
 from dmlbench.protocol.plan import Context, ReproductionSettings
 from dmlbench.training import records
@@ -87,9 +87,12 @@ def claim_reproduction(study: optuna.Study, worker: work.Worker, settings: Repro
 
 
 def run_samples(run_dir: Path) -> int:
-    """Training samples a run has seen (0 for a run that recorded none)."""
-    path = run_dir / records.RUN_FILE
-    return int(files.read_json(path).get("samples_seen", 0)) if path.is_file() else 0
+    """Training samples a run has seen (0 for a run that recorded none, or whose record is damaged: the
+    unit's failure names that file)."""
+    try:
+        return int(records.read_run_record(run_dir).get("samples_seen", 0)) if (run_dir / records.RUN_FILE).is_file() else 0
+    except UserInputError:
+        return 0
 
 
 def validation_curves(run_dir: Path) -> dict[str, list[float]]:

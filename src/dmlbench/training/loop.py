@@ -77,7 +77,7 @@ def _train(
     group = distributed.current()
     main = group.is_main
     if resume:
-        stored = files.read_json(run_dir / records.RUN_FILE)
+        stored = records.read_run_record(run_dir)
         if stored.get("status") == "completed":
             # Nothing to train: the run directory stays exactly as it is.
             return TrainResult(
@@ -219,7 +219,7 @@ def train_or_resume(
 
 def _lost_its_model(run_dir: Path) -> bool:
     """A completed run without the best checkpoint every completed run saves."""
-    completed = files.read_json(run_dir / records.RUN_FILE).get("status") == "completed"
+    completed = records.read_run_record(run_dir).get("status") == "completed"
     return completed and not (run_dir / records.BEST_CHECKPOINT).is_file()
 
 
@@ -475,7 +475,7 @@ def _start_record(
 ) -> dict[str, Any]:
     config, group = stepper.config, stepper.group
     data = source.describe()
-    record: dict[str, Any] = files.read_json(run_dir / records.RUN_FILE) if resume else {}
+    record: dict[str, Any] = records.read_run_record(run_dir) if resume else {}
     record.update({
         "status": "running",
         "seed": config.seed,

@@ -116,7 +116,18 @@ def require_run_dir(run_dir: Path) -> dict[str, Any]:
         raise UserInputError(f"run directory {run_dir} does not exist")
     if not (run_dir / RUN_FILE).is_file() or not (run_dir / CONFIG_FILE).is_file():
         raise UserInputError(f"{run_dir} is not a dmlbench run directory (no {RUN_FILE} or {CONFIG_FILE})")
-    return read_json(run_dir / RUN_FILE)
+    return read_run_record(run_dir)
+
+
+def read_run_record(run_dir: Path) -> dict[str, Any]:
+    """``run.json`` of ``run_dir``, or one line naming it when it is damaged (cut short, not JSON): it is
+    written atomically, so only a damaged copy or disk gets there."""
+    path = run_dir / RUN_FILE
+    try:
+        return read_json(path)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise UserInputError(f"{path} is damaged ({error}); restore it from a copy, or delete {run_dir} to train "
+                             "the run again") from None
 
 
 class Clock:
