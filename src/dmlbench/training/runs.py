@@ -22,7 +22,7 @@ from dmlbench.training.setup import build_model, load_dataset, make_splits
 
 def load_run_config(run_dir: Path) -> config_module.Config:
     """The run's config, read after the plugins its ``run.json`` records are imported (no ``--plugin`` needed)."""
-    record = files.read_json(run_dir / records.RUN_FILE) if (run_dir / records.RUN_FILE).is_file() else {}
+    record = records.read_run_record(run_dir) if (run_dir / records.RUN_FILE).is_file() else {}
     plugins.load_recorded(record.get("plugins") or [], f"run {run_dir}")
     return config_module.load(run_dir / records.CONFIG_FILE)
 

@@ -227,12 +227,11 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def log_test_scores(run_dir: Path, settings: TrackingConfig, scores: Mapping[str, Mapping[str, float]]) -> None:
     """A reproduction's test scores (per mode) on one of its fold runs, which the tracker then closes."""
-    from dmlbench import files
     from dmlbench.training import records
 
     if settings.backend == "none":
         return
-    record = files.read_json(run_dir / records.RUN_FILE)
+    record = records.read_run_record(run_dir)
     track = tracker(settings, record.get("tracking"))
     track.start(run_dir, {}, {})
     track.log({f"test_{mode}_{metric}": value for mode, values in scores.items() for metric, value in values.items()},
