@@ -459,6 +459,86 @@ def test_a_damaged_run_record_fails_its_unit_in_one_line(reference: Path, tmp_pa
     assert (copy / "results.csv").read_bytes() == (reference / "results.csv").read_bytes()
 
 
+def _on_a_journal(reference: Path, copy: Path) -> Path:
+    """A copy of the reference benchmark whose studies live in a journal file, as ``--jobs N`` keeps them."""
+    shutil.copytree(reference, copy)
+    journal = copy / "study.journal"
+    target = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    for name in optuna.get_all_study_names(f"sqlite:///{copy / 'study.db'}"):
+        optuna.copy_study(from_study_name=name, from_storage=f"sqlite:///{copy / 'study.db'}", to_storage=target)
+    (copy / "study.db").unlink()
+    record = json.loads((copy / "benchmark.json").read_text())
+    record["storage"] = f"journal:///{journal}"
+    (copy / "benchmark.json").write_text(json.dumps(record))
+    return journal
+
+
+def _garbage_line(path: Path) -> None:
+    lines = path.read_bytes().split(b"\n")
+    lines[len(lines) // 2] = b'{"op_code": 5, "worker_id'
+    path.write_bytes(b"\n".join(lines))
+
+
+def _cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(("kind", "damage", "message"), [
+    ("sqlite", _cut_in_half, "not a readable SQLite database (database disk image is malformed)"),
+    ("sqlite", lambda path: path.write_bytes(b"not a database" * 100), "not a readable SQLite database (file is not a database)"),
+    ("journal", _garbage_line, "is not a journal record, so the studies cannot be read past it; restore the file from a copy"),
+], ids=["sqlite-cut", "sqlite-overwritten", "journal-garbage-line"])
+def test_a_damaged_study_file_is_one_line_and_left_as_it_was(kind: str, damage: Callable[[Path], None], message: str,
+                                                            reference: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A study file cut short or overwritten (a full disk, a bad copy) once ended status, report, audit and a
+    resumed benchmark with SQLAlchemy's or Optuna's traceback."""
+    copy = tmp_path / "copy"
+    if kind == "sqlite":
+        shutil.copytree(reference, copy)
+        storage = copy / "study.db"
+    else:
+        storage = _on_a_journal(reference, copy)
+    damage(storage)
+    damaged = storage.read_bytes()
+    for argv in (["status", str(copy)], ["audit", str(copy)], ["report", str(copy), "-o", str(tmp_path / "report"), "-q"],
+                 ["benchmark", str(SMOKE), "-o", str(copy), "-q"]):
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+        assert f"storage {storage}: " in err and message in err, (argv, err)
+        assert storage.read_bytes() == damaged, argv
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_journal_whose_last_line_is_cut_short_is_one_line_and_resumes_once_cut(reference: Path, tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A last record cut short (a full disk, a killed write) is skipped by Optuna's reader, but the next record
+    appended would join it into a line that nothing can read past: nothing is written until it is cut off,
+    and cut off as the message says, the benchmark finishes with the undamaged run's results."""
+    copy = tmp_path / "copy"
+    journal = _on_a_journal(reference, copy)
+    code, whole_status, err = run_cli(["status", str(copy)], capsys)
+    assert code == 0, err
+    whole = journal.stat().st_size
+    with open(journal, "ab") as handle:
+        handle.write(b'{"op_code": 6, "worker_id": "vm:1", "trial_id": 3, "st')
+    damaged = journal.read_bytes()
+    for argv in (["status", str(copy)], ["benchmark", str(SMOKE), "-o", str(copy), "-q"]):
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+        assert f"cut it off with `truncate -s {whole} {journal}`" in err, err
+        assert journal.read_bytes() == damaged
+    assert subprocess.run(["truncate", "-s", str(whole), str(journal)]).returncode == 0
+    code, out, err = run_cli(["status", str(copy)], capsys)
+    assert (code, out) == (0, whole_status), err
+    for name in ("report.md", "results.csv", "runs.csv"):
+        (copy / name).unlink()
+    resumed = run_in_process(["benchmark", str(SMOKE), "-o", str(copy), "-q"], capsys)
+    assert resumed.returncode == 0, resumed.stderr
+    for name in ("results.csv", "runs.csv"):
+        assert (copy / name).read_bytes() == (reference / name).read_bytes(), name
+
+
 def test_the_dashboard_serves_the_smoke_study(reference: Path) -> None:
     dashboard = Path(sys.executable).parent / "optuna-dashboard"
     if not dashboard.is_file():

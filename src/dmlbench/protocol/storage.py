@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.errors import UserInputError
+from dmlbench.protocol.damaged_storage import open_journal, open_sqlite
 from dmlbench.protocol.layout import JOURNAL_FILE, SQLITE_FILE, WORK_LOCK_SUFFIX
 
 POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
@@ -167,9 +168,7 @@ class SQLiteStorage(FileStorage):
     prefix, concurrent = "sqlite:///", False
 
     def open(self, *, heartbeat: int | None = None) -> Any:
-        import optuna
-
-        return optuna.storages.RDBStorage(self.url)
+        return open_sqlite(self.url, self.path)
 
 
 class JournalStorage(FileStorage):
@@ -178,9 +177,7 @@ class JournalStorage(FileStorage):
     prefix = "journal:///"
 
     def open(self, *, heartbeat: int | None = None) -> Any:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage as OptunaJournal
-
-        return OptunaJournal(JournalFileBackend(str(self.path)))
+        return open_journal(self.path)
 
 
 class PostgresStorage(StudyStorage):
