@@ -369,6 +369,31 @@ def test_audit_passes_then_names_a_planted_leak(finished: Path, tmp_path: Path, 
     assert "triplet/trial_0001/fold_0: search-stage run saw test classes" in err
 
 
+def test_a_test_access_record_cut_short_is_named_by_the_audit_and_the_next_opening_starts_a_line(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A worker killed while logging an opening of the test data leaves a line cut short: the audit once
+    ended with a JSONDecodeError traceback, and the next opening logged was joined to that line."""
+    import shutil
+
+    from dmlbench.protocol.scoring import record_test_access
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
+    log = copy / "test_access.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(lines[:-1]) + lines[-1][:40])
+    code, _, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 1 and "Traceback" not in err, err
+    damaged = f"test_access.jsonl line {len(lines)}: not a record (a write cut short?), so the opening it logged cannot be checked"
+    assert damaged in err
+    record_test_access(copy, json.loads(lines[-1]))
+    after = log.read_text().splitlines()
+    assert after[:-1] == [line.rstrip("\n") for line in lines[:-1]] + [lines[-1][:40]]
+    assert json.loads(after[-1])["runs"] == json.loads(lines[-1])["runs"]
+    code, _, err = run_cli(["audit", str(copy)], capsys)
+    assert code == 1 and damaged in err and "line " + str(len(lines) + 1) not in err, err
+
+
 def test_audit_of_an_unfinished_benchmark_names_what_is_missing(finished: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """Fewer reproductions than the protocol declares (a benchmark still running) are named per method,

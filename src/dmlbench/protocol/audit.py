@@ -133,10 +133,17 @@ def _audit_test_access(accesses: Path, runs: dict[str, dict[str, Any]]) -> list[
     problems: list[str] = []
     if not accesses.is_file():
         return problems
-    for number, line in enumerate(accesses.read_text().splitlines(), start=1):
+    for number, line in enumerate(accesses.read_bytes().splitlines(), start=1):
         if not line.strip():
             continue
-        entry = json.loads(line)
+        try:
+            entry = json.loads(line)
+        except ValueError:  # not JSON, or not UTF-8
+            entry = None
+        if not isinstance(entry, dict):
+            problems.append(f"{TEST_ACCESS_FILE} line {number}: not a record (a write cut short?), "
+                            "so the opening it logged cannot be checked")
+            continue
         if entry.get("stage") != REPRODUCTION_STAGE:
             problems.append(f"{TEST_ACCESS_FILE} line {number}: test data opened in stage {entry.get('stage')!r}")
         for name in entry.get("runs", []):

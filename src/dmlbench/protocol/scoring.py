@@ -52,7 +52,20 @@ def objective(scores: Mapping[str, Mapping[str, float]]) -> float:
 def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
     """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.audit``)."""
     line = json.dumps({"time": provenance.now(), **entry}) + "\n"
-    with open(Path(output_dir) / layout.TEST_ACCESS_FILE, "a") as stream:
+    path = Path(output_dir) / layout.TEST_ACCESS_FILE
+    if _ends_inside_a_line(path):
+        # A write cut short (a killed worker, a full disk): this record starts a line of its own, so that
+        # the audit names the damaged line alone. Two workers doing this at once leave an empty line.
+        line = "\n" + line
+    with open(path, "a") as stream:
         stream.write(line)
         stream.flush()
         os.fsync(stream.fileno())
+
+
+def _ends_inside_a_line(path: Path) -> bool:
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as stream:
+        stream.seek(-1, os.SEEK_END)
+        return stream.read(1) != b"\n"
