@@ -52,6 +52,19 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
+def ends_inside_a_line(path: Path) -> bool:
+    """Whether a file of one record per line ends without its newline: an append cut short (a killed
+    process, a full disk), which the next append would join. ``False`` for a missing or empty file."""
+    try:
+        with open(path, "rb") as stream:
+            if stream.seek(0, os.SEEK_END) == 0:
+                return False
+            stream.seek(-1, os.SEEK_END)
+            return stream.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
 def atomic_torch_save(path: Path, payload: Any) -> None:
     """``torch.save`` of ``payload``, written atomically."""
     import torch

@@ -16,11 +16,11 @@ never taken for a cut one.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+from dmlbench import files
 from dmlbench.errors import UserInputError
 
 
@@ -73,13 +73,11 @@ def _check_last_line(path: Path, lock: Any) -> None:
     except (OSError, RuntimeError):
         return  # a reader that cannot take the lock cannot append either: only appending does harm
     try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            handle.seek(max(size - 1, 0))
-            if size == 0 or handle.read(1) == b"\n":
-                return
+        cut = files.ends_inside_a_line(path)
     finally:
         lock.release()
+    if not cut:
+        return
     whole = path.read_bytes().rfind(b"\n") + 1
     raise UserInputError(
         f"storage {path}: its last line is cut short (a write that did not finish: a full disk or a killed "

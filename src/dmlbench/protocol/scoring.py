@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dmlbench import provenance
+from dmlbench import files, provenance
 from dmlbench.analysis.endpoints import MODES, cross_domain_mode, reranked_mode
 from dmlbench.evaluation import COUNT_KEYS, evaluate_many
 from dmlbench.protocol import layout
@@ -53,7 +53,7 @@ def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
     """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.audit``)."""
     line = json.dumps({"time": provenance.now(), **entry}) + "\n"
     path = Path(output_dir) / layout.TEST_ACCESS_FILE
-    if _ends_inside_a_line(path):
+    if files.ends_inside_a_line(path):
         # A write cut short (a killed worker, a full disk): this record starts a line of its own, so that
         # the audit names the damaged line alone. Two workers doing this at once leave an empty line.
         line = "\n" + line
@@ -61,11 +61,3 @@ def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
         stream.write(line)
         stream.flush()
         os.fsync(stream.fileno())
-
-
-def _ends_inside_a_line(path: Path) -> bool:
-    if not path.is_file() or path.stat().st_size == 0:
-        return False
-    with open(path, "rb") as stream:
-        stream.seek(-1, os.SEEK_END)
-        return stream.read(1) != b"\n"
