@@ -21,10 +21,10 @@ from pathlib import Path
 import optuna
 import torch
 
-from dmlbench.protocol.benchmark import BenchmarkSpec, load_spec
-from dmlbench.protocol.feature_cache import FeatureCache
-from dmlbench.protocol.prepare import Prepared, prepare
-from dmlbench.protocol.schedule import run_search_stage
+from dmlbench.protocol.spec.benchmark import BenchmarkSpec, load_spec
+from dmlbench.protocol.units.feature_cache import FeatureCache
+from dmlbench.protocol.spec.prepare import Prepared, prepare
+from dmlbench.protocol.run.schedule import run_search_stage
 
 REPO = Path(__file__).resolve().parent.parent
 # The smoke config's 8-channel trunk on 16-pixel images costs about as much as the loss and miner,

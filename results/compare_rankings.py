@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dmlbench.analysis.correlations import correlation, rank_agreement, study_agreement
 from dmlbench.protocol.layout import BASELINES, RUNS_CSV
-from dmlbench.protocol.results import read_runs
+from dmlbench.protocol.units.results import read_runs
 
 COLUMNS = ["mode", "metric", "methods", "kendall_tau", "ci_low", "ci_high", "pvalue", "first_ranking", "second_ranking",
            "repro_ci_low", "repro_ci_high", "first_split_half", "second_split_half"]

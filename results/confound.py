@@ -35,7 +35,7 @@ from scipy import stats
 
 from dmlbench.analysis.statistics import holm, mean_interval
 from dmlbench.protocol.layout import RUNS_CSV
-from dmlbench.protocol.results import read_runs
+from dmlbench.protocol.units.results import read_runs
 
 CELLS = ("neither", "lr", "budget", "both")
 EFFECTS = {  # name -> {cell: coefficient} of a contrast of the cells' gaps

@@ -85,7 +85,7 @@ def error_rows(model: str, embeddings: np.ndarray, labels: np.ndarray, domains: 
 def test_embeddings(directory: Path, untrained: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Embeddings, labels and domains of the test split for a run directory or a reproduction directory."""
     from dmlbench.evaluation import concatenate
-    from dmlbench.protocol.reproductions import fold_test_embeddings
+    from dmlbench.protocol.units.reproductions import fold_test_embeddings
     from dmlbench.training.runs import Run, embed_test_split, run_test_domains
 
     if (directory / "run.json").is_file():

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 from dmlbench.analysis import transfer, verdicts
-from dmlbench.protocol.benchmark_file import read_benchmark
+from dmlbench.protocol.spec.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE, RUNS_CSV
-from dmlbench.protocol.results import read_runs
+from dmlbench.protocol.units.results import read_runs
 
 
 def judged(folder: Path) -> verdicts.Families:

@@ -21,10 +21,13 @@ from test_cli_process import console_script, run
 
 from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
 from dmlbench.cli.common import process_started
-from dmlbench.protocol import cost, layout, timings, work
-from dmlbench.protocol.benchmark import DEFAULT_BENCHMARK, load_spec
-from dmlbench.protocol.prepare import prepare
-from dmlbench.protocol.rehearsal import SplitSize, rehearse
+from dmlbench.protocol.dry_run import cost
+from dmlbench.protocol import layout
+from dmlbench.protocol.dry_run import timings
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.spec.benchmark import DEFAULT_BENCHMARK, load_spec
+from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 from dmlbench.report import write_report
 
 IMPORTED = time.monotonic()  # after this process started, before any test ran
@@ -175,7 +178,7 @@ def _stored(url: str) -> dict[str, tuple[list[str], list[tuple[int, str, object]
     for summary in optuna.get_all_study_summaries(url):
         study = optuna.load_study(study_name=summary.study_name, storage=url)
         names = sorted(name for name in study.user_attrs if not name.startswith("worker:") and name != "report")
-        stored[summary.study_name] = (names, [(work.slot_of(trial), trial.state.name, _shape(trial.user_attrs))
+        stored[summary.study_name] = (names, [(attempts.slot_of(trial), trial.state.name, _shape(trial.user_attrs))
                                               for trial in study.get_trials()])
     return stored
 

@@ -172,8 +172,8 @@ def test_reproductions_lacking_per_class_sums_are_found() -> None:
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from dmlbench.protocol.reproductions import _lacking_class_sums
-    from dmlbench.protocol.results import COMPLETED_CLASS_SUMS
+    from dmlbench.protocol.units.reproductions import _lacking_class_sums
+    from dmlbench.protocol.units.results import COMPLETED_CLASS_SUMS
 
     plain = {"concatenated": {"map_at_r": 0.5}, "separated": {"map_at_r": 0.4}}
     crossed = {**plain, "concatenated_cross_domain": {"map_at_r": 0.3}, "separated_cross_domain": {"map_at_r": 0.2}}

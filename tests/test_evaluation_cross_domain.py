@@ -129,8 +129,8 @@ def test_bad_domains_are_one_line_errors() -> None:
 
 
 def test_protocol_scores_cross_domain_modes_beside_the_others(tmp_path) -> None:
-    from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome, scored_modes, write_results
-    from dmlbench.protocol.scoring import score_modes
+    from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome, scored_modes, write_results
+    from dmlbench.protocol.units.scoring import score_modes
 
     rows, labels, domains = small_case(7)
     embeddings = {"fold_0": rows, "fold_1": rows[::-1].copy()}

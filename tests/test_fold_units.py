@@ -24,13 +24,14 @@ from protocol_fixtures import benchmark_spec, counting_claims, kill_9_once_writt
 from test_cli_process import console_script
 
 from dmlbench.errors import RunInterrupted
-from dmlbench.protocol import search, work
-from dmlbench.protocol.fold_units import FoldRun
+from dmlbench.protocol.units import search
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.units.fold_units import FoldRun
 from dmlbench.protocol.layout import fold_study
-from dmlbench.protocol.prepare import prepare
-from dmlbench.protocol.schedule import retry_failed_units, run_search_stage
-from dmlbench.protocol.search import TrialFailed
-from dmlbench.protocol.storage import open_storage
+from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.run.schedule import retry_failed_units, run_search_stage
+from dmlbench.protocol.units.search import TrialFailed
+from dmlbench.protocol.queue.storage import open_storage
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -104,12 +105,12 @@ def trials(output: Path, storage: str | None = None, name: str = METHOD) -> list
     def shown(t: FrozenTrial) -> dict[str, Any]:
         kept = {key: value for key, value in t.user_attrs.items() if key not in ("worker", "started", "cost", "heartbeat")}
         kept["run_dirs"] = [str(Path(path).relative_to(output)) for path in kept.get("run_dirs", [])]
-        return {"slot": work.slot_of(t), "state": t.state.name, "value": t.value, "params": t.params,
+        return {"slot": attempts.slot_of(t), "state": t.state.name, "value": t.value, "params": t.params,
                 "distributions": t.distributions, "intermediate": t.intermediate_values,
                 "samples": t.user_attrs["cost"]["samples_seen"], **kept}
 
     found = optuna.load_study(study_name=name, storage=open_storage(storage or f"sqlite:///{output / 'study.db'}"))
-    return [shown(t) for t in work.counted(found)]
+    return [shown(t) for t in attempts.counted(found)]
 
 
 def test_fold_units_with_the_median_pruner_are_refused_in_one_line(config: Path, tmp_path: Path,
@@ -135,15 +136,15 @@ def test_one_and_two_workers_on_fold_units_give_the_sequential_results(
     monkeypatch.undo()
     same_results(one, reference)
     assert trials(one) == trials(reference)
-    from dmlbench.protocol import cost
-    from dmlbench.protocol.benchmark import load_spec
+    from dmlbench.protocol.dry_run import cost
+    from dmlbench.protocol.spec.benchmark import load_spec
 
     estimated = prepare(load_spec(config), tmp_path / "estimate", [FOLD_UNITS])
     unit_costs = {field.name: 0 for field in dataclasses.fields(cost.Measured) if field.name != "method_steps"}
     assert cost.estimate(estimated, cost.Measured(**{**unit_costs, "unit": 1.0})) == claims["worked"] == 2 * 3 + 2 + 2
     assert cost.estimate(estimated, cost.Measured(**{**unit_costs, "look": 1.0})) == claims["looks"]
     folds = optuna.load_study(study_name=fold_study(METHOD), storage=f"sqlite:///{one / 'study.db'}")
-    assert sorted(work.slot_of(t) for t in work.counted(folds)) == [0, 1, 2, 3]  # trial k's fold i: slot 2k + i
+    assert sorted(attempts.slot_of(t) for t in attempts.counted(folds)) == [0, 1, 2, 3]  # trial k's fold i: slot 2k + i
 
     # Two workers (--jobs 2) whose first runs wait for each other: the folds of trial 0 ran at once.
     barrier = tmp_path / "barrier"
@@ -156,7 +157,7 @@ def test_one_and_two_workers_on_fold_units_give_the_sequential_results(
     storage = json.loads((two / "benchmark.json").read_text())["storage"]
     assert trials(two, storage) == trials(reference)
     first, second = sorted((t for t in optuna.load_study(study_name=fold_study(METHOD), storage=open_storage(storage)).trials
-                            if t.state == TrialState.COMPLETE and work.slot_of(t) in (0, 1)), key=work.slot_of)
+                            if t.state == TrialState.COMPLETE and attempts.slot_of(t) in (0, 1)), key=attempts.slot_of)
     assert first.user_attrs["worker"]["pid"] != second.user_attrs["worker"]["pid"]
     assert max(first.datetime_start, second.datetime_start) < min(first.datetime_complete, second.datetime_complete)
     assert json.loads((two / "benchmark.json").read_text())["protocol"]["fold_units"] is True
@@ -169,9 +170,9 @@ def test_one_and_two_workers_on_fold_units_give_the_sequential_results(
 def test_the_dry_run_counts_the_folds_busy_and_rehearses_the_report_on_whole_trials(
     config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from dmlbench.protocol import cost
-    from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.rehearsal import SplitSize, rehearse
+    from dmlbench.protocol.dry_run import cost
+    from dmlbench.protocol.spec.benchmark import load_spec
+    from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 
     prepared = prepare(load_spec(config), tmp_path / "out", [FOLD_UNITS, "protocol.parallel_trials=2"])
     rehearsed = rehearse(prepared, tmp_path / "rehearsal", SplitSize(images=50, classes=10, width=8))
@@ -197,9 +198,9 @@ def test_a_worker_killed_mid_fold_is_continued_by_the_same_command_with_the_same
     folds = optuna.load_study(study_name=fold_study(METHOD), storage=f"sqlite:///{output / 'study.db'}")
     # The fold unit the worker was running (trial 1's fold 0, or fold 1 had fold 0 just ended) was failed as
     # interrupted and taken again with its parameters, its run continued from its checkpoint.
-    (killed,) = [t for t in folds.trials if work.interrupted(t)]
-    assert work.slot_of(killed) in (2, 3)
-    assert killed.params == next(t for t in work.counted(folds) if work.slot_of(t) == work.slot_of(killed)).params
+    (killed,) = [t for t in folds.trials if attempts.interrupted(t)]
+    assert attempts.slot_of(killed) in (2, 3)
+    assert killed.params == next(t for t in attempts.counted(folds) if attempts.slot_of(t) == attempts.slot_of(killed)).params
 
 
 # The search stage alone, its fold runs a deterministic stand-in for training (no run is trained).
@@ -249,7 +250,7 @@ def test_a_failing_fold_fails_its_trial_with_its_reason_and_the_folds_after_it_a
     assert [t["state"] for t in as_units] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert as_units[1]["fail_reason"] == "TrialFailed: fold 1: no finite validation map_at_r (best checkpoint: 0)"
     assert (1, 2) not in trained  # one worker: the fold after the failed one is skipped, not trained
-    folds = {work.slot_of(t): t for t in work.counted(study(tmp_path / "units", fold_study("m")))}
+    folds = {attempts.slot_of(t): t for t in attempts.counted(study(tmp_path / "units", fold_study("m")))}
     assert folds[5].state == TrialState.FAIL and folds[5].user_attrs["fail_reason"] == "skipped: fold 1 of trial 1 failed"
 
     # benchmark --retry-failed: the failed trial's failed and skipped folds run again, its done fold is kept.
@@ -272,5 +273,5 @@ def test_ctrl_c_mid_fold_then_the_same_search_again_gives_the_uninterrupted_tria
         searched(tmp_path / "stopped", FOLD_UNITS)
     assert searched(tmp_path / "stopped", FOLD_UNITS) == uninterrupted
     assert trained.count((1, 1)) == 2 and len(trained) == 3 * 3 + 1  # only the stopped fold ran twice
-    stopped = [t for t in study(tmp_path / "stopped", fold_study("m")).trials if work.interrupted(t)]
-    assert [(work.slot_of(t), t.user_attrs["interrupted_reason"]) for t in stopped] == [(4, "interrupted: stopped by the user")]
+    stopped = [t for t in study(tmp_path / "stopped", fold_study("m")).trials if attempts.interrupted(t)]
+    assert [(attempts.slot_of(t), t.user_attrs["interrupted_reason"]) for t in stopped] == [(4, "interrupted: stopped by the user")]

@@ -16,9 +16,9 @@ from cli_runner import run_cli
 from training_fixtures import TINY
 
 from dmlbench.protocol import layout
-from dmlbench.protocol.benchmark import load_spec
-from dmlbench.protocol.prepare import prepare
-from dmlbench.protocol.record import write_benchmark_file
+from dmlbench.protocol.spec.benchmark import load_spec
+from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.run.record import write_benchmark_file
 from dmlbench.training import records
 
 REPO = Path(__file__).resolve().parent.parent

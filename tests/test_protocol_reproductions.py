@@ -17,8 +17,8 @@ from dmlbench.analysis.statistics import mean_interval
 from dmlbench.data.splits import train_test_split
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation import evaluate_many
-from dmlbench.protocol import reproductions as reproductions_module
-from dmlbench.protocol.results import RESULTS_COLUMNS, RUNS_COLUMNS, write_results
+from dmlbench.protocol.units import reproductions as reproductions_module
+from dmlbench.protocol.units.results import RESULTS_COLUMNS, RUNS_COLUMNS, write_results
 from dmlbench.training import loop as loop_module
 from dmlbench.training.runs import embed_test_split
 from dmlbench.training.setup import load_dataset
@@ -103,7 +103,7 @@ def test_a_failing_reproduction_is_left_out_of_n(tmp_path: Path) -> None:
 
 def test_compare_reproductions_pairs_by_seed_on_seeds_every_method_scored() -> None:
     from dmlbench.analysis.statistics import paired_comparison
-    from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome, compare_reproductions
+    from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome, compare_reproductions
 
     def method(name: str, values: dict[int, float | None]) -> MethodReproductions:
         outcomes = [

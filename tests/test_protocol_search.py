@@ -14,12 +14,13 @@ from training_fixtures import TINY
 from dmlbench import config as config_module
 from dmlbench.data.splits import train_test_split
 from dmlbench.errors import RunInterrupted, UserInputError
-from dmlbench.protocol import work
-from dmlbench.protocol.benchmark import ProtocolSpec, apply_spec_overrides
-from dmlbench.protocol.plan import SearchSettings, method_raw_config
-from dmlbench.protocol.prepare import prepare, resolve_storage
-from dmlbench.protocol.schedule import run_benchmark
-from dmlbench.protocol.search import make_sampler
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.spec.benchmark import ProtocolSpec, apply_spec_overrides
+from dmlbench.protocol.spec.plan import SearchSettings, method_raw_config
+from dmlbench.protocol.spec.prepare import prepare, resolve_storage
+from dmlbench.protocol.run.schedule import run_benchmark
+from dmlbench.protocol.units.search import make_sampler
 from dmlbench.training import loop as loop_module
 from dmlbench.training.setup import load_dataset
 
@@ -134,7 +135,7 @@ def test_a_trial_left_running_by_a_dead_process_is_retried_with_its_parameters(t
     """A worker killed with kill -9 on this machine: its trial stays RUNNING with the dead process's id."""
     import subprocess
 
-    from dmlbench.protocol.storage import host_id
+    from dmlbench.protocol.queue.storage import host_id
     from dmlbench.training.step import TrainResult
 
     def scripted_train(config, run_dir, **kwargs):
@@ -156,7 +157,7 @@ def test_a_trial_left_running_by_a_dead_process_is_retried_with_its_parameters(t
     assert trials[0].user_attrs["interrupted"] is True
     assert trials[1].params == {"loss.params.margin": 0.25} and trials[1].user_attrs["retry_of"] == 0
     assert [t.user_attrs["slot"] for t in trials] == [0, 0, 1]
-    assert result.completed == 2 and len(work.counted(searched)) == 2
+    assert result.completed == 2 and len(attempts.counted(searched)) == 2
 
 
 def test_parallel_trials_lets_a_batch_start_before_the_earlier_slots_finish(tmp_path: Path) -> None:
@@ -216,9 +217,9 @@ import importlib.util, sys
 if sys.argv[1] == "blocked":
     sys.modules["greenlet"] = None  # as on a machine without the package
 import logging, math, optuna
-from dmlbench.protocol.benchmark import ProtocolSpec
-from dmlbench.protocol.plan import SearchSettings
-from dmlbench.protocol.search import make_sampler
+from dmlbench.protocol.spec.benchmark import ProtocolSpec
+from dmlbench.protocol.spec.plan import SearchSettings
+from dmlbench.protocol.units.search import make_sampler
 print("greenlet", importlib.util.find_spec("greenlet") is not None and sys.modules.get("greenlet", 0) is not None)
 settings = SearchSettings.of(ProtocolSpec(sampler="gp", search_seed=0, startup_trials=4), "sqlite://")
 make_sampler(settings)  # at Optuna's default verbosity: a warning it logs would reach stderr
@@ -285,7 +286,7 @@ def test_median_pruning_stops_a_hopeless_trial_after_its_first_fold(tmp_path: Pa
     assert "after 1 fold" in trials[2].user_attrs["pruned"]  # Optuna keeps its last running mean as its value
     assert len(calls) == 7  # the pruned trial trained one fold, not two
     assert (result.completed, result.pruned, result.failed) == (3, 1, 0)
-    assert result.best_value == pytest.approx(0.7) and len(work.counted(study(tmp_path, "m"))) == 4
+    assert result.best_value == pytest.approx(0.7) and len(attempts.counted(study(tmp_path, "m"))) == 4
 
 
 @pytest.mark.parametrize("sampler", ["gp", "tpe"])
@@ -388,7 +389,7 @@ def test_a_connection_lost_inside_a_unit_interrupts_it_and_never_fails_the_metho
     worker's retry loop. Recorded as a failure, it took a trial from the search and changed its best."""
     import sqlalchemy
 
-    from dmlbench.protocol import storage as storage_module
+    from dmlbench.protocol.queue import storage as storage_module
 
     worker = work.Worker(f"sqlite:///{tmp_path / 'study.db'}")
     # This worker's storage answers like a PostgreSQL one: the error below is a lost connection.

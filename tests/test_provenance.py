@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from dmlbench import provenance
-from dmlbench.protocol.benchmark import load_spec
-from dmlbench.protocol.prepare import prepare
-from dmlbench.protocol.record import write_benchmark_file
+from dmlbench.protocol.spec.benchmark import load_spec
+from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.run.record import write_benchmark_file
 from dmlbench.training import embed
 
 

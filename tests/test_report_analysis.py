@@ -10,7 +10,7 @@ from scipy import stats
 from dmlbench.analysis.correlations import correlation, rank_agreement
 from dmlbench.analysis.statistics import compare_methods, compare_pairs, holm, mean_interval
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome
+from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome
 from dmlbench.report.analysis import analyse
 
 

@@ -10,8 +10,8 @@ import optuna
 import pytest
 from matplotlib.colors import to_rgba
 
-from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredMethod, StoredSpec
-from dmlbench.protocol.results import MethodReproductions, ReproductionOutcome
+from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, StoredMethod, StoredSpec
+from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome
 from dmlbench.report import plots, render, tables
 from dmlbench.report.analysis import analyse
 from dmlbench.report.data import ReportData

@@ -12,7 +12,7 @@ import pytest
 from protocol_fixtures import benchmark_record
 from scipy import stats
 
-from dmlbench.protocol.benchmark_file import write_benchmark
+from dmlbench.protocol.spec.benchmark_file import write_benchmark
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -270,7 +270,7 @@ def test_domain_errors_embeds_a_reproduction_as_the_protocol_scores_it(tmp_path:
 
     from dmlbench import config as config_module
     from dmlbench import evaluate
-    from dmlbench.protocol.scoring import score_modes
+    from dmlbench.protocol.units.scoring import score_modes
     from dmlbench.training import train
     from dmlbench.training.runs import embed_test_split
     from training_fixtures import TINY

@@ -1,4 +1,4 @@
-"""``schedule.Schedule`` as an ordered list of stages (``protocol.stages``): the same order of work as
+"""``schedule.Schedule`` as an ordered list of stages (``protocol.run.stages``): the same order of work as
 the single generator it replaced, checked against that generator on scripted units, with workers
 elsewhere (``WAIT``), searches that never find a best trial and repeated searches."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dmlbench.protocol import schedule as schedule_module
-from dmlbench.protocol import stages as stages_module
-from dmlbench.protocol import work
+from dmlbench.protocol.run import schedule as schedule_module
+from dmlbench.protocol.run import stages as stages_module
+from dmlbench.protocol.queue import work
 
 
 class ScriptedUnit:

@@ -11,7 +11,7 @@ import torch
 
 from cli_runner import run_cli
 from dmlbench.analysis import search_luck
-from dmlbench.protocol.storage import default_url
+from dmlbench.protocol.queue.storage import default_url
 
 torch.set_num_threads(1)
 
@@ -90,8 +90,8 @@ def test_best_values_in_the_outer_five_percent_are_flagged_on_the_scale_searched
 
 def test_the_new_protocol_keys_enter_the_description_only_when_set(tmp_path: Path) -> None:
     # Benchmarks started before search_repeats and class_bootstrap existed keep their config hash.
-    from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.prepare import prepare
+    from dmlbench.protocol.spec.benchmark import load_spec
+    from dmlbench.protocol.spec.prepare import prepare
 
     spec = load_spec(REPO / "configs" / "smoke.yaml")
     plain = prepare(spec, tmp_path / "a")

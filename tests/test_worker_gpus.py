@@ -13,9 +13,10 @@ import optuna
 import pytest
 import torch
 
-from dmlbench.protocol import cost, jobs
-from dmlbench.protocol.benchmark import load_spec
-from dmlbench.protocol.prepare import Prepared, prepare
+from dmlbench.protocol.dry_run import cost
+from dmlbench.protocol.run import jobs
+from dmlbench.protocol.spec.benchmark import load_spec
+from dmlbench.protocol.spec.prepare import Prepared, prepare
 from dmlbench.training import embed, threads
 from dmlbench.training.embed import resolve_device, set_worker, worker_devices, worker_gpus
 
@@ -109,8 +110,8 @@ def test_run_jobs_numbers_its_workers_and_says_how_they_share_the_gpus(
     assert embed._worker is None  # the parent is a worker only while its workers run
     assert shares == [4] and threads._processes == 1  # and shares the cores with them only then
     # Each spawned worker, run here: the same loop, on its own share of the GPUs.
-    monkeypatch.setattr("dmlbench.protocol.benchmark.load_spec", lambda path: None)
-    monkeypatch.setattr("dmlbench.protocol.prepare.prepare", lambda *args, **kwargs: None)
+    monkeypatch.setattr("dmlbench.protocol.spec.benchmark.load_spec", lambda path: None)
+    monkeypatch.setattr("dmlbench.protocol.spec.prepare.prepare", lambda *args, **kwargs: None)
     monkeypatch.setattr(jobs, "install_stop_handlers", lambda: None)
     verbosity = optuna.logging.get_verbosity()
     try:

@@ -25,9 +25,9 @@ def benchmark(
     ``output_dir`` and write its report with ``jobs`` worker processes (``"auto"``: as
     ``dmlbench benchmark --jobs auto``); returns the ``BenchmarkOutcome`` (``results``, ``failed``),
     or ``None`` when another worker on the same storage wrote the report."""
-    from dmlbench.protocol.benchmark import load_spec
-    from dmlbench.protocol.prepare import prepare
-    from dmlbench.protocol.schedule import run_benchmark
+    from dmlbench.protocol.spec.benchmark import load_spec
+    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.run.schedule import run_benchmark
     from dmlbench.report import write_report
 
     config_path = None if config is None else Path(config)
@@ -35,7 +35,7 @@ def benchmark(
         prepared = prepare(load_spec(config_path), Path(output_dir), list(overrides), storage, jobs=jobs,
                            accept_plugin_changes=accept_plugin_changes)
         if prepared.jobs > 1:
-            from dmlbench.protocol.jobs import run_jobs
+            from dmlbench.protocol.run.jobs import run_jobs
 
             return run_jobs(prepared, config_path, list(overrides), progress=progress, report=write_report)
         return run_benchmark(prepared, progress=progress, report=write_report)

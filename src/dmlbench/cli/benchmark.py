@@ -19,7 +19,7 @@ import typer
 from dmlbench.cli.common import COMMAND_STARTED, OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed
 from dmlbench.protocol import layout
-from dmlbench.protocol.storage import DEFAULT_RETRY_SECONDS, redact
+from dmlbench.protocol.queue.storage import DEFAULT_RETRY_SECONDS, redact
 
 STORAGE_HELP = ("Optuna storage shared by every worker: postgresql://USER@HOST/DB (password from PGPASSWORD or "
                 f"~/.pgpass, never in the URL), journal:///PATH or sqlite:///PATH (default: DIR/{layout.SQLITE_FILE}, "
@@ -84,8 +84,8 @@ def benchmark_command(
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
                              jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run)
     with stops_explained(f"benchmark {output_dir}", again):
-        from dmlbench.protocol.benchmark import load_spec
-        from dmlbench.protocol.prepare import prepare
+        from dmlbench.protocol.spec.benchmark import load_spec
+        from dmlbench.protocol.spec.prepare import prepare
         from dmlbench.report import write_report  # here, so that a dry run's measured start includes its import
 
         _quiet_optuna()
@@ -97,7 +97,7 @@ def benchmark_command(
             typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
         if dry_run:
             from dmlbench.analysis.planning import dry_run_plan
-            from dmlbench.protocol.cost import dry_run as estimate
+            from dmlbench.protocol.dry_run.cost import dry_run as estimate
 
             typer.echo(estimate(prepared, started, report=write_report))  # the real run's report writer, timed
             typer.echo(dry_run_plan(prepared.spec.planned_family(), prepared.spec.analysis.planning_sd,
@@ -106,7 +106,7 @@ def benchmark_command(
         if not quiet:
             typer.echo(f"output: {output_dir} ({layout.REPORT_FILE} and {layout.REPORT_HTML} at the end)", err=True)
         if retry_failed:
-            from dmlbench.protocol.schedule import retry_failed_units
+            from dmlbench.protocol.run.schedule import retry_failed_units
 
             typer.echo(f"--retry-failed: {retry_failed_units(prepared)} failed unit(s) to run again", err=True)
         outcome = _run_prepared(prepared, config_path, overrides, quiet, write_report)
@@ -142,10 +142,10 @@ def _exit_on_failures(failed: dict[str, str]) -> None:
 def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str], quiet: bool, write_report: Any) -> Any:
     """Run a prepared benchmark with its workers (``--jobs``) and ``write_report``; the
     ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
-    from dmlbench.protocol.schedule import run_benchmark
+    from dmlbench.protocol.run.schedule import run_benchmark
 
     if prepared.jobs > 1:
-        from dmlbench.protocol.jobs import run_jobs
+        from dmlbench.protocol.run.jobs import run_jobs
 
         return run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report)
     return run_benchmark(prepared, progress=not quiet, report=write_report)
@@ -197,9 +197,9 @@ def search_command(
     """
     config_path, overrides = config_and_overrides(config_path, overrides)
     require_yaml(config_path, "config")  # before optuna and torch are imported
-    from dmlbench.protocol.benchmark import load_search_spec
-    from dmlbench.protocol.prepare import prepare
-    from dmlbench.protocol.schedule import run_search_stage
+    from dmlbench.protocol.spec.benchmark import load_search_spec
+    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.run.schedule import run_search_stage
 
     _quiet_optuna()
     spec = load_search_spec(config_path)

@@ -60,7 +60,7 @@ def audit_command(
     (or its storage cannot be read), 130 interrupted by Ctrl-C, 143 by SIGTERM.
     """
     _require_benchmark(directory)
-    from dmlbench.protocol.audit import audit
+    from dmlbench.protocol.inspection.audit import audit
 
     problems = audit(directory, storage)
     if problems:
@@ -101,8 +101,8 @@ def plan_command(
     other_trials = _search_sds_at(search_sd_at or [])
     require_yaml(config_path, "benchmark config")
     from dmlbench.analysis import planning
-    from dmlbench.protocol.benchmark import apply_spec_overrides, load_spec
-    from dmlbench.protocol.results import read_runs
+    from dmlbench.protocol.spec.benchmark import apply_spec_overrides, load_spec
+    from dmlbench.protocol.units.results import read_runs
 
     spec, others = apply_spec_overrides(load_spec(config_path), list(overrides or []))
     if others:  # a run setting cannot change a power calculation: say so rather than ignore it

@@ -33,7 +33,7 @@ def status_command(
         raise UserInputError("give a benchmark directory or --storage URL")
     if storage is None and directory is not None and not (directory / BENCHMARK_FILE).is_file():
         raise UserInputError(f"{directory} holds no benchmark study (no {BENCHMARK_FILE})")
-    from dmlbench.protocol.status import status_lines
+    from dmlbench.protocol.inspection.status import status_lines
 
     for line in status_lines(directory, storage):
         typer.echo(line)

@@ -56,7 +56,7 @@ from dmlbench.analysis.power import ComparisonPower, comparison_power, paired_sd
 from dmlbench.analysis.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, OUTCOMES, PairedComparison, compare_pairs
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.layout import BASELINES
-from dmlbench.protocol.results import (
+from dmlbench.protocol.units.results import (
     MethodReproductions,
     compare_reranking,
     compared_modes,

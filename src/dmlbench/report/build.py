@@ -1,7 +1,7 @@
 """Build every report file of a benchmark directory from what is stored there; no training, no test data.
 
 Inputs: ``benchmark.json`` and the Optuna studies, read by ``report.data``. Outputs: ``results.csv``
-and ``runs.csv`` (``protocol.results.write_results``: the same bytes whoever writes them),
+and ``runs.csv`` (``protocol.units.results.write_results``: the same bytes whoever writes them),
 ``comparisons.csv`` (every pair of methods), the claim files of ``report.analysis``
 (``claim_comparisons.csv``, ``embedding_space.csv``, ``correlations.csv``, ``rankings.csv``), the
 figures of ``report.plots`` as PNG files, ``report.md`` (linking them), ``report.html`` (inline CSS,
@@ -18,7 +18,7 @@ from dmlbench.analysis.verdicts import comparison_csv
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
-from dmlbench.protocol.results import result_rows, write_results
+from dmlbench.protocol.units.results import result_rows, write_results
 from dmlbench.report import plots, render, tables, uncertainty
 from dmlbench.report.data import ReportData, computed_metrics, load_report_data
 from dmlbench.report.sections import sections
@@ -28,7 +28,7 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
     """Write every report file of the benchmark in ``output_dir`` (see the module docstring) into
     ``destination`` (default ``output_dir``, e.g. a folder to publish without checkpoints or the
     database); returns their paths, ``{file name: path}``: exactly the files it wrote (what MLflow
-    tracking uploads, ``protocol.record.track_report``). The names are ``protocol.layout``'s."""
+    tracking uploads, ``protocol.run.record.track_report``). The names are ``protocol.layout``'s."""
     data = load_report_data(output_dir, storage)
     source, output_dir = Path(output_dir), Path(destination or output_dir)
     if output_dir.exists() and not output_dir.is_dir():

@@ -22,12 +22,12 @@ from dmlbench.analysis.correlations import mean_lag_one_autocorrelation
 from dmlbench.analysis.statistics import PairedComparison
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol import work
-from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, read_benchmark
 from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction_study
-from dmlbench.protocol.results import MethodReproductions, compared_modes, read_reproductions, stored_class_sums
-from dmlbench.protocol.search import failed_search_text
+from dmlbench.protocol.units.results import MethodReproductions, compared_modes, read_reproductions, stored_class_sums
+from dmlbench.protocol.units.search import failed_search_text
 from dmlbench.report.analysis import Claims, analyse
 
 CURVE_METRICS = ("precision_at_1", "map_at_r")
@@ -103,11 +103,11 @@ def _search_trials(storage: Any, method: str) -> list[dict[str, Any]]:
     """The search trials that used the budget, one dictionary each, numbered by slot."""
     study = optuna.load_study(study_name=method, storage=storage)
     return [
-        {"number": work.slot_of(trial), "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
+        {"number": attempts.slot_of(trial), "state": trial.state.name, "value": trial.value, "params": dict(trial.params),
          "interrupted": False, "epochs_run": trial.user_attrs.get("epochs_run"),
          "curves": trial.user_attrs.get("curves", []), "cost": _cost(trial),
          "fail_reason": trial.user_attrs.get("fail_reason")}
-        for trial in work.counted(study)
+        for trial in attempts.counted(study)
     ]
 
 
@@ -126,10 +126,10 @@ def _read_reproductions(data: ReportData, storage: Any, method: str) -> None:
     attrs = study.user_attrs
     result = read_reproductions(study, method, attrs.get("params", {}), attrs.get("fold_layout_hash", ""), data.output_dir)
     if result.outcomes:
-        counted = work.counted(study)
+        counted = attempts.counted(study)
         data.results[method] = result
         data.reproduction_costs[method] = [_cost(t) for t in counted]
-        data.reproduction_curves[method] = [(work.slot_of(t), t.user_attrs.get("curves", [])) for t in counted]
+        data.reproduction_curves[method] = [(attempts.slot_of(t), t.user_attrs.get("curves", [])) for t in counted]
         sums = {int(t.user_attrs["seed"]): stored_class_sums(attrs, t) for t in counted if t.state.name == "COMPLETE"}
         data.class_scores[method] = {seed: record for seed, record in sums.items() if record is not None}
 
@@ -145,7 +145,7 @@ def _read_repeats(data: ReportData, storage: Any, names: set[str]) -> None:
                 study = optuna.load_study(study_name=reproduction_study(name), storage=storage)
                 data.repeat_results[name] = read_reproductions(study, name, study.user_attrs.get("params", {}),
                                                                study.user_attrs.get("fold_layout_hash", ""), data.output_dir)
-                data.reproduction_costs[name] = [_cost(t) for t in work.counted(study)]
+                data.reproduction_costs[name] = [_cost(t) for t in attempts.counted(study)]
         if repeats:
             data.repeats[method] = repeats
 

@@ -13,7 +13,7 @@ from dmlbench.analysis.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.analysis.search_luck import cheapest_design, pooled_search_sd
 from dmlbench.analysis.statistics import OUTCOMES, PairedComparison
 from dmlbench.evaluation.metrics import metric_title
-from dmlbench.protocol.benchmark import MIN_REPRODUCTIONS
+from dmlbench.protocol.spec.benchmark import MIN_REPRODUCTIONS
 from dmlbench.protocol.layout import (
     CLAIM_COMPARISONS_CSV,
     COMPARISONS_CSV,
@@ -22,7 +22,7 @@ from dmlbench.protocol.layout import (
     UNTRAINED,
     VALIDATION_CURVES_CSV,
 )
-from dmlbench.protocol.results import result_rows
+from dmlbench.protocol.units.results import result_rows
 from dmlbench.report import plots, tables, uncertainty
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
 from dmlbench.report.data import ReportData

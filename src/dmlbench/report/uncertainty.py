@@ -33,7 +33,7 @@ from dmlbench.protocol.layout import (
     SEARCH_REPEATS_CSV,
     SEARCH_VARIANCE_CSV,
 )
-from dmlbench.protocol.results import MethodReproductions, result_rows, run_rows
+from dmlbench.protocol.units.results import MethodReproductions, result_rows, run_rows
 from dmlbench.report.analysis import Claims, scored_methods
 from dmlbench.report.data import ReportData
 from dmlbench.report.tables import csv_text

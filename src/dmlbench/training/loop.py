@@ -5,7 +5,7 @@ processes of ``torchrun`` (``training.distributed``), where rank 0 alone writes 
 One epoch loop for every run: its batches come from a ``training.step.BatchSource``, image batches
 of the training view (``ImageBatches``) or, for a head on a frozen trunk, rows of cached trunk
 features (``training.features.FeatureBatches``); records, checkpoints, resumption, tracking and
-signal handling are the same for both. ``time_steps`` runs the same loop for ``protocol.cost``."""
+signal handling are the same for both. ``time_steps`` runs the same loop for ``protocol.dry_run.cost``."""
 
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ class StepBudget:
 def time_steps(config: Config, source: BatchSource, device: torch.device, steps: int) -> list[float]:
     """The seconds of each of the first ``steps`` training steps of ``source`` (fetching the batch
     included) as the loop takes them, epoch after epoch from the first after the warm-up; what
-    ``protocol.cost`` times. Nothing is written; the components train."""
+    ``protocol.dry_run.cost`` times. Nothing is written; the components train."""
     stepper = Stepper(config, source.components, device, ProcessGroup())
     _initialize_memory(source, device, stepper.group)
     budget, epoch = StepBudget(steps), config.training.warmup_epochs

@@ -220,7 +220,7 @@ class TrainingSetup:
 
 
 def set_up_training(config: Config, device: torch.device) -> TrainingSetup:
-    """The one set-up of a training run (``training.train`` and ``protocol.cost``)."""
+    """The one set-up of a training run (``training.train`` and ``protocol.dry_run.cost``)."""
     full_dataset = load_dataset(config)
     if config.evaluation.cross_domain and getattr(full_dataset, "domains", None) is None:
         # Said before training, not after it, when the test split would be scored.

@@ -2,7 +2,7 @@
 batch (mining, then the loss; seed 001 §2's miner-to-loss order), the backward pass and the one
 optimiser step (``apply_gradients``), the validation-only selection of the best epoch, the result
 and the run record's end. ``training.loop`` runs the epochs over a source of image batches or of
-cached trunk features (``training.features``); ``protocol.cost`` times steps through that loop; the
+cached trunk features (``training.features``); ``protocol.dry_run.cost`` times steps through that loop; the
 toy experiment (``toy.experiment``) keeps its own loop of stacked networks and steps through
 ``apply_gradients``."""
 

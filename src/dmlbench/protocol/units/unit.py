@@ -1,7 +1,7 @@
 """The one shape of a unit of work (a method's search trial, one of its reproductions, one of the
 untrained baseline's) and the helpers its kinds share. ``Unit.step`` claims a slot of the unit's
 study (``claim``), runs it inside ``work.execute`` (``attempt``: its body and the training samples it
-cost) and says what happened (``announce``); ``protocol.schedule`` steps the units in order.
+cost) and says what happened (``announce``); ``protocol.run.schedule`` steps the units in order.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import optuna
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import work
-from dmlbench.protocol.plan import Context, ReproductionSettings
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.spec.plan import Context, ReproductionSettings
 from dmlbench.training import records
 
 

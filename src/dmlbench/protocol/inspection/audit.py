@@ -27,9 +27,9 @@ import yaml
 
 from dmlbench import files, plugins
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol import work
-from dmlbench.protocol.benchmark_file import BenchmarkRecord, StoredFoldLayout, read_benchmark
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, StoredFoldLayout, read_benchmark
 from dmlbench.protocol.layout import (
     BENCHMARK_FILE,
     REPRODUCTION_STAGE,
@@ -184,9 +184,9 @@ def _audit_budgets(benchmark: BenchmarkRecord, epochs: dict[str, set[int]], url:
             problems.append(f"method {method}: no study in {storage_module.redact(url)}")
             continue
         study = optuna.load_study(study_name=method, storage=storage)
-        budgeted = len(work.counted(study))
+        budgeted = len(attempts.counted(study))
         settings = study.user_attrs.get("settings", {})
-        reproductions = (len(work.counted(optuna.load_study(study_name=reproduction_study(method), storage=storage)))
+        reproductions = (len(attempts.counted(optuna.load_study(study_name=reproduction_study(method), storage=storage)))
                          if reproduction_study(method) in names else 0)
         # The counts are checked against the protocol one method at a time (an unfinished benchmark is
         # short of them); what the methods must share besides is compared across them.

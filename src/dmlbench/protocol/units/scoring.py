@@ -1,7 +1,7 @@
 """What the reproductions and the untrained baseline share when they score the test split: the
 fold models' embeddings scored per mode (``score_modes``), the value Optuna shows for a reproduction
 (``objective``) and the log of every opening of the test data (``record_test_access``, read by
-``protocol.audit``).
+``protocol.inspection.audit``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def objective(scores: Mapping[str, Mapping[str, float]]) -> float:
 
 
 def record_test_access(output_dir: Path, entry: Mapping[str, Any]) -> None:
-    """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.audit``)."""
+    """Append one opening of the test data to ``OUTPUT_DIR/test_access.jsonl`` (read by ``protocol.inspection.audit``)."""
     line = json.dumps({"time": provenance.now(), **entry}) + "\n"
     path = Path(output_dir) / layout.TEST_ACCESS_FILE
     if files.ends_inside_a_line(path):

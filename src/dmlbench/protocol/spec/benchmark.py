@@ -1,6 +1,6 @@
 """The benchmark YAML: a shared ``base`` config, the methods (each its overrides and search space) and
-the ``protocol`` budget (seed 001 §3: folds, trials, epochs, reproductions). ``protocol.prepare``
-checks it and ``protocol.schedule`` runs it."""
+the ``protocol`` budget (seed 001 §3: folds, trials, epochs, reproductions). ``protocol.spec.prepare``
+checks it and ``protocol.run.schedule`` runs it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dmlbench.analysis.statistics import DEFAULT_EQUIVALENCE_MARGIN
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 
-DEFAULT_BENCHMARK = Path(__file__).resolve().parent.parent / "configs" / "benchmark.yaml"
+DEFAULT_BENCHMARK = Path(__file__).resolve().parents[2] / "configs" / "benchmark.yaml"
 # A 95% interval and a paired test need two reproductions (seeds) per method at least.
 MIN_REPRODUCTIONS = 2
 DEFAULT_CLASS_BOOTSTRAP = 1000
@@ -34,7 +34,7 @@ class MethodSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     overrides: dict[str, Any] = Field(default_factory=dict)
-    # The method's hyper-parameter search space (``dmlbench.protocol.search_space``); empty: nothing searched.
+    # The method's hyper-parameter search space (``dmlbench.protocol.spec.search_space``); empty: nothing searched.
     search: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -53,7 +53,7 @@ class ProtocolSpec(BaseModel):
     (``protocol.fold_units``), so the search keeps methods x folds x ``parallel_trials`` workers busy
     rather than methods x ``parallel_trials``; the results are the same either way, and ``pruner:
     median`` is refused with it (pruning decides after each fold, so it needs them one after another);
-    ``frozen_trunk``: the search trains only heads on cached trunk features (``protocol.feature_cache``);
+    ``frozen_trunk``: the search trains only heads on cached trunk features (``protocol.units.feature_cache``);
     the reproductions still train full models; ``search_repeats``: the whole search (and the
     reproductions of its best trial) run this many times, repeat ``k`` with search seed
     ``search_seed + k``, for ``search_repeat_methods`` (empty: every method), so the report shows how

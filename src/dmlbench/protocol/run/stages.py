@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from dmlbench.protocol.baseline import Baseline, recorded_reference
-from dmlbench.protocol.feature_cache import FeatureCache
-from dmlbench.protocol.plan import Context
-from dmlbench.protocol.prepare import Prepared
-from dmlbench.protocol.reproductions import MethodReproduction
-from dmlbench.protocol.search import MethodSearch, best_trial
-from dmlbench.protocol.units import Unit
+from dmlbench.protocol.units.baseline import Baseline, recorded_reference
+from dmlbench.protocol.units.feature_cache import FeatureCache
+from dmlbench.protocol.spec.plan import Context
+from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.units.reproductions import MethodReproduction
+from dmlbench.protocol.units.search import MethodSearch, best_trial
+from dmlbench.protocol.units.unit import Unit
 
 
 class Stage(ABC):

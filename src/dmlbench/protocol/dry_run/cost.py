@@ -28,7 +28,7 @@ fold, in this process (one worker):
   first set-up, step, validation pass and run of a process pay beyond the others), and the report: the
   real report writer the command is given (``report.write_report``, so its reading of the storage,
   statistics, figures, files and first imports), timed on a benchmark of the same methods, trials,
-  reproductions and folds stored with made-up results (``protocol.rehearsal``).
+  reproductions and folds stored with made-up results (``protocol.dry_run.rehearsal``).
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dmlbench.protocol import layout, timings
-from dmlbench.protocol.benchmark import ProtocolSpec
-from dmlbench.protocol.plan import repeated_searches
-from dmlbench.protocol.prepare import Prepared
-from dmlbench.protocol.record import ReportWriter
-from dmlbench.protocol.rehearsal import SplitSize, rehearse
+from dmlbench.protocol import layout
+from dmlbench.protocol.dry_run import timings
+from dmlbench.protocol.spec.benchmark import ProtocolSpec
+from dmlbench.protocol.spec.plan import repeated_searches
+from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.run.record import ReportWriter
+from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 from dmlbench.training.threads import resolve_threads
 
 ONE_STEP_RUNS = 3  # one run's overhead (a fraction of a second) varies several times on a busy machine
@@ -274,8 +275,9 @@ def _storage_seconds(prepared: Prepared, directory: Path) -> tuple[float, float,
     default to: one unit (claim it, record its start, heartbeat and end; the second of two), a look
     at a finished study (a claim that finds nothing left), opening a study, and creating the storage
     (its tables, with the first study, in the process's first call)."""
-    from dmlbench.protocol import storage, work
-    from dmlbench.protocol.units import claim_reproduction, open_unit_study
+    from dmlbench.protocol.queue import storage
+    from dmlbench.protocol.queue import work
+    from dmlbench.protocol.units.unit import claim_reproduction, open_unit_study
 
     started = time.perf_counter()
     worker = work.Worker(storage.default_url(directory, prepared.jobs))

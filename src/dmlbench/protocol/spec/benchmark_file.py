@@ -1,7 +1,7 @@
 """``benchmark.json`` as a typed record: what a benchmark recorded when it started (its description,
 storage, config hash, commit, machine) and the changes accepted on purpose since. Every reader (the
 protocol, the audit, ``dmlbench status``, the report) goes through ``read_benchmark``, the writer
-(``protocol.record``) through ``write_benchmark``.
+(``protocol.run.record``) through ``write_benchmark``.
 
 The file is versioned by ``format``. A file without one was written before the field existed and is
 format 1, which this one is too: the fields are the same, so every benchmark directory written so far
@@ -9,7 +9,7 @@ opens and continues. A file of a newer format, one that is not JSON or one that 
 fields is refused with one line, and nothing is written over it.
 
 Only the keys a file holds are written back (``exclude_unset``): a benchmark started before a key
-existed keeps its description, so its config hash and the comparison of ``protocol.prepare`` stay as
+existed keeps its description, so its config hash and the comparison of ``protocol.spec.prepare`` stay as
 they were. Keys this version does not know are kept too (``extra="allow"``).
 """
 
@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from dmlbench import files
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol.benchmark import AnalysisSpec, ProtocolSpec
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.spec.benchmark import AnalysisSpec, ProtocolSpec
 from dmlbench.protocol.layout import BENCHMARK_FILE, JOURNAL_FILE, SQLITE_FILE
 
 # The format this version writes; it reads this one and the older ones. Raise it when a field changes

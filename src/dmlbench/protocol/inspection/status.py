@@ -16,9 +16,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol import work
-from dmlbench.protocol.benchmark_file import read_benchmark
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.spec.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, fold_study, reproduction_study
 
 RECENT_SECONDS = 300
@@ -57,7 +57,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
             if trial.state == TrialState.RUNNING and owner and "heartbeat" in trial.user_attrs:
                 workers[owner["id"]] = max(workers.get(owner["id"], 0.0), float(trial.user_attrs["heartbeat"]))
         if not name.startswith(FOLDS_PREFIX):  # a trial's cost holds its folds'
-            durations += [t.user_attrs["cost"]["wall_seconds"] for t in work.counted(study) if t.user_attrs.get("cost")]
+            durations += [t.user_attrs["cost"]["wall_seconds"] for t in attempts.counted(study) if t.user_attrs.get("cost")]
     if planned is None:  # --storage alone: the stages already started say how many every method gets
         started = [int(study.user_attrs["reproductions"]) for name, study in studies.items()
                    if name.startswith(PREFIX) and name[len(PREFIX):] not in BASELINES and "reproductions" in study.user_attrs]
@@ -67,7 +67,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     for name, study in studies.items():
         if name.startswith((PREFIX, FOLDS_PREFIX)):
             continue
-        counted = work.counted(study)
+        counted = attempts.counted(study)
         budget = int(study.user_attrs.get("trials", len(counted)))
         running = len(_running_trials(study, studies.get(fold_study(name))))
         failed = _failed(counted)
@@ -77,7 +77,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         # (until benchmark --retry-failed enqueues its trials again).
         search_failed = left == 0 and not running and bool(counted) and all(t.state == TrialState.FAIL for t in counted)
         wanted = 0 if search_failed else int((reproductions.user_attrs.get("reproductions") if reproductions else planned) or 0)
-        reproduced = work.counted(reproductions) if reproductions is not None else []
+        reproduced = attempts.counted(reproductions) if reproductions is not None else []
         done_reproductions, failed_reproductions = len(reproduced), _failed(reproduced)
         unplanned += reproductions is None and planned is None and not search_failed
         left_units += left + max(wanted - done_reproductions, 0)
@@ -110,20 +110,20 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
 
 def _baseline_line(name: str, study: optuna.Study) -> tuple[str, int, int]:
     """A baseline's line (its scorings done of those planned, and failed), its scorings left and failed."""
-    counted = work.counted(study)
+    counted = attempts.counted(study)
     done, failed, planned = len(counted), _failed(counted), study.user_attrs.get("reproductions")
     line = f"{name} baseline: {done - failed}/{planned} scored" + (f", {failed} failed" if failed else "")
     return line, max(int(planned or 0) - done, 0), failed
 
 
 def _failed(counted: list[FrozenTrial]) -> int:
-    """How many of a study's counted units (``work.counted``: a retried one once, as its retry) failed."""
+    """How many of a study's counted units (``attempts.counted``: a retried one once, as its retry) failed."""
     return sum(trial.state == TrialState.FAIL for trial in counted)
 
 
 def _running_trials(study: optuna.Study, folds: optuna.Study | None) -> set[int]:
     """The slots of a method's trials running now: their own unit, or one of their fold units."""
-    running = {work.slot_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    running = {attempts.slot_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     if folds is not None:
         per_trial = int(folds.user_attrs["folds"])
         running |= {int(t.user_attrs["slot"]) // per_trial for t in folds.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}

@@ -10,7 +10,7 @@ methods by seed, ``analysis.statistics.compare_methods``) and trains one run per
 class-disjoint layout as the search. Once all its folds are trained, the fold models' best checkpoints
 embed the standard test split and ``evaluation.evaluate_many`` scores them ``concatenated`` and
 ``separated``; the scores are stored in ``METHOD/reproduction_RR/test_metrics.json`` and read from there
-afterwards, so the test classes are embedded once per reproduction. ``protocol.results`` makes the
+afterwards, so the test classes are embedded once per reproduction. ``protocol.units.results`` makes the
 tables; a reproduction whose training fails has no score and keeps its reason.
 """
 
@@ -30,11 +30,13 @@ from dmlbench.analysis.class_bootstrap import class_sums
 from dmlbench.analysis.endpoints import MODES, cross_domain_mode
 from dmlbench.evaluation import embedding_space
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
-from dmlbench.protocol import layout, work
-from dmlbench.protocol.plan import Context, MethodPlan, ReproductionSettings
-from dmlbench.protocol.results import COMPLETED_CLASS_SUMS, MethodReproductions, read_reproductions, stored_class_sums
-from dmlbench.protocol.scoring import objective, record_test_access, score_modes
-from dmlbench.protocol.units import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves
+from dmlbench.protocol import layout
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.spec.plan import Context, MethodPlan, ReproductionSettings
+from dmlbench.protocol.units.results import COMPLETED_CLASS_SUMS, MethodReproductions, read_reproductions, stored_class_sums
+from dmlbench.protocol.units.scoring import objective, record_test_access, score_modes
+from dmlbench.protocol.units.unit import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves
 from dmlbench.training import records, tracking, train_or_resume
 from dmlbench.training.runs import Run, embed_run, embed_test_split, run_test_domains, test_query_mask
 
@@ -142,7 +144,7 @@ def complete_class_sums(output_dir: Path, reproductions: Mapping[str, MethodRepr
         embeddings, labels = _embedded_test_split(output_dir, runs, purpose="per-class sums")
         per_class = class_sums(embeddings, labels, unit.plan.config.evaluation.metrics, test_query_mask(runs[0]),
                                run_test_domains(runs[0]))
-        unit.study.set_user_attr(f"{COMPLETED_CLASS_SUMS}{work.slot_of(trial)}", per_class)
+        unit.study.set_user_attr(f"{COMPLETED_CLASS_SUMS}{attempts.slot_of(trial)}", per_class)
     return len(pending)
 
 
@@ -151,7 +153,7 @@ def _lacking_class_sums(study: optuna.Study) -> list[FrozenTrial]:
     none at all though a metric is a mean over queries, or none cross-domain though it scored those."""
     completed = study.user_attrs
     lacking = []
-    for trial in work.counted(study):
+    for trial in attempts.counted(study):
         scores = trial.user_attrs.get("scores", {}) if trial.state.name == "COMPLETE" else {}
         if not any(name in PER_QUERY_METRICS for values in scores.values() for name in values):
             continue

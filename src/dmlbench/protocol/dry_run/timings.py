@@ -1,4 +1,4 @@
-"""Pieces of a run timed in this process for the dry run (``protocol.cost``): a warm training step, a
+"""Pieces of a run timed in this process for the dry run (``protocol.dry_run.cost``): a warm training step, a
 validation pass, the scoring of a made-up test split, a checkpoint's write, a fold run's opening."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dmlbench.protocol.rehearsal import SplitSize, made_up_test_split
+from dmlbench.protocol.dry_run.rehearsal import SplitSize, made_up_test_split
 
 WARMUP_STEPS = 3  # discarded: the first steps allocate memory and build the kernels
 TIMED_STEPS = 10
@@ -80,7 +80,7 @@ def scoring_seconds(config: Any, test: SplitSize, folds: int, device: Any) -> tu
 def fold_run_seconds(run_dir: Path) -> float:
     """Seconds a reproduction spends on a fold run besides its test embedding: opening it (record,
     config, dataset, best checkpoint) and its embedding-space analysis on its training classes."""
-    from dmlbench.protocol.reproductions import training_space
+    from dmlbench.protocol.units.reproductions import training_space
     from dmlbench.training.runs import Run
 
     started = time.perf_counter()

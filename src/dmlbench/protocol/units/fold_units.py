@@ -6,7 +6,7 @@ folds one after another holds one worker). ``FoldRun`` is what a trial keeps of 
 A method's fold units are the fixed units of its fold study ``folds:METHOD`` (``layout.fold_study``),
 in the benchmark's storage, so workers on other machines share them as they share the trials. Slot
 ``k * folds + i`` is fold ``i`` of trial ``k`` (slot ``k`` of the method's study). They are claimed,
-retried and marked interrupted as every unit is (``protocol.work``):
+retried and marked interrupted as every unit is (``protocol.queue.work``):
 
 * fold 0 of trial ``k`` is enqueued once trial ``k`` may start (``MethodSearch._ready``), with the
   parameters the trial gets (``MethodSearch._propose``: a function of the earlier trials only); the
@@ -22,7 +22,7 @@ retried and marked interrupted as every unit is (``protocol.work``):
   itself, whoever ran which fold and in which order. Its cost is the sum of those folds' costs. A
   worker takes a method's fold units before its trials (``MethodSearch.step``).
 
-The median pruner needs a trial's folds one after another; ``protocol.benchmark`` refuses it here.
+The median pruner needs a trial's folds one after another; ``protocol.spec.benchmark`` refuses it here.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dmlbench.protocol import layout, work
-from dmlbench.protocol.folds import ClassFold
-from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
-from dmlbench.protocol.units import Attempt, Unit, open_unit_study
+from dmlbench.protocol import layout
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.spec.folds import ClassFold
+from dmlbench.protocol.spec.plan import Context, MethodPlan, SearchSettings
+from dmlbench.protocol.units.unit import Attempt, Unit, open_unit_study
 
 Finished = Mapping[int, FrozenTrial]  # the done trial of every finished slot of a method's study
 FoldRunner = Callable[[ClassFold, Mapping[str, Any]], "FoldRun"]  # a trial's fold run, given the trial's assignment
@@ -83,7 +85,7 @@ class FoldUnits(Unit):
 
     def claim(self) -> work.Claim | str:
         with self.context.worker.lock.held():
-            done_trials = work.finished(work.slots(self.trials.get_trials(deepcopy=False)))
+            done_trials = attempts.finished(attempts.slots(self.trials.get_trials(deepcopy=False)))
             return work.claim(self.study, self.context.worker, budget=self.settings.trials * self.folds,
                               ready=lambda slot, _: self.ready(slot // self.folds, done_trials),
                               propose=lambda slot, _: self._fold_params(slot, done_trials))
@@ -134,10 +136,10 @@ class FoldUnits(Unit):
     def outcomes(self, trial: int) -> list[FrozenTrial]:
         """The counted attempts of ``trial``'s folds in fold order as far as they are done, ending at
         the first that failed (a trial stops at its first failing fold)."""
-        grouped = work.slots(self.study.get_trials(deepcopy=False))
+        grouped = attempts.slots(self.study.get_trials(deepcopy=False))
         found = []
         for index in range(self.folds):
-            outcome = work.done_trial(grouped.get(trial * self.folds + index, []))
+            outcome = attempts.done_trial(grouped.get(trial * self.folds + index, []))
             if outcome is None:
                 break
             found.append(outcome)
@@ -156,8 +158,8 @@ class FoldUnits(Unit):
         return self.propose(trial, finished) if index == 0 else self._first_fold_params(trial)
 
     def _first_fold_params(self, trial: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        first = min(work.slots(self.study.get_trials(deepcopy=False))[trial * self.folds], key=lambda t: t.number)
-        return work.fixed_params(first), {"params": first.user_attrs["params"]}
+        first = min(attempts.slots(self.study.get_trials(deepcopy=False))[trial * self.folds], key=lambda t: t.number)
+        return attempts.fixed_params(first), {"params": first.user_attrs["params"]}
 
 
 def _summed(folds: list[FrozenTrial]) -> work.Cost:

@@ -1,4 +1,4 @@
-"""The protocol of seed 001 §3 run over a prepared benchmark (``protocol.prepare``), resumable, by
+"""The protocol of seed 001 §3 run over a prepared benchmark (``protocol.spec.prepare``), resumable, by
 any number of workers on one storage. ``Schedule`` yields one worker's units in the order they are
 taken: per method, the Optuna search (``protocol.search``: the same number of trials and epochs for
 every method), the reproductions with the best parameters on new seeds (``protocol.reproductions``:
@@ -23,17 +23,17 @@ import optuna
 from dmlbench import files, ownership, provenance
 from dmlbench.errors import RunInterrupted, StorageFailed
 from dmlbench.protocol import layout as output_layout
-from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol import work
-from dmlbench.protocol.baseline import Baseline
-from dmlbench.protocol.plan import Context
-from dmlbench.protocol.prepare import Prepared
-from dmlbench.protocol.record import (
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.units.baseline import Baseline
+from dmlbench.protocol.spec.plan import Context
+from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.run.record import (
     BenchmarkOutcome, ReportWriter, track_report, write_benchmark_file, write_search_summary, write_summaries)
-from dmlbench.protocol.reproductions import MethodReproduction, complete_class_sums
-from dmlbench.protocol.search import MethodSearch, SearchResult
-from dmlbench.protocol.stages import BaselineStage, ReproductionStage, SearchStage, Stage
-from dmlbench.protocol.units import Unit
+from dmlbench.protocol.units.reproductions import MethodReproduction, complete_class_sums
+from dmlbench.protocol.units.search import MethodSearch, SearchResult
+from dmlbench.protocol.run.stages import BaselineStage, ReproductionStage, SearchStage, Stage
+from dmlbench.protocol.units.unit import Unit
 from dmlbench.training import records
 from dmlbench.training.threads import pinned_auto_threads
 
@@ -64,7 +64,7 @@ def drive(units: Callable[[], Iterable[Unit]]) -> None:
 
 
 class Schedule:
-    """The units of one worker in the order they are taken: the stages of ``protocol.stages`` in
+    """The units of one worker in the order they are taken: the stages of ``protocol.run.stages`` in
     order (every method's search; a method's reproductions once its search is done, with its best
     trial's parameters; the baselines once every search is done), each making its units once they
     are ready. ``search_only``: the search stage alone. A new stage is a ``stages.Stage`` added to

@@ -2,7 +2,7 @@
 command-line overrides and the storage, checks everything a user can get wrong (the methods' configs
 and search spaces, the shared budget, the folds against the development classes, the seeds, the
 storage, an existing ``benchmark.json`` and the studies already stored) and builds each method's plan
-once, as a ``Prepared`` that every later stage (``protocol.schedule``, ``protocol.record``) works from.
+once, as a ``Prepared`` that every later stage (``protocol.run.schedule``, ``protocol.run.record``) works from.
 ``auto_jobs`` chooses ``--jobs auto``'s number of workers.
 """
 
@@ -23,18 +23,18 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.models.trunks import pretrained_weights
 from dmlbench.protocol import layout as output_layout
-from dmlbench.protocol import storage as storage_module
-from dmlbench.protocol.benchmark import (
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.spec.benchmark import (
     LATER_ANALYSIS_DEFAULTS,
     LATER_PROTOCOL_DEFAULTS,
     AnalysisSpec,
     BenchmarkSpec,
     apply_spec_overrides,
 )
-from dmlbench.protocol.benchmark_file import BenchmarkRecord, read_benchmark_if_any
-from dmlbench.protocol.folds import FoldLayout, fold_layout
-from dmlbench.protocol.method_checks import check_samplers, check_shared
-from dmlbench.protocol.plan import MethodPlan, ReproductionSettings, SearchSettings, repeated_searches, search_repeats
+from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, read_benchmark_if_any
+from dmlbench.protocol.spec.folds import FoldLayout, fold_layout
+from dmlbench.protocol.spec.method_checks import check_samplers, check_shared
+from dmlbench.protocol.spec.plan import MethodPlan, ReproductionSettings, SearchSettings, repeated_searches, search_repeats
 from dmlbench.training import records, threads
 from dmlbench.training.setup import build_model, check_input_channels, check_input_size, load_dataset
 

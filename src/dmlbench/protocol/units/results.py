@@ -36,7 +36,8 @@ from dmlbench.analysis.statistics import (
     mean_interval,
 )
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import layout, work
+from dmlbench.protocol import layout
+from dmlbench.protocol.queue import attempts
 
 # A reproduction study's attribute, + slot: per-class test sums computed after its trial finished
 # (``reproductions.complete_class_sums``), for reproductions scored by a version that stored none.
@@ -81,7 +82,7 @@ def compared_modes(results: Mapping[str, MethodReproductions]) -> list[str]:
 def stored_class_sums(completed: Mapping[str, Any], trial: FrozenTrial) -> dict[str, Any] | None:
     """A finished reproduction's per-class test sums: those ``reproductions.complete_class_sums`` stored
     later among its study's attributes (``completed``), else the trial's own, else ``None``."""
-    later = completed.get(f"{COMPLETED_CLASS_SUMS}{work.slot_of(trial)}")
+    later = completed.get(f"{COMPLETED_CLASS_SUMS}{attempts.slot_of(trial)}")
     return later if later is not None else trial.user_attrs.get("class_scores")
 
 
@@ -89,7 +90,7 @@ def read_reproductions(study: optuna.Study, method: str, params: Mapping[str, An
                        output_dir: Path) -> MethodReproductions:
     """A method's reproductions as stored in its study: one outcome per done slot, in order."""
     result = MethodReproductions(method, dict(params), layout_hash)
-    for trial in work.counted(study):
+    for trial in attempts.counted(study):
         attrs = trial.user_attrs
         run_dirs = [str(Path(output_dir) / run_dir) for run_dir in attrs.get("run_dirs", [])]
         scores = attrs.get("scores") if trial.state == TrialState.COMPLETE else None

@@ -4,11 +4,11 @@ Musgrave et al. 2020 (seed 001) §3.3: "we run 50 iterations of bayesian optimiz
 consists of 4-fold cross validation [...] Training stops when validation accuracy plateaus.
 Hyperparameters are optimized to maximize the average validation accuracy." Here:
 
-* one study per method (``study_name`` = method name) in an Optuna storage (``protocol.storage``: by
+* one study per method (``study_name`` = method name) in an Optuna storage (``protocol.queue.storage``: by
   default SQLite ``OUTPUT_DIR/study.db``); sampler ``gp`` (``optuna.samplers.GPSampler``, Bayesian
   optimisation with a Gaussian process, the default) or ``tpe``, seeded per slot (``trial_seed``) and
   shown only the done trials of the earlier slots (``MethodSearch._propose``);
-* a trial suggests an assignment of the method's search space (``protocol.search_space``) and trains
+* a trial suggests an assignment of the method's search space (``protocol.spec.search_space``) and trains
   one run per fold of ``protocol.folds.fold_layout`` with ``data.train_classes`` / ``data.val_classes``
   set to the fold's classes (the training loop never holds a test image) and early stopping with
   ``patience`` evaluations without improvement; its value is the mean over folds of the validation
@@ -17,7 +17,7 @@ Hyperparameters are optimized to maximize the average validation accuracy." Here
   with its reason in the user attribute ``fail_reason``: it never gets a value;
 * every method gets the same number of trials and epochs; both are recorded in the study's user
   attributes (``settings``), with the fold layout and its hash;
-* many workers, one study: trials are units of work (``protocol.work``): the budget counts slots, a
+* many workers, one study: trials are units of work (``protocol.queue.work``): the budget counts slots, a
   worker takes the next slot under a lock, a trial of a stopped or killed worker is failed
   (``interrupted``, or by Optuna's heartbeat) and its slot re-enqueued once with the same parameters;
   resuming is the same thing as joining late. With ``protocol.parallel_trials: 1`` (the default)
@@ -26,7 +26,7 @@ Hyperparameters are optimized to maximize the average validation accuracy." Here
   may take, and the trial is their fold mean once they are done (``protocol.fold_units``).
 
 With ``protocol.frozen_trunk`` a fold run trains only the head on the fold's cached trunk features
-(``protocol.feature_cache``; the trunks in ``OUTPUT_DIR/trunks``, the features in ``OUTPUT_DIR/features``).
+(``protocol.units.feature_cache``; the trunks in ``OUTPUT_DIR/trunks``, the features in ``OUTPUT_DIR/features``).
 
 Every run directory is ``OUTPUT_DIR/METHOD/trial_SSSS/fold_I`` (``SSSS``: the slot) and its ``run.json`` records ``method``,
 ``stage`` (``search``), ``trial``, ``fold``, ``fold_layout_hash``, ``train_classes`` and ``val_classes``.
@@ -44,13 +44,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from dmlbench.protocol import layout, work
-from dmlbench.protocol.feature_cache import FeatureCache
-from dmlbench.protocol.fold_units import FoldRun, FoldRunner, FoldUnits
-from dmlbench.protocol.folds import ClassFold, FoldLayout
-from dmlbench.protocol.plan import Context, MethodPlan, SearchSettings
-from dmlbench.protocol.storage import redact
-from dmlbench.protocol.units import Attempt, Unit, run_samples, validation_curves
+from dmlbench.protocol import layout
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.units.feature_cache import FeatureCache
+from dmlbench.protocol.units.fold_units import FoldRun, FoldRunner, FoldUnits
+from dmlbench.protocol.spec.folds import ClassFold, FoldLayout
+from dmlbench.protocol.spec.plan import Context, MethodPlan, SearchSettings
+from dmlbench.protocol.queue.storage import redact
+from dmlbench.protocol.units.unit import Attempt, Unit, run_samples, validation_curves
 from dmlbench.training import train_or_resume
 
 
@@ -292,7 +294,7 @@ def _check_or_record_settings(
 
 def _result(study: optuna.Study, method: str, url: str, fold_layout: FoldLayout) -> SearchResult:
     trials = study.get_trials(deepcopy=False)
-    budgeted = work.counted(study)
+    budgeted = attempts.counted(study)
     complete = [trial for trial in budgeted if trial.state == TrialState.COMPLETE]
     best = best_trial(study)
     return SearchResult(
@@ -315,8 +317,8 @@ def _result(study: optuna.Study, method: str, url: str, fold_layout: FoldLayout)
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
     """The counted COMPLETE trial with the highest value; ties go to the earliest slot, so every
     worker (and any order of finishing) picks the same one."""
-    complete = [trial for trial in work.counted(study) if trial.state == TrialState.COMPLETE]
-    return max(complete, key=lambda trial: (trial.value, -(work.slot_of(trial) or 0))) if complete else None
+    complete = [trial for trial in attempts.counted(study) if trial.state == TrialState.COMPLETE]
+    return max(complete, key=lambda trial: (trial.value, -(attempts.slot_of(trial) or 0))) if complete else None
 
 
 def failed_search_text(reasons: Sequence[str | None]) -> str:

@@ -1,4 +1,4 @@
-"""What every unit of the protocol works from, built once by ``protocol.prepare``: the settings of
+"""What every unit of the protocol works from, built once by ``protocol.spec.prepare``: the settings of
 the search and the reproductions (views of the validated ``protocol`` section), each method's plan
 (its configs and search space) and the context the units share (output directory, fold layout,
 worker). A unit never rebuilds any of it."""
@@ -13,11 +13,11 @@ from typing import Any
 
 from dmlbench import config as config_module
 from dmlbench.errors import UserInputError
-from dmlbench.protocol import work
-from dmlbench.protocol.benchmark import BenchmarkSpec, ProtocolSpec
-from dmlbench.protocol.folds import ClassFold, FoldLayout
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.spec.benchmark import BenchmarkSpec, ProtocolSpec
+from dmlbench.protocol.spec.folds import ClassFold, FoldLayout
 from dmlbench.protocol.layout import search_repeat_name
-from dmlbench.protocol.search_space import SearchSpace
+from dmlbench.protocol.spec.search_space import SearchSpace
 
 # Keys the protocol sets for every method alike; a search space may not search them.
 PROTOCOL_KEYS = ("seed", "training.epochs", "training.early_stopping_patience", "data.train_classes", "data.val_classes")
@@ -94,7 +94,7 @@ class MethodPlan:
     @classmethod
     def build(cls, spec: BenchmarkSpec, name: str, overrides: list[str]) -> MethodPlan:
         """The plan of method ``name``; a one-line ``UserInputError`` naming the method."""
-        from dmlbench.protocol.search_space import parse_search_space
+        from dmlbench.protocol.spec.search_space import parse_search_space
 
         raw = method_raw_config(spec, name, overrides)
         method = next(method for method in spec.methods if method.name == name)

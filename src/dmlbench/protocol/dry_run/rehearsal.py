@@ -1,4 +1,4 @@
-"""A benchmark stored as its workers store it, with made-up results, for the dry run (``protocol.cost``)
+"""A benchmark stored as its workers store it, with made-up results, for the dry run (``protocol.dry_run.cost``)
 to time the report's real work at the benchmark's real size.
 
 ``rehearse`` writes ``benchmark.json`` and drives the real ``schedule.Schedule`` over a throw-away
@@ -22,15 +22,17 @@ import numpy as np
 
 from dmlbench.analysis.class_bootstrap import class_sums
 from dmlbench.evaluation import COUNT_KEYS
-from dmlbench.protocol import layout, storage, work
-from dmlbench.protocol.baseline import Baseline
-from dmlbench.protocol.prepare import Prepared
-from dmlbench.protocol.record import write_benchmark_file
-from dmlbench.protocol.reproductions import MethodReproduction
-from dmlbench.protocol.schedule import Schedule, context_of, drive
-from dmlbench.protocol.scoring import objective, score_modes
-from dmlbench.protocol.search import MethodSearch
-from dmlbench.protocol.units import Attempt, Unit
+from dmlbench.protocol import layout
+from dmlbench.protocol.queue import storage
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.units.baseline import Baseline
+from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.run.record import write_benchmark_file
+from dmlbench.protocol.units.reproductions import MethodReproduction
+from dmlbench.protocol.run.schedule import Schedule, context_of, drive
+from dmlbench.protocol.units.scoring import objective, score_modes
+from dmlbench.protocol.units.search import MethodSearch
+from dmlbench.protocol.units.unit import Attempt, Unit
 
 SPACE_KEYS = ("rho", "pi_intra", "pi_inter", "pi_ratio")  # reproductions.training_space's
 JITTER = 0.01  # spread of a reproduction's made-up scores around its method's

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.damaged_storage import open_journal, open_sqlite
+from dmlbench.protocol.queue.damaged_storage import open_journal, open_sqlite
 from dmlbench.protocol.layout import JOURNAL_FILE, SQLITE_FILE, WORK_LOCK_SUFFIX
 
 POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
@@ -193,7 +193,7 @@ class PostgresStorage(StudyStorage):
 
         _require_driver()
         # Optuna marks the heartbeat as experimental and expects it inside ``Study.optimize``; here
-        # ``protocol.work.Beating`` sends it around each unit of work instead.
+        # ``protocol.queue.work.Beating`` sends it around each unit of work instead.
         warnings.filterwarnings("ignore", message=".*heartbeat", category=Warning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
         options: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}

@@ -35,9 +35,8 @@ from dmlbench import provenance
 from dmlbench.errors import PluginFailed, RunInterrupted, UserInputError
 from dmlbench.files import storage_error
 from dmlbench.ownership import DirectoryInUse, process_exists
-from dmlbench.protocol import storage as storage_module
-# The slot bookkeeping is work's vocabulary too: its callers use it as ``work.counted`` and so on.
-from dmlbench.protocol.slots import RETRY_OF_FAILED, counted, done, done_trial, finished, fixed_params, interrupted, slot_of, slots  # noqa: F401
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.queue.attempts import RETRY_OF_FAILED, done, done_trial, finished, fixed_params, slots
 
 WAIT, DONE = "wait", "done"
 
