@@ -144,3 +144,36 @@ def test_run_directory_prints_trained_and_untrained_columns(monkeypatch, tmp_pat
     assert row.split() == ["map_at_r", "0.5000", "0.1250"]
     assert calls == [("open", tmp_path), ("scores", {"metrics": "map_at_r"})]  # the run opened once, then scored
     assert json.loads(out.read_text())["untrained"]["map_at_r"] == 0.125
+
+
+def test_an_option_given_reaches_the_run_and_one_left_out_does_not(monkeypatch, tmp_path):
+    """No option is dropped for equalling the command's default: ``--backend torch`` given is passed on (a
+    run's stored faiss results are not what it asked for), and options not given are not passed at all."""
+    from dmlbench.training import run_evaluation
+
+    asked = []
+
+    class Recording:
+        @classmethod
+        def open(cls, run_dir):
+            return cls()
+
+        def scores(self, **options):
+            asked.append(options)
+            return {"map_at_r": 0.5, "untrained": {"map_at_r": 0.25}}
+
+    monkeypatch.setattr(run_evaluation, "RunEvaluation", Recording)
+    for arguments in (["--backend", "torch", "--ks", "1,2,4,8", "--normalize", "--no-binarize"], []):
+        code, _, stderr = _run(["evaluate", str(tmp_path), *arguments])
+        assert code == 0, stderr
+    assert asked == [{"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}, {}]
+
+
+def test_stored_run_scores_are_keyed_by_the_options_that_change_a_number(monkeypatch, tmp_path):
+    """``RunEvaluation.scores`` stores its results under the options that differ from ``evaluation.evaluate``'s
+    defaults: ``backend='torch'`` given is the default evaluation, ``backend='faiss'`` is another one."""
+    from dmlbench.training.run_evaluation import _not_default
+
+    assert _not_default({"backend": "torch", "ks": (1, 2, 4, 8), "normalize": True, "binarize": False}) == {}
+    assert _not_default({"backend": "faiss", "ks": [1, 2], "seed": 3}) == {"backend": "faiss", "ks": [1, 2], "seed": 3}
+    assert _not_default({"seed": 0}) == {"seed": 0}  # the run's seed is the default there, not evaluate's 0

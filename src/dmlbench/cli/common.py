@@ -159,3 +159,23 @@ def process_started() -> float:
     except (OSError, ValueError, IndexError, AttributeError):
         return time.monotonic()
     return time.monotonic() - max(age, 0.0)
+
+
+def rerank_option(kind: str | None, params: list[str] | None) -> dict[str, Any] | None:
+    """``--rerank KIND --rerank-param NAME=VALUE ...`` as ``{"kind": ..., "params": {...}}`` (values read as
+    YAML), checked by ``evaluation.rerank.build``; ``None`` when not given."""
+    from dmlbench.config import parse_override
+    from dmlbench.evaluation.rerank import build
+
+    if kind is None:
+        if params:
+            raise UserInputError("--rerank-param goes with --rerank KIND")
+        return None
+    values: dict[str, Any] = {}
+    for text in params or []:
+        path, value = parse_override(text)
+        if len(path) != 1:
+            raise UserInputError(f"--rerank-param {text!r} must be NAME=VALUE, e.g. k1=20")
+        values[path[0]] = value
+    build(kind, **values)
+    return {"kind": kind, "params": values}

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench.cli.common import QUIET_HELP, QUIET_SILENT_HELP, Command, require_directory, require_file, require_run_dir
+from dmlbench.cli.common import QUIET_HELP, QUIET_SILENT_HELP, Command, require_directory, require_file, require_run_dir, rerank_option
 from dmlbench.errors import UserInputError
 
 
@@ -162,7 +162,6 @@ def query_command(
         require_file(image, "image")
     if query_embeddings is not None and not (query_embeddings.is_file() or _array_file(query_embeddings).is_file()):
         raise UserInputError(f"query embeddings file {query_embeddings} does not exist")
-    from dmlbench.cli.evaluate import rerank_option
     from dmlbench.deploy import query as querying
     from dmlbench.deploy.index import StoredIndex
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_file, require_run_dir
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_file, require_run_dir, rerank_option
 from dmlbench.errors import UserInputError
 from dmlbench.files import atomic_write, load_array
 
@@ -30,12 +31,12 @@ def evaluate_command(
     labels: Annotated[Path | None, typer.Option("--labels", metavar="FILE", help="Integer labels [N] (.npy).", show_default=False)] = None,
     json_path: Annotated[Path | None, typer.Option("--json", metavar="FILE", help="Write the results as JSON here.", show_default=False)] = None,
     metrics: Annotated[str | None, typer.Option("--metrics", metavar="NAMES", help="Comma-separated subset, e.g. map_at_r,recall_at_1.", show_default=False)] = None,
-    ks: Annotated[str, typer.Option("--ks", metavar="K[,K...]", help="K values of the default recall_at_<k> metrics.")] = "1,2,4,8",
+    ks: Annotated[str | None, typer.Option("--ks", metavar="K[,K...]", help="K values of the default recall_at_<k> metrics (default 1,2,4,8).", show_default=False)] = None,
     query_mask: Annotated[Path | None, typer.Option("--query-mask", metavar="FILE", help="Bool [N] (.npy): queries; the rest is the gallery.", show_default=False)] = None,
     domains: Annotated[Path | None, typer.Option("--domains", metavar="FILE", help="Domain of each row [N] (.npy, integers or strings): also score each query against the other domains only.", show_default=False)] = None,
-    backend: Annotated[str, typer.Option(metavar="NAME", help="torch, faiss (exact), faiss_approx (inverted lists) or faiss_hnsw (graph).")] = "torch",
-    binarize: Annotated[bool, typer.Option("--binarize", help="Sign bits and Hamming distance.")] = False,
-    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise before searching.")] = True,
+    backend: Annotated[str | None, typer.Option(metavar="NAME", help="torch (default), faiss (exact), faiss_approx (inverted lists) or faiss_hnsw (graph).", show_default=False)] = None,
+    binarize: Annotated[bool | None, typer.Option("--binarize/--no-binarize", help="Sign bits and Hamming distance (default: no).", show_default=False)] = None,
+    normalize: Annotated[bool | None, typer.Option("--normalize/--no-normalize", help="L2-normalise before searching (default: yes).", show_default=False)] = None,
     k: Annotated[int | None, typer.Option("-k", "--k", metavar="K", min=1, help="Neighbours per query (default: the largest class size).", show_default=False)] = None,
     seed: Annotated[int | None, typer.Option(metavar="N", help="k-means seed (default 0, or the run's seed).", show_default=False)] = None,
     block_size: Annotated[int | None, typer.Option(metavar="N", help="Rows per block of the torch engine.", show_default=False)] = None,
@@ -61,7 +62,13 @@ def evaluate_command(
     Exit codes: 0 evaluated, 1 a write failed for lack of space, 2 bad input, 130 interrupted by
     Ctrl-C, 143 by SIGTERM.
     """
-    _check_options(run, embeddings, per_query, worst, html, verification, roc)
+    from dmlbench.deploy.evaluate import EvaluateRequest, evaluate
+
+    request = EvaluateRequest(
+        run=run, embeddings=list(embeddings or []), labels=labels, domains=domains, mode=mode,
+        analysis=analysis, plot=plot, drop=drop, center=center, per_query=per_query, worst=worst, html=html,
+        verification=verification, roc=roc, open_set=open_set, calibration=calibration, seed=seed)
+    request.check_combinations()
     # Paths first: a missing file is reported before torch and NumPy are imported.
     if run is not None:
         require_run_dir(run)
@@ -69,20 +76,15 @@ def evaluate_command(
                        (query_mask, "query mask file"), (domains, "domains file")]:
         if path is not None:
             require_file(path, what)
-    _check_open_set_options(run, open_set, calibration)
+    if calibration is not None and run is not None:
+        _check_same_model(run, calibration)
     for option, target in (("--json", json_path), ("--per-query", per_query), ("--html", html), ("--roc", roc)):
         _check_writable(option, target)
-    options = _evaluation_options({"ks": _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize,
+    # An option left out is None and not passed on: what the user did not give never overrides anything.
+    options = _evaluation_options({"ks": None if ks is None else _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize,
                                    "metrics": metrics, "k": k, "seed": seed, "block_size": block_size, "nprobe": nprobe},
                                   query_mask, rerank_option(rerank, rerank_params))
-
-    from dmlbench.deploy.evaluate import EvaluateRequest, evaluate
-
-    request = EvaluateRequest(
-        run=run, embeddings=list(embeddings or []), labels=labels, domains=domains, mode=mode, options=options,
-        analysis=analysis, plot=plot, drop=drop, center=center, per_query=per_query, worst=worst, html=html,
-        verification=verification, roc=roc, open_set=open_set, calibration=calibration, seed=seed)
-    _write_json(json_path, evaluate(request, typer.echo))
+    _write_json(json_path, evaluate(dataclasses.replace(request, options=options), typer.echo))
 
 
 def _evaluation_options(given: dict[str, Any], query_mask: Path | None, rerank: dict[str, Any] | None) -> dict[str, Any]:
@@ -96,59 +98,12 @@ def _evaluation_options(given: dict[str, Any], query_mask: Path | None, rerank: 
     return options
 
 
-def rerank_option(kind: str | None, params: list[str] | None) -> dict[str, Any] | None:
-    """``--rerank KIND --rerank-param NAME=VALUE ...`` as ``{"kind": ..., "params": {...}}`` (values read as
-    YAML), checked by ``evaluation.rerank.build``; ``None`` when not given."""
-    from dmlbench.config import parse_override
-    from dmlbench.evaluation.rerank import build
-
-    if kind is None:
-        if params:
-            raise UserInputError("--rerank-param goes with --rerank KIND")
-        return None
-    values: dict[str, Any] = {}
-    for text in params or []:
-        path, value = parse_override(text)
-        if len(path) != 1:
-            raise UserInputError(f"--rerank-param {text!r} must be NAME=VALUE, e.g. k1=20")
-        values[path[0]] = value
-    build(kind, **values)
-    return {"kind": kind, "params": values}
-
-
-
-def _check_options(
-    run: Path | None, embeddings: list[Path] | None, per_query: Path | None, worst: int | None, html: Path | None,
-    verification: bool, roc: Path | None,
-) -> None:
-    """The combinations of options that make sense; a one-line error for any other."""
-    if (run is None) == (not embeddings):
-        raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
-    if run is None and (per_query or worst or verification):
-        raise UserInputError("--per-query, --worst and --verification evaluate a RUN's test split")
-    if (worst is None) != (html is None):
-        raise UserInputError("--worst N and --html OUT.html go together")
-    if roc is not None and not verification:
-        raise UserInputError("--roc goes with --verification")
-
-
-
-
-
-
-
-def _check_open_set_options(run: Path | None, open_set: bool, calibration: Path | None) -> None:
+def _check_same_model(run: Path, calibration: Path) -> None:
     """A calibration of another model is refused here, before the run is evaluated."""
     from dmlbench.deploy import calibration as calibrations
     from dmlbench.training.records import run_hashes
 
-    if calibration is not None and not open_set:
-        raise UserInputError("--calibration goes with --open-set")
-    if open_set and run is None:
-        raise UserInputError("--open-set evaluates a RUN's test split")
-    if calibration is not None and run is not None:
-        calibrations.check_same_model(calibrations.load_calibration(calibration), run_hashes(run), str(calibration), f"run {run}")
-
+    calibrations.check_same_model(calibrations.load_calibration(calibration), run_hashes(run), str(calibration), f"run {run}")
 
 
 def _check_writable(option: str, path: Path | None) -> None:

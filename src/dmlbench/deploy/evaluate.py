@@ -13,8 +13,6 @@ from dmlbench.errors import UserInputError
 from dmlbench.files import load_array
 
 Echo = Callable[[str], None]
-# The run's own evaluation settings hold unless an option changes them from these defaults.
-RUN_DEFAULTS = {"ks": (1, 2, 4, 8), "backend": "torch", "binarize": False, "normalize": True}
 EXTRA_COLUMNS = ("untrained", "reranked", "untrained_reranked", "cross_domain", "untrained_cross_domain")
 
 
@@ -41,6 +39,21 @@ class EvaluateRequest:
     open_set: bool = False
     calibration: Path | None = None
     seed: int | None = None
+
+    def check_combinations(self) -> None:
+        """The combinations of options that make sense; a one-line error naming the options for any other."""
+        if (self.run is None) == (not self.embeddings):
+            raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
+        if self.run is None and (self.per_query or self.worst or self.verification):
+            raise UserInputError("--per-query, --worst and --verification evaluate a RUN's test split")
+        if (self.worst is None) != (self.html is None):
+            raise UserInputError("--worst N and --html OUT.html go together")
+        if self.roc is not None and not self.verification:
+            raise UserInputError("--roc goes with --verification")
+        if self.calibration is not None and not self.open_set:
+            raise UserInputError("--calibration goes with --open-set")
+        if self.open_set and self.run is None:
+            raise UserInputError("--open-set evaluates a RUN's test split")
 
 
 def evaluate(request: EvaluateRequest, echo: Echo) -> dict[str, Any]:
@@ -73,8 +86,7 @@ def _evaluate_run(request: EvaluateRequest, echo: Echo) -> dict[str, Any]:
 
     assert request.run is not None
     run = RunEvaluation.open(request.run)
-    changed = {name: value for name, value in request.options.items() if RUN_DEFAULTS.get(name, object()) != value}
-    results = run.scores(**changed)
+    results = run.scores(**request.options)
     columns = {"trained": {name: value for name, value in results.items() if name not in EXTRA_COLUMNS}}
     if "reranked" in results:  # --rerank, or the run's config sets evaluation.rerank
         columns["trained, re-ranked"] = results["reranked"]

@@ -5,6 +5,7 @@ identification and the embedding-space analysis of the training split."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -88,9 +89,10 @@ class RunEvaluation:
         stored_path = run.run_dir / records.TEST_METRICS_FILE
         settings = run.config.evaluation.rerank if rerank is None else _rerank_settings(rerank)
         method = settings.method()
-        # Only when re-ranking, so that the stored results of runs without it keep their options.
+        # Only when re-ranking, so that the stored results of runs without it keep their options. An option
+        # given at ``evaluation.evaluate``'s own default is the same evaluation, stored under the same options.
         options = {key: _jsonable(value) for key, value in sorted(
-            {**evaluate_kwargs, **({} if method is None else {"rerank": settings.model_dump(mode="json")})}.items())}
+            {**_not_default(evaluate_kwargs), **({} if method is None else {"rerank": settings.model_dump(mode="json")})}.items())}
         if stored_path.exists():
             stored = files.read_json(stored_path)
             if stored.get("options") == options:
@@ -175,6 +177,15 @@ def _rerank_settings(rerank: Mapping[str, Any]) -> config_module.RerankConfig:
     kind, params = str(rerank.get("kind", "none")), dict(rerank.get("params") or {})
     build_rerank(kind, **params)  # the one-line error, before pydantic wraps it
     return config_module.RerankConfig(kind=kind, params=params)
+
+
+def _not_default(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` less those equal to ``evaluation.evaluate``'s defaults (they change no number); not the
+    seed, whose default here is the run's own."""
+    defaults = {name: parameter.default for name, parameter in inspect.signature(evaluation.evaluate).parameters.items()
+                if name != "seed"}
+    return {name: value for name, value in options.items()
+            if name not in defaults or _jsonable(defaults[name]) != _jsonable(value)}
 
 
 def _jsonable(value: Any) -> Any:
