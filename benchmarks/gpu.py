@@ -51,7 +51,7 @@ from dmlbench import losses, models
 from dmlbench.evaluation.knn_index import float32_products
 from dmlbench.training import loop, records, train
 from dmlbench.training.acceleration import AUTOCAST_DTYPES, resolve_precision
-from dmlbench.training.embed import resolve_device
+from dmlbench.training.placement import resolve_device
 from dmlbench.training.setup import build_components
 from dmlbench.training.step import apply_gradients, backward, batch_loss
 

@@ -1,5 +1,6 @@
 """The layout rules of docs/architecture.md, checked on the source: no import cycle (function-level
-imports included), packages in one direction, no function over 80 lines."""
+imports included), packages in one direction and protocol/'s rooms too, no function over 80 lines, no
+module of protocol/ or analysis/ over 350, no module state in training/ or protocol/."""
 
 import ast
 from pathlib import Path
@@ -79,6 +80,42 @@ def test_packages_depend_in_one_direction() -> None:
     assert "report" not in graph["protocol"]
     for component in ("data", "sampling", "models", "mining", "losses", "evaluation"):
         assert not graph[component] & {"training", "protocol", "report", "cli", "deploy"}, component
+
+
+def test_training_and_the_protocol_keep_no_state_in_their_modules() -> None:
+    """Where a worker trains (device, threads) is a ``training.placement.Placement`` passed along, not a
+    module global that one worker sets and the next caller in the process inherits."""
+    rooms = ("training", "protocol")
+    found = [f"{path.relative_to(PACKAGE)}:{node.lineno} global {', '.join(node.names)}"
+             for name, path in MODULES.items() if name.split(".")[1:2] and name.split(".")[1] in rooms
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Global)]
+    assert found == []
+
+
+# The rooms of protocol/, lowest first: each imports only rooms before it (and protocol.layout).
+PROTOCOL_ROOMS = ("queue", "spec", "units", "run", "dry_run", "inspection")
+LONGEST_MODULE = {"protocol": 350, "analysis": 350}
+
+
+def test_the_rooms_of_the_protocol_import_downwards_only() -> None:
+    upward = []
+    for name, path in MODULES.items():
+        parts = name.split(".")
+        if parts[1:2] != ["protocol"] or len(parts) < 4:
+            continue
+        room = PROTOCOL_ROOMS.index(parts[2])
+        for imported in imported_modules(path):
+            other = imported.split(".")
+            if other[1:2] == ["protocol"] and len(other) >= 4 and PROTOCOL_ROOMS.index(other[2]) > room:
+                upward.append(f"{name} -> {imported}")
+    assert upward == []
+
+
+def test_no_module_of_the_protocol_or_the_analysis_is_over_its_bound() -> None:
+    long = [f"{path.relative_to(PACKAGE)} ({len(path.read_text().splitlines())} lines)"
+            for name, path in MODULES.items() if name.split(".")[1:2] and name.split(".")[1] in LONGEST_MODULE
+            and len(path.read_text().splitlines()) > LONGEST_MODULE[name.split(".")[1]]]
+    assert long == []
 
 
 def test_no_function_is_longer_than_80_lines() -> None:

@@ -14,7 +14,7 @@ from dmlbench import provenance
 from dmlbench.protocol.spec.benchmark import load_spec
 from dmlbench.protocol.spec.prepare import prepare
 from dmlbench.protocol.run.record import write_benchmark_file
-from dmlbench.training import embed
+from dmlbench.training import placement
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_benchmark_file_names_the_device_its_runs_train_on(tmp_path: Path, monke
     does (it once recorded ``cpu`` for a benchmark whose runs trained on an H200)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda _device=None: "Test GPU")
-    monkeypatch.setattr(embed, "reproducible_cuda", lambda: None)  # it sets process-wide flags
+    monkeypatch.setattr(placement, "reproducible_cuda", lambda: None)  # it sets process-wide flags
     smoke = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
     write_benchmark_file(prepare(load_spec(smoke), tmp_path))
     environment = json.loads((tmp_path / "benchmark.json").read_text())["environment"]

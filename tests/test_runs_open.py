@@ -17,6 +17,7 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.training import runs, train
 from dmlbench.training.run_evaluation import evaluate_run
+from dmlbench.training.placement import STANDALONE, Placement
 from dmlbench.training.runs import Run, embed_run, embed_test_split, run_test_domains
 from protocol_fixtures import benchmark_spec, reproduce
 from training_fixtures import TINY
@@ -106,9 +107,9 @@ def test_a_reproduction_opens_each_fold_run_once(tmp_path: Path, monkeypatch: py
     opened: list[str] = []
     original = Run.__dict__["open"].__func__
 
-    def counted(cls: type[Run], run_dir: str | Path) -> Run:
+    def counted(cls: type[Run], run_dir: str | Path, placement: Placement = STANDALONE) -> Run:
         opened.append(Path(run_dir).name)
-        return original(cls, run_dir)
+        return original(cls, run_dir, placement)
 
     monkeypatch.setattr(Run, "open", classmethod(counted))
     loads = _count_dataset_loads(monkeypatch)

@@ -259,7 +259,7 @@ def test_a_cuda_device_is_set_up_for_repeatable_ieee_float32(monkeypatch: pytest
     """Seen on an H200 without this: a run and its resumption differed in the 8th digit of the loss and
     TF32 convolutions moved embeddings by 1e-4. Checked here on the flags (this machine may lack a GPU);
     the CPU leaves them as torch sets them."""
-    from dmlbench.training.embed import resolve_device
+    from dmlbench.training.placement import resolve_device
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     for flag, value in (("benchmark", True), ("deterministic", False), ("allow_tf32", True)):

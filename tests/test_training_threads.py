@@ -1,4 +1,5 @@
-"""training.num_threads: a fixed number, or auto: OMP_NUM_THREADS, else this worker's share of the cores."""
+"""training.num_threads: a fixed number, or auto: a benchmark's recorded count, OMP_NUM_THREADS, else this worker's
+share of the cores (``Placement.threads``)."""
 
 import os
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dmlbench.training import threads
+from dmlbench.training.placement import STANDALONE, Placement
 
 
 @pytest.fixture
@@ -13,24 +15,27 @@ def eight_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr(threads, "CGROUP_ROOT", Path("/nonexistent-cgroup"))
-    monkeypatch.setattr(threads, "_processes", 1)
 
 
 def test_a_number_is_used_as_given(eight_cores: None) -> None:
-    assert threads.resolve_threads(3) == 3
+    assert STANDALONE.threads(3) == Placement(worker=0, workers=4, recorded_threads=2).threads("3") == 3
 
 
 @pytest.mark.parametrize(("jobs", "expected"), [(1, 8), (2, 4), (3, 2), (16, 1)])
 def test_auto_divides_the_cores_among_the_jobs(eight_cores: None, jobs: int, expected: int) -> None:
-    threads.share_cores(jobs)
-    assert threads.resolve_threads("auto") == expected
+    assert Placement(worker=0, workers=jobs).threads("auto") == expected
+
+
+def test_auto_is_the_count_a_benchmark_recorded_whatever_the_workers(eight_cores: None) -> None:
+    assert Placement(worker=1, workers=4, recorded_threads=3).threads("auto") == 3
+    assert Placement(worker=1, workers=4).with_recorded_threads(3) == Placement(worker=1, workers=4, recorded_threads=3)
 
 
 def test_auto_honours_omp_num_threads(eight_cores: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert threads.resolve_threads("auto") == 3
+    assert STANDALONE.threads("auto") == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "")  # set but empty: ignored
-    assert threads.resolve_threads("auto") == 8
+    assert STANDALONE.threads("auto") == 8
 
 
 @pytest.mark.parametrize(("files", "expected"), [
@@ -51,7 +56,7 @@ def test_a_cgroup_quota_caps_the_affinity(eight_cores: None, monkeypatch: pytest
     (tmp_path / "cpu.max").write_text("200000 100000\n")
     monkeypatch.setattr(threads, "CGROUP_ROOT", tmp_path)
     assert threads.available_cores() == 2
-    assert threads.resolve_threads("auto") == 2
+    assert STANDALONE.threads("auto") == 2
 
 
 @pytest.mark.parametrize(("chosen", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])

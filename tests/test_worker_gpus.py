@@ -17,15 +17,10 @@ from dmlbench.protocol.dry_run import cost
 from dmlbench.protocol.run import jobs
 from dmlbench.protocol.spec.benchmark import load_spec
 from dmlbench.protocol.spec.prepare import Prepared, prepare
-from dmlbench.training import embed, threads
-from dmlbench.training.embed import resolve_device, set_worker, worker_devices, worker_gpus
+from dmlbench.training import placement as placement_module
+from dmlbench.training.placement import STANDALONE, Placement, resolve_device, worker_devices, worker_gpus
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
-
-
-@pytest.fixture(autouse=True)
-def no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embed, "_worker", None)  # whatever a test sets, this process is no worker afterwards
 
 
 def fake_cuda(monkeypatch: pytest.MonkeyPatch, gpus: int) -> list[torch.device]:
@@ -34,7 +29,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, gpus: int) -> list[torch.device]:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    monkeypatch.setattr(embed, "reproducible_cuda", lambda: None)  # global torch flags this test process keeps
+    monkeypatch.setattr(placement_module, "reproducible_cuda", lambda: None)  # global torch flags this test process keeps
     return chosen
 
 
@@ -43,8 +38,8 @@ def test_worker_k_trains_on_cuda_k_mod_gpus(gpus: int, monkeypatch: pytest.Monke
     chosen = fake_cuda(monkeypatch, gpus)
     expected = [torch.device("cuda", worker % gpus) for worker in range(5)]
     for worker in range(5):
-        set_worker(worker)
-        assert resolve_device("auto") == resolve_device("cuda") == expected[worker]
+        placement = Placement(worker=worker, workers=5)
+        assert placement.device("auto") == placement.device("cuda") == expected[worker]
     assert chosen == [device for device in expected for _ in range(2)]  # torch's current device follows
     assert worker_devices("auto", 5) == worker_devices("cuda", 5) == expected and worker_gpus("auto") == gpus
 
@@ -52,20 +47,25 @@ def test_worker_k_trains_on_cuda_k_mod_gpus(gpus: int, monkeypatch: pytest.Monke
 def test_an_explicit_cuda_index_stays_for_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen = fake_cuda(monkeypatch, 2)
     for worker in range(3):
-        set_worker(worker)
-        assert resolve_device("cuda:1") == torch.device("cuda", 1)
+        assert Placement(worker=worker, workers=3).device("cuda:1") == torch.device("cuda", 1)
     assert chosen == [] and worker_devices("cuda:1", 3) == [torch.device("cuda", 1)] * 3 and worker_gpus("cuda:1") == 1
 
 
 def test_no_worker_and_the_cpu_resolve_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen = fake_cuda(monkeypatch, 2)
     # No worker (``train``, a benchmark of one process, torchrun's ranks): ``cuda`` without an index, as before.
-    assert resolve_device("auto") == torch.device("cuda") and chosen == []
-    set_worker(1)
-    assert resolve_device("cpu") == torch.device("cpu") and worker_gpus("cpu") == 0
+    assert STANDALONE.device("auto") == resolve_device("auto") == torch.device("cuda") and chosen == []
+    assert Placement(worker=1, workers=2).device("cpu") == torch.device("cpu") and worker_gpus("cpu") == 0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu") and worker_devices("auto", 2) == [torch.device("cpu")] * 2
     assert chosen == [] and worker_gpus("auto") == 0
+
+
+def test_a_placement_leaves_no_state_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Placing one worker changes nothing for the next caller in the process: the placement is a value."""
+    chosen = fake_cuda(monkeypatch, 2)
+    assert Placement(worker=1, workers=2).device("cuda") == torch.device("cuda", 1)
+    assert STANDALONE.device("cuda") == torch.device("cuda") and chosen == [torch.device("cuda", 1)]
 
 
 class FakeProcess:
@@ -90,25 +90,22 @@ def test_run_jobs_numbers_its_workers_and_says_how_they_share_the_gpus(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     fake_cuda(monkeypatch, 2)
     trained_on: list[torch.device] = []
+    placements: list[Placement] = []
 
-    shares: list[int] = []
-
-    def run_benchmark(prepared: Any, **kwargs: Any) -> None:
-        trained_on.append(resolve_device("auto"))
-        shares.append(threads._processes)
+    def run_benchmark(prepared: Any, *, placement: Placement, **kwargs: Any) -> None:
+        trained_on.append(placement.device("auto"))
+        placements.append(placement)
 
     FakeProcess.started.clear()
     monkeypatch.setattr(jobs, "multiprocessing", SimpleNamespace(get_context=lambda method: SimpleNamespace(Process=FakeProcess)))
     monkeypatch.setattr(jobs, "owned_output", lambda prepared: contextlib.nullcontext())
-    monkeypatch.setattr(jobs, "write_benchmark_file", lambda prepared: None)
+    monkeypatch.setattr(jobs, "write_benchmark_file", lambda prepared, placement: None)
     monkeypatch.setattr(jobs, "run_benchmark", run_benchmark)
-    monkeypatch.setattr(threads, "_processes", 1)
     prepared = SimpleNamespace(jobs=4, output_dir=tmp_path, storage="journal", heartbeat=30, retry_seconds=0, plugin_changes=[],
                                configs={"method": SimpleNamespace(training=SimpleNamespace(device="auto"))})
     assert jobs.run_jobs(prepared, None, [], progress=True) is None  # type: ignore[arg-type]
     assert capsys.readouterr().err == "--jobs 4: 2 worker(s) on cuda:0, 2 worker(s) on cuda:1\n"
-    assert embed._worker is None  # the parent is a worker only while its workers run
-    assert shares == [4] and threads._processes == 1  # and shares the cores with them only then
+    assert placements == [Placement(worker=0, workers=4)]  # the parent is worker 0 of 4
     # Each spawned worker, run here: the same loop, on its own share of the GPUs.
     monkeypatch.setattr("dmlbench.protocol.spec.benchmark.load_spec", lambda path: None)
     monkeypatch.setattr("dmlbench.protocol.spec.prepare.prepare", lambda *args, **kwargs: None)
@@ -121,7 +118,7 @@ def test_run_jobs_numbers_its_workers_and_says_how_they_share_the_gpus(
         optuna.logging.set_verbosity(verbosity)
     assert [process.args[0] for process in FakeProcess.started] == [1, 2, 3]
     assert trained_on == [torch.device("cuda", index) for index in (0, 1, 0, 1)]
-    assert shares == [4, 4, 4, 4]
+    assert placements == [Placement(worker=index, workers=4) for index in range(4)]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.deploy.images import InputSpec
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
-from dmlbench.training.embed import resolve_device
+from dmlbench.training.placement import resolve_device
 from dmlbench.training.runs import Run, best_model, load_run_config
 from dmlbench.training.setup import load_dataset
 

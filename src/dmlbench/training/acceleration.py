@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dmlbench.errors import UserInputError
-from dmlbench.training.embed import reproducible_cuda
+from dmlbench.training.placement import reproducible_cuda
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,7 +62,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def configure_cuda(deterministic: bool) -> None:
-    """Deterministic kernels and IEEE float32 (``embed.reproducible_cuda``, what ``resolve_device``
+    """Deterministic kernels and IEEE float32 (``placement.reproducible_cuda``, what ``placement.resolve_device``
     already set), or with ``deterministic=False`` the fastest: cuDNN benchmarking picks kernels by
     timing (so they may differ between runs) and float32 products round to TF32."""
     reproducible_cuda()

@@ -22,7 +22,7 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.models.embedding import EmbeddingHead, binarize
 from dmlbench.training.distributed import ProcessGroup
-from dmlbench.training.embed import embed, resolve_device
+from dmlbench.training.embed import embed
 from dmlbench.training.setup import (
     Components, build_loss_and_miner, build_model, build_optimizer, build_sampler, class_index,
 )
@@ -45,13 +45,13 @@ class FoldFeatures:
     unreadable_images: int | None = None
 
 
-def trunk_features(config: Config, trunk_state: Mapping[str, Tensor] | None, split: ImageDataset) -> Tensor:
-    """The trunk output (before the head) of every item of ``split`` in evaluation mode; ``trunk_state``:
+def trunk_features(config: Config, trunk_state: Mapping[str, Tensor] | None, split: ImageDataset,
+                   device: torch.device) -> Tensor:
+    """The trunk output (before the head) of every item of ``split`` in evaluation mode on ``device``; ``trunk_state``:
     a full model's state dict to load (a trained trunk's checkpoint), ``None``: the model as built
     (a pre-trained trunk used as is)."""
     if config.model.ensemble != 1:
         raise UserInputError("protocol.frozen_trunk needs a single trunk (model.ensemble=1)")
-    device = resolve_device(config.training.device)
     model = build_model(config)
     if trunk_state is not None:
         model.load_state_dict(trunk_state)

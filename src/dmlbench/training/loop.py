@@ -28,15 +28,15 @@ from dmlbench.models.trunks import pretrained_weights
 from dmlbench.training import acceleration, distributed, records, tracking
 from dmlbench.training.acceleration import resolve_precision
 from dmlbench.training.distributed import ProcessGroup
-from dmlbench.training.embed import embed, resolve_device
+from dmlbench.training.embed import embed
 from dmlbench.training.features import FeatureBatches, FoldFeatures
+from dmlbench.training.placement import STANDALONE, Placement
 from dmlbench.training.schedule import set_learning_rates, set_warmup
 from dmlbench.training.setup import Components, TrainingSetup, miner_params, set_up_training
 from dmlbench.training.step import (
     BatchSource, SelectionState, TrainingDiverged, TrainResult, apply_gradients, backward, batch_loss, fail_run,
     finish_record,
 )
-from dmlbench.training.threads import resolve_threads
 
 # What a tracked run is tagged with: the protocol's unit and the benchmark it belongs to.
 TRACKING_TAGS = ("method", "stage", "trial", "reproduction", "fold", "seed", "config_hash")
@@ -50,6 +50,7 @@ def train(
     progress: bool = True,
     record: Mapping[str, Any] | None = None,
     features: FoldFeatures | None = None,
+    placement: Placement = STANDALONE,
 ) -> TrainResult:
     """Train one model on the training classes of ``config.data``; select on validation only.
 
@@ -57,6 +58,7 @@ def train(
     item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
     ``features``: a frozen trunk's cached features of the fold; only ``config``'s head (and the
     loss's parameters) trains, on them (``training.features.FeatureBatches``), in one process.
+    ``placement``: this worker's device and threads (``training.placement``).
     One process owns ``run_dir`` while it trains (``records.owned_run_dir``, rank 0 under
     ``torchrun``): another one that trains or resumes it meanwhile gets ``DirectoryInUse``.
     """
@@ -66,12 +68,13 @@ def train(
     if features is not None and group.enabled:
         raise UserInputError("a head on cached trunk features (protocol.frozen_trunk) trains in one process, not under torchrun")
     with _owned_and_checked(run_dir, resume, group):
-        return _train(config, run_dir, resume=resume, progress=progress, record=record, features=features)
+        return _train(config, run_dir, resume=resume, progress=progress, record=record, features=features,
+                      placement=placement)
 
 
 def _train(
     config: Config, run_dir: Path, *, resume: bool, progress: bool, record: Mapping[str, Any] | None,
-    features: FoldFeatures | None,
+    features: FoldFeatures | None, placement: Placement,
 ) -> TrainResult:
     clock = records.Clock()
     group = distributed.current()
@@ -84,11 +87,11 @@ def _train(
                 run_dir, stored.get("best_epoch"), stored.get("best_validation"), stored.get("epochs_run", 0),
                 already_complete=True,
             )
-    device = resolve_device(config.training.device)
+    device = placement.device(config.training.device)
     if group.enabled and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", group.local_rank)
     resolve_precision(config.training.precision, device)  # an impossible precision fails before any data is read
-    torch.set_num_threads(resolve_threads(config.training.num_threads))
+    torch.set_num_threads(placement.threads(config.training.num_threads))
     source: BatchSource = (ImageBatches(config, set_up_training(config, device)) if features is None
                            else FeatureBatches(config, features, device))
     stepper = Stepper(config, source.components, device, group)
@@ -202,7 +205,7 @@ def _run_epochs(
 
 def train_or_resume(
     config: Config, run_dir: Path, *, progress: bool = True, record: Mapping[str, Any] | None = None,
-    features: FoldFeatures | None = None,
+    features: FoldFeatures | None = None, placement: Placement = STANDALONE,
 ) -> TrainResult:
     """The protocol's way to train a run, full or (``features``) head-only: continue it after an
     interruption, return it as it is once completed, and start it afresh when a killed attempt left
@@ -212,9 +215,9 @@ def train_or_resume(
     # Owned before anything is decided or removed: another worker may still be training it.
     with records.owned_run_dir(run_dir) if distributed.current().is_main else contextlib.nullcontext():
         if (run_dir / records.RUN_FILE).is_file() and not _lost_its_model(run_dir):
-            return train(config, run_dir, resume=True, progress=progress, record=record, features=features)
+            return train(config, run_dir, resume=True, progress=progress, record=record, features=features, placement=placement)
         records.clear_run_dir(run_dir)
-        return train(config, run_dir, progress=progress, record=record, features=features)
+        return train(config, run_dir, progress=progress, record=record, features=features, placement=placement)
 
 
 def _lost_its_model(run_dir: Path) -> bool:

@@ -16,7 +16,8 @@ from dmlbench.data.base import ImageDataset
 from dmlbench.data.splits import Splits
 from dmlbench.errors import UserInputError
 from dmlbench.training import records
-from dmlbench.training.embed import embed, resolve_device
+from dmlbench.training.embed import embed
+from dmlbench.training.placement import STANDALONE, Placement
 from dmlbench.training.setup import build_model, load_dataset, make_splits
 
 
@@ -85,22 +86,24 @@ class Run:
     so that embedding its splits, its query mask, its test domains and its scores reuse one load.
     A stored evaluation (``evaluate_run``) needs no dataset, so none is loaded for it."""
 
-    def __init__(self, run_dir: Path, record: dict[str, Any], config: config_module.Config) -> None:
-        self.run_dir, self.record, self.config = run_dir, record, config
+    def __init__(self, run_dir: Path, record: dict[str, Any], config: config_module.Config,
+                 placement: Placement = STANDALONE) -> None:
+        self.run_dir, self.record, self.config, self.placement = run_dir, record, config, placement
         self.batch_size = config.evaluation.batch_size
 
     @classmethod
-    def open(cls, run_dir: str | Path) -> Run:
-        """The completed run in ``run_dir`` (one line naming what is missing otherwise)."""
+    def open(cls, run_dir: str | Path, placement: Placement = STANDALONE) -> Run:
+        """The completed run in ``run_dir`` (one line naming what is missing otherwise), to be embedded
+        where ``placement`` puts this worker."""
         run_dir = Path(run_dir)
         record = _completed_record(run_dir)
-        return cls(run_dir, record, load_run_config(run_dir))
+        return cls(run_dir, record, load_run_config(run_dir), placement)
 
     @cached_property
     def device(self) -> torch.device:
         """The run's device on this machine; resolved when first needed, so a stored evaluation of a GPU
         run reads back without one."""
-        return resolve_device(self.config.training.device)
+        return self.placement.device(self.config.training.device)
 
     @cached_property
     def dataset(self) -> ImageDataset:

@@ -47,7 +47,7 @@ from dmlbench.protocol.spec.plan import repeated_searches
 from dmlbench.protocol.spec.prepare import Prepared
 from dmlbench.protocol.run.record import ReportWriter
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
-from dmlbench.training.threads import resolve_threads
+from dmlbench.training.placement import STANDALONE
 
 ONE_STEP_RUNS = 3  # one run's overhead (a fraction of a second) varies several times on a busy machine
 # No GPU has been measured with several workers on it: the dry run counts them as one at a time.
@@ -83,7 +83,7 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
     """The lines ``--dry-run`` prints; ``started``: ``time.monotonic()`` when the command's process
     began (its imports and checks are part of the real run's time too); ``report``: the report writer
     the real run is given, timed here (``None``: no report is counted)."""
-    from dmlbench.training.embed import worker_gpus
+    from dmlbench.training.placement import worker_gpus
 
     protocol = prepared.spec.protocol
     methods, searches = len(prepared.configs), len(searched_methods(prepared))
@@ -197,12 +197,12 @@ def measure(prepared: Prepared, startup: float = 0.0, report: ReportWriter | Non
     took to get here; ``report``: the report writer to time (``None``: the report counts 0 s)."""
     import torch
 
-    from dmlbench.training.embed import resolve_device
     from dmlbench.training.setup import set_up_training
 
     config = next(iter(prepared.plans.values())).run_config({}, prepared.layout.folds[0])
-    torch.set_num_threads(resolve_threads(config.training.num_threads))
-    device = resolve_device(config.training.device)
+    # One worker's speed, as a process of its own measures it (the estimate divides by the workers).
+    torch.set_num_threads(STANDALONE.threads(config.training.num_threads))
+    device = STANDALONE.device(config.training.device)
     started = time.perf_counter()
     set_up_training(config, device)  # the first set-up reads the data, once for every run of the process
     first_setup = time.perf_counter() - started

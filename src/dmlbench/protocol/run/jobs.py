@@ -6,7 +6,7 @@ as any worker on any machine would (``schedule.run_benchmark``); the storage URL
 the spawn pipe, never on a command line. Each sets its own torch thread count from
 ``training.num_threads`` when it trains (``auto``: its 1/N share of the cores). Worker k (this
 process is worker 0) trains on ``cuda:(k mod GPUs)`` where ``training.device`` is ``auto`` or
-``cuda`` on CUDA (``embed.set_worker``; ``cuda:N`` stays); a ``dmlbench benchmark`` started by hand
+``cuda`` on CUDA (its ``placement.Placement``; ``cuda:N`` stays); a ``dmlbench benchmark`` started by hand
 numbers only its own workers (with ``--jobs 1``: ``cuda``, as without workers). Ctrl-C stops every
 worker (the terminal signals the whole process group); a SIGTERM or SIGINT sent to this process
 alone is passed on to the workers; this process waits for them before it returns.
@@ -27,8 +27,7 @@ from dmlbench.protocol.layout import RESULTS_FILE
 from dmlbench.protocol.spec.prepare import Prepared
 from dmlbench.protocol.run.record import BenchmarkOutcome, ReportWriter, write_benchmark_file
 from dmlbench.protocol.run.schedule import owned_output, run_benchmark
-from dmlbench.training.embed import set_worker, worker_devices
-from dmlbench.training.threads import share_cores
+from dmlbench.training.placement import Placement, worker_devices
 
 STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
 
@@ -37,17 +36,12 @@ def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str],
              report: ReportWriter | None = None) -> BenchmarkOutcome | None:
     """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it).
     ``report``: the report writer of ``run_benchmark``, a module-level function (it is sent to the workers).
-    This process holds the output directory (shared, as each worker does) until every worker has ended."""
+    This process holds the output directory (shared, as each worker does) until every worker has ended;
+    it is worker 0."""
     if progress:
         _say_gpus(prepared)
-    set_worker(0)
-    try:
-        with owned_output(prepared):
-            return _run_jobs(prepared, config_path, overrides, progress=progress, report=report)
-    finally:
-        # A later run in this process (the Python API's caller) is no worker and has the cores to itself.
-        set_worker(None)
-        share_cores(1)
+    with owned_output(prepared):
+        return _run_jobs(prepared, config_path, overrides, progress=progress, report=report)
 
 
 def _say_gpus(prepared: Prepared) -> None:
@@ -60,8 +54,8 @@ def _say_gpus(prepared: Prepared) -> None:
 
 def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
               report: ReportWriter | None) -> BenchmarkOutcome | None:
-    write_benchmark_file(prepared)
-    share_cores(prepared.jobs)
+    placement = Placement(worker=0, workers=prepared.jobs)
+    write_benchmark_file(prepared, placement)
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
@@ -72,7 +66,7 @@ def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str]
     for process in workers:
         process.start()
     try:
-        outcome = run_benchmark(prepared, progress=progress, report=report)
+        outcome = run_benchmark(prepared, progress=progress, report=report, placement=placement)
     except (RunInterrupted, KeyboardInterrupt):
         # A scheduler may signal this process alone (Kubernetes signals PID 1): pass the stop on, so
         # every worker marks its unit interrupted. A worker that got the signal itself ignores a second.
@@ -107,14 +101,12 @@ def _worker(index: int, config_path: Path | None, overrides: list[str], output_d
     from dmlbench.protocol.spec.prepare import prepare
 
     optuna.logging.set_verbosity(logging.WARNING)
-    share_cores(jobs)
-    set_worker(index)
     install_stop_handlers()
     try:
         plugins.load_from_command_line(plugin_specs)
         prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat,
                            retry_seconds=retry_seconds, accept_plugin_changes=accept_plugin_changes)
-        run_benchmark(prepared, progress=progress, report=report)
+        run_benchmark(prepared, progress=progress, report=report, placement=Placement(worker=index, workers=jobs))
     except UserInputError as error:
         print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)

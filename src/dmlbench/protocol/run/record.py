@@ -30,7 +30,7 @@ from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.results import MethodReproductions
 from dmlbench.protocol.units.search import MethodSearch, SearchResult, failed_search_text
 from dmlbench.training import threads, tracking
-from dmlbench.training.embed import resolve_device
+from dmlbench.training.placement import STANDALONE, Placement
 
 
 # The report writer a benchmark is given (``report.write_report``): it returns ``{file name: path}`` of
@@ -45,10 +45,10 @@ class BenchmarkOutcome:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def _device(prepared: Prepared) -> str:
+def _device(prepared: Prepared, placement: Placement) -> str:
     """The device this worker trains on: the first method's ``training.device`` as this machine
-    resolves it (``auto`` is CUDA where there is one)."""
-    return str(resolve_device(next(iter(prepared.plans.values())).config.training.device))
+    resolves it for the worker (``auto`` is CUDA where there is one)."""
+    return str(placement.device(next(iter(prepared.plans.values())).config.training.device))
 
 
 def _threads_per_worker(prepared: Prepared) -> int:
@@ -60,7 +60,7 @@ def _threads_per_worker(prepared: Prepared) -> int:
     return max(int(setting) for setting in settings)
 
 
-def write_benchmark_file(prepared: Prepared) -> BenchmarkRecord:
+def write_benchmark_file(prepared: Prepared, placement: Placement = STANDALONE) -> BenchmarkRecord:
     """Create the output directory and ``benchmark.json`` (the description, the analysis, the storage
     redacted, the config hash, the commit, the start time, the machine, the data's source and the
     threads of an ``auto`` run); for a benchmark already started, record in it what this worker accepted
@@ -75,7 +75,7 @@ def write_benchmark_file(prepared: Prepared) -> BenchmarkRecord:
             **prepared.description(), "analysis": analysis, "analysis_in_hash": True, "storage": prepared.redacted,
             "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
             # the machine of the worker that started it (each run.json has its own)
-            "environment": provenance.environment(_device(prepared)), "data_source": prepared.data_source,
+            "environment": provenance.environment(_device(prepared, placement)), "data_source": prepared.data_source,
             "threads_per_worker": _threads_per_worker(prepared),
             **({"pretrained_weights": prepared.weights} if prepared.weights else {})})
         write_benchmark(prepared.output_dir, record)

@@ -35,7 +35,7 @@ from dmlbench.protocol.units.search import MethodSearch, SearchResult
 from dmlbench.protocol.run.stages import BaselineStage, ReproductionStage, SearchStage, Stage
 from dmlbench.protocol.units.unit import Unit
 from dmlbench.training import records
-from dmlbench.training.threads import pinned_auto_threads
+from dmlbench.training.placement import STANDALONE, Placement
 
 # How often a worker whose remaining work is running elsewhere looks again (seconds).
 POLL_SECONDS = 1.0
@@ -108,16 +108,17 @@ def owned_output(prepared: Prepared) -> Iterator[None]:
         yield
 
 
-def run_search_stage(prepared: Prepared, *, progress: bool = True) -> dict[str, SearchResult]:
+def run_search_stage(prepared: Prepared, *, progress: bool = True, placement: Placement = STANDALONE) -> dict[str, SearchResult]:
     """The search stage alone (``dmlbench search``): every method's study, then ``search.json``."""
-    with owned_output(prepared), pinned_auto_threads(write_benchmark_file(prepared).threads_per_worker):
-        return _with_retries(prepared, lambda: _search_only(prepared, progress))
+    with owned_output(prepared):
+        placement = placement.with_recorded_threads(write_benchmark_file(prepared, placement).threads_per_worker)
+        return _with_retries(prepared, lambda: _search_only(prepared, progress, placement))
 
 
-def _search_only(prepared: Prepared, progress: bool) -> dict[str, SearchResult]:
+def _search_only(prepared: Prepared, progress: bool, placement: Placement) -> dict[str, SearchResult]:
     protocol = prepared.spec.protocol
     searches = len(prepared.plans) + len(prepared.repeats)
-    context = context_of(prepared, Progress(searches * protocol.trials * protocol.folds, 0, progress), progress)
+    context = context_of(prepared, Progress(searches * protocol.trials * protocol.folds, 0, progress), progress, placement)
     schedule = Schedule(prepared, context, search_only=True)
     try:
         drive(schedule.units)
@@ -127,7 +128,7 @@ def _search_only(prepared: Prepared, progress: bool) -> dict[str, SearchResult]:
 
 
 def run_benchmark(
-    prepared: Prepared, *, progress: bool = True, report: ReportWriter | None = None,
+    prepared: Prepared, *, progress: bool = True, report: ReportWriter | None = None, placement: Placement = STANDALONE,
 ) -> BenchmarkOutcome | None:
     """Work on the benchmark until every unit is done (search trials, reproductions, the untrained
     baseline), with any number of other workers on the same storage; then the first worker to find
@@ -139,11 +140,13 @@ def run_benchmark(
     with a doubling back-off for up to ``prepared.retry_seconds`` per outage, then stops with a
     ``StorageFailed`` (the same command continues later). A unit whose result could not be stored is
     taken up again through the heartbeat, its finished fold runs kept. The worker holds the output
-    directory meanwhile (``owned_output``). A run with ``training.num_threads: auto`` trains with the
-    threads the benchmark started with (``benchmark.json``'s ``threads_per_worker``), whatever this
-    worker's ``--jobs``: a thread count changes a run's last digits."""
-    with owned_output(prepared), pinned_auto_threads(write_benchmark_file(prepared).threads_per_worker):
-        return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report))
+    directory meanwhile (``owned_output``). ``placement``: this worker's device and threads; a run with
+    ``training.num_threads: auto`` trains with the threads the benchmark started with
+    (``benchmark.json``'s ``threads_per_worker``), whatever this worker's ``--jobs``: a thread count
+    changes a run's last digits."""
+    with owned_output(prepared):
+        placement = placement.with_recorded_threads(write_benchmark_file(prepared, placement).threads_per_worker)
+        return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report, placement))
 
 
 def _with_retries(prepared: Prepared, attempt: Callable[[], Any]) -> Any:
@@ -184,18 +187,19 @@ def retry_failed_units(prepared: Prepared) -> int:
     return retried
 
 
-def context_of(prepared: Prepared, reporter: Progress | None = None, progress: bool = False) -> Context:
+def context_of(prepared: Prepared, reporter: Progress | None = None, progress: bool = False,
+               placement: Placement = STANDALONE) -> Context:
     """What this worker's units share (a new ``work.Worker`` on the benchmark's storage)."""
     return Context(prepared.output_dir, prepared.layout, work.Worker(prepared.storage, heartbeat=prepared.heartbeat),
-                   prepared.config_hash, progress, reporter)
+                   prepared.config_hash, progress, reporter, placement)
 
 
-def _work_on_benchmark(prepared: Prepared, progress: bool,
-                       report: ReportWriter | None) -> BenchmarkOutcome | None:
+def _work_on_benchmark(prepared: Prepared, progress: bool, report: ReportWriter | None,
+                       placement: Placement) -> BenchmarkOutcome | None:
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol
     total = (len(prepared.plans) + len(prepared.repeats)) * (protocol.trials + protocol.reproductions) * protocol.folds
-    context = context_of(prepared, Progress(total, _completed_runs(output_dir), progress), progress)
+    context = context_of(prepared, Progress(total, _completed_runs(output_dir), progress), progress, placement)
     try:
         schedule = Schedule(prepared, context)
         drive(schedule.units)
@@ -203,7 +207,7 @@ def _work_on_benchmark(prepared: Prepared, progress: bool,
             marker = next(iter(schedule.searches.values())).study
             reported = marker.user_attrs.get("report")
             # A benchmark scored by an older version gains the per-class sums it lacks, and a new report.
-            completed = complete_class_sums(output_dir, schedule.reproductions)
+            completed = complete_class_sums(output_dir, schedule.reproductions, placement)
             if reported is not None and not completed and (output_dir / output_layout.REPORT_FILE).exists():
                 # Not a failure: this worker's share is done and a sibling (a --jobs process or another
                 # machine on the same storage) took the report; say so in those words.

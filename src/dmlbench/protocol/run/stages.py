@@ -41,7 +41,7 @@ class SearchStage(Stage):
         plans = prepared.plans
         # The search's trunks, one per fold, shared by every method: the first method's config.
         features = (FeatureCache(next(iter(plans.values())).budgeted, prepared.output_dir, prepared.dataset_hash,
-                                 context.progress) if prepared.search.frozen_trunk else None)
+                                 context.progress, context.placement) if prepared.search.frozen_trunk else None)
         self.searches = {name: MethodSearch(plan, prepared.search, context, features) for name, plan in plans.items()}
         # The repeated searches after every method's first, each with its own seed and reproductions.
         self.searches.update({name: MethodSearch(plan, settings, context, features)

@@ -18,6 +18,7 @@ from dmlbench.protocol.spec.benchmark import BenchmarkSpec, ProtocolSpec
 from dmlbench.protocol.spec.folds import ClassFold, FoldLayout
 from dmlbench.protocol.layout import search_repeat_name
 from dmlbench.protocol.spec.search_space import SearchSpace
+from dmlbench.training.placement import STANDALONE, Placement
 
 # Keys the protocol sets for every method alike; a search space may not search them.
 PROTOCOL_KEYS = ("seed", "training.epochs", "training.early_stopping_patience", "data.train_classes", "data.val_classes")
@@ -137,7 +138,8 @@ def repeated_searches(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec) -
 @dataclass
 class Context:
     """What the units of one worker share: where they write, the folds, the worker, the benchmark's
-    config hash (recorded in every study) and how progress is shown."""
+    config hash (recorded in every study), how progress is shown and where the worker trains
+    (``placement``: its device and threads)."""
 
     output_dir: Path
     layout: FoldLayout
@@ -145,6 +147,7 @@ class Context:
     config_hash: str
     progress: bool = False
     reporter: Callable[[dict[str, Any]], None] | None = None
+    placement: Placement = STANDALONE
 
     def report(self, event: dict[str, Any]) -> None:
         if self.reporter is not None:

@@ -67,7 +67,7 @@ class Baseline(Unit):
     def _scores(self, reproduction: int, seed: int) -> dict[str, dict[str, float]]:
         from torch import nn
 
-        from dmlbench.training.embed import embed, resolve_device
+        from dmlbench.training.embed import embed
         from dmlbench.training.runs import query_mask, test_domains
         from dmlbench.training.setup import build_model, load_dataset, make_splits
 
@@ -81,7 +81,7 @@ class Baseline(Unit):
         # only, and the model is built from the reproduction's seed), so it is embedded once and shared.
         config = self.reference.run_config(self.params, self.context.layout.folds[0], seed)
         dataset = load_dataset(config)
-        device = resolve_device(config.training.device)
+        device = self.context.placement.device(config.training.device)
         # The model exactly as reproduction ``r`` of the reference started training it (same seed),
         # or no model: the pixels of the images as the reference's data pipeline hands them over.
         model = (build_model(config) if self.kind == layout.UNTRAINED else nn.Flatten()).to(device)

@@ -29,6 +29,7 @@ from dmlbench.protocol.spec.folds import ClassFold
 from dmlbench.protocol.layout import TRUNK_STAGE, feature_file, feature_lock, fold_dir, trunks_dir
 from dmlbench.training import records, train_or_resume
 from dmlbench.training.features import FoldFeatures, trunk_features
+from dmlbench.training.placement import STANDALONE, Placement
 from dmlbench.training.setup import build_model, load_dataset, make_splits, training_view
 
 
@@ -38,9 +39,10 @@ class FeatureCache:
     ``trunk_raw``: the raw config the trunks are trained (or loaded) with: the first method's config
     with the protocol budget; ``dataset_hash``: the content hash of the benchmark's dataset."""
 
-    def __init__(self, trunk_raw: Mapping[str, Any], output_dir: Path, dataset_hash: str, progress: bool = False) -> None:
+    def __init__(self, trunk_raw: Mapping[str, Any], output_dir: Path, dataset_hash: str, progress: bool = False,
+                 placement: Placement = STANDALONE) -> None:
         self.trunk_raw, self.output_dir = dict(trunk_raw), Path(output_dir)
-        self.dataset_hash, self.progress = dataset_hash, progress
+        self.dataset_hash, self.progress, self.placement = dataset_hash, progress, placement
         self._loaded: dict[int, tuple[dict[str, str], FoldFeatures]] = {}
 
     def trunk_config(self, fold: ClassFold) -> config_module.Config:
@@ -96,7 +98,8 @@ class FeatureCache:
         run_dir = fold_dir(trunks_dir(self.output_dir), fold.index)
         if self.progress:
             print(f"== frozen trunk of fold {fold.index}: {run_dir}", flush=True)
-        train_or_resume(config, run_dir, progress=self.progress, record={"stage": TRUNK_STAGE, "fold": fold.index})
+        train_or_resume(config, run_dir, progress=self.progress, record={"stage": TRUNK_STAGE, "fold": fold.index},
+                        placement=self.placement)
         checkpoint = run_dir / records.BEST_CHECKPOINT
         remedy = f"delete {run_dir} to train this fold's trunk again"
         return str(run_dir), file_sha256(checkpoint), lambda: files.load_checkpoint(checkpoint, remedy)["model"]
@@ -105,10 +108,11 @@ class FeatureCache:
         dataset = load_dataset(config)
         view, splits = training_view(dataset, make_splits(config, dataset, test=False))
         train, validation = view.subset(splits.train), view.subset(splits.validation)
+        device = self.placement.device(config.training.device)
         return {
             "key": key,
-            "train": trunk_features(config, state, train), "train_labels": torch.as_tensor(train.labels),
-            "validation": trunk_features(config, state, validation), "validation_labels": torch.as_tensor(validation.labels),
+            "train": trunk_features(config, state, train, device), "train_labels": torch.as_tensor(train.labels),
+            "validation": trunk_features(config, state, validation, device), "validation_labels": torch.as_tensor(validation.labels),
             # Left out of both splits by make_splits; each head run records it as a full run does.
             "unreadable_images": len(dataset.metadata.get("unreadable_items", [])),
         }

@@ -38,6 +38,7 @@ from dmlbench.protocol.units.results import COMPLETED_CLASS_SUMS, MethodReproduc
 from dmlbench.protocol.units.scoring import objective, record_test_access, score_modes
 from dmlbench.protocol.units.unit import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves
 from dmlbench.training import records, tracking, train_or_resume
+from dmlbench.training.placement import Placement
 from dmlbench.training.runs import Run, embed_run, embed_test_split, run_test_domains, test_query_mask
 
 
@@ -79,10 +80,11 @@ class MethodReproduction(Unit):
                 self.context.report({**record, "run_dir": str(run_dir)})
                 train_or_resume(self.plan.run_config(self.params, fold, seed), run_dir, progress=self.context.progress,
                                 record={**record, "fold_layout_hash": self.context.layout.hash,
-                                        "params": dict(self.params), "test_classes": list(self.context.layout.test_classes)})
+                                        "params": dict(self.params), "test_classes": list(self.context.layout.test_classes)},
+                                placement=self.context.placement)
                 curves.append(validation_curves(run_dir))
             attributes["curves"] = curves
-            runs = [Run.open(run_dir) for run_dir in run_dirs]  # each fold run opened once, for both uses
+            runs = [Run.open(run_dir, self.context.placement) for run_dir in run_dirs]  # each opened once, for both uses
             attributes["embedding_space"] = [training_space(run) for run in runs]
             scores, per_class = _test_scores(output_dir, directory, runs, seed, self.plan.config.evaluation.metrics)
             for run_dir in run_dirs:
@@ -126,7 +128,7 @@ def fold_test_embeddings(runs: Sequence[Run]) -> tuple[dict[str, Tensor], Tensor
     return embeddings, labels
 
 
-def complete_class_sums(output_dir: Path, reproductions: Mapping[str, MethodReproduction]) -> int:
+def complete_class_sums(output_dir: Path, reproductions: Mapping[str, MethodReproduction], placement: Placement) -> int:
     """Per-class test sums for the finished reproductions scored by a version of dmlbench that stored
     none, or none for the cross-domain modes it scored: computed from the fold models' best checkpoints
     as ``_test_scores`` computes them and stored in the storage (an attribute of the method's
@@ -140,7 +142,7 @@ def complete_class_sums(output_dir: Path, reproductions: Mapping[str, MethodRepr
         print(f"dmlbench: {len(pending)} reproduction(s) were scored by a version that stored no per-class test "
               "sums (or none cross-domain): computing them from their checkpoints", file=sys.stderr, flush=True)
     for unit, trial in pending:
-        runs = [Run.open(Path(output_dir) / run_dir) for run_dir in trial.user_attrs["run_dirs"]]
+        runs = [Run.open(Path(output_dir) / run_dir, placement) for run_dir in trial.user_attrs["run_dirs"]]
         embeddings, labels = _embedded_test_split(output_dir, runs, purpose="per-class sums")
         per_class = class_sums(embeddings, labels, unit.plan.config.evaluation.metrics, test_query_mask(runs[0]),
                                run_test_domains(runs[0]))
