@@ -51,8 +51,8 @@ def dmlbench(arguments: list[str]) -> tuple[float, str]:
 def one_run(config: Path | None) -> None:
     """The estimate of one training run against the run itself, in this process."""
     from dmlbench.protocol.dry_run import cost
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
     from dmlbench.training import train
 
     with tempfile.TemporaryDirectory() as scratch:

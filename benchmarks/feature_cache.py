@@ -21,9 +21,9 @@ from pathlib import Path
 import optuna
 import torch
 
-from dmlbench.protocol.spec.benchmark import BenchmarkSpec, load_spec
+from dmlbench.protocol.design.benchmark import BenchmarkSpec, load_spec
 from dmlbench.protocol.units.feature_cache import FeatureCache
-from dmlbench.protocol.spec.prepare import Prepared, prepare
+from dmlbench.protocol.design.prepare import Prepared, prepare
 from dmlbench.protocol.run.schedule import run_search_stage
 
 REPO = Path(__file__).resolve().parent.parent

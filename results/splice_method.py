@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.benchmark_file import read_benchmark
+from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE, RESULTS_CSV, RUNS_CSV
 
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from dmlbench.analysis import transfer, verdicts
-from dmlbench.protocol.spec.benchmark_file import read_benchmark
+from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE, RUNS_CSV
 from dmlbench.protocol.units.results import read_runs
 

@@ -11,9 +11,9 @@ import optuna
 import pytest
 
 from dmlbench.protocol.queue import work
-from dmlbench.protocol.spec.benchmark import BenchmarkSpec
-from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord
-from dmlbench.protocol.spec.prepare import Prepared, prepare
+from dmlbench.protocol.design.benchmark import BenchmarkSpec
+from dmlbench.protocol.design.benchmark_file import BenchmarkRecord
+from dmlbench.protocol.design.prepare import Prepared, prepare
 from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.results import MethodReproductions
 from dmlbench.protocol.run.schedule import context_of, drive, run_search_stage

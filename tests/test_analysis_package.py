@@ -43,7 +43,7 @@ def test_the_judging_package_alone_gives_the_reports_comparisons(study: str) -> 
     ``dmlbench rejudge``, agree on every committed study."""
     from dmlbench.analysis.endpoints import read_score_table
     from dmlbench.analysis.verdicts import rejudged_comparison_csv
-    from dmlbench.protocol.spec.benchmark_file import read_benchmark
+    from dmlbench.protocol.design.benchmark_file import read_benchmark
     from dmlbench.protocol.layout import BASELINES
 
     folder = RESULTS / study
@@ -111,7 +111,7 @@ def test_the_built_in_benchmark_declares_the_search_sd_measured_on_its_own_confi
     (results/search_luck_method_glyphs/search_variance.csv), to the four decimals it is written with."""
     import csv
 
-    from dmlbench.protocol.spec.benchmark import DEFAULT_BENCHMARK, load_spec
+    from dmlbench.protocol.design.benchmark import DEFAULT_BENCHMARK, load_spec
 
     rows = list(csv.DictReader((RESULTS / "search_luck_method_glyphs" / "search_variance.csv").open()))
     pooled = next(float(row["search_sd"]) for row in rows if row["method"] == "pooled")

@@ -93,7 +93,7 @@ def test_training_and_the_protocol_keep_no_state_in_their_modules() -> None:
 
 
 # The rooms of protocol/, lowest first: each imports only rooms before it (and protocol.layout).
-PROTOCOL_ROOMS = ("queue", "spec", "units", "run", "dry_run", "inspection")
+PROTOCOL_ROOMS = ("queue", "design", "units", "run", "dry_run", "inspection")
 LONGEST_MODULE = {"protocol": 350, "analysis": 350}
 
 

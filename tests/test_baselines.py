@@ -69,8 +69,8 @@ def test_raw_pixels_row_is_the_pixels_retrieval_for_every_seed(with_pixels: Path
 
 
 def test_baselines_default_leaves_the_description_and_hash_alone(tmp_path: Path) -> None:
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
 
     plain = prepare(load_spec(write_spec(tmp_path / "plain.yaml")), tmp_path / "a")
     assert "baselines" not in plain.description()["protocol"]

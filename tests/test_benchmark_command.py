@@ -25,8 +25,8 @@ from dmlbench.protocol.dry_run import cost
 from dmlbench.protocol import layout
 from dmlbench.protocol.dry_run import timings
 from dmlbench.protocol.queue import attempts
-from dmlbench.protocol.spec.benchmark import DEFAULT_BENCHMARK, load_spec
-from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.design.benchmark import DEFAULT_BENCHMARK, load_spec
+from dmlbench.protocol.design.prepare import prepare
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 from dmlbench.report import write_report
 

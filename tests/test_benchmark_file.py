@@ -1,4 +1,4 @@
-"""``benchmark.json`` through its typed record (``protocol.spec.benchmark_file``): every file written so far
+"""``benchmark.json`` through its typed record (``protocol.design.benchmark_file``): every file written so far
 reads back to the same JSON, and a file of a newer format, a corrupt one or one that is not a
 benchmark record is one line and exit 2 from every command that reads it, with nothing written over it."""
 
@@ -9,7 +9,7 @@ import pytest
 from cli_runner import run_cli
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.benchmark_file import BENCHMARK_FORMAT, read_benchmark, write_benchmark
+from dmlbench.protocol.design.benchmark_file import BENCHMARK_FORMAT, read_benchmark, write_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(REPO.glob("results/*/benchmark.json"))
@@ -90,7 +90,7 @@ def test_a_benchmark_of_one_reproduction_started_before_the_rule_opens_and_its_r
     """``protocol.reproductions`` below 2 is refused in a config, but a stored benchmark that an older dmlbench
     ran with one reproduction still reads: its report says why it has no intervals or verdicts, instead of
     calling its ``benchmark.json`` damaged; continuing it with its config is the config's one-line refusal."""
-    import dmlbench.protocol.spec.benchmark as benchmark_module
+    import dmlbench.protocol.design.benchmark as benchmark_module
 
     output = tmp_path / "one"
     with monkeypatch.context() as older:  # the dmlbench of before the rule

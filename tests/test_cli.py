@@ -83,8 +83,8 @@ def test_data_check_prints_classes_and_hash(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_builtin_benchmark_spec_is_valid() -> None:
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.plan import MethodPlan
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.plan import MethodPlan
 
     spec = load_spec(None)
     configs = {method.name: MethodPlan.build(spec, method.name, []).config for method in spec.methods}

@@ -96,11 +96,11 @@ def test_classes_follow_sort_order_and_domains_are_vendors(replica: Path, tmp_pa
 
 
 def test_a_benchmark_records_the_vendors_images_and_licences(replica: Path, tmp_path: Path) -> None:
-    """``benchmark.json``'s data source (``protocol.spec.prepare.data_source``): images per vendor, each
+    """``benchmark.json``'s data source (``protocol.design.prepare.data_source``): images per vendor, each
     vendor's licence, the images of the test classes; a vendor not chosen has no licence there."""
     from dmlbench.data.emoji import LICENCES
-    from dmlbench.protocol.spec.folds import fold_layout
-    from dmlbench.protocol.spec.prepare import data_source
+    from dmlbench.protocol.design.folds import fold_layout
+    from dmlbench.protocol.design.prepare import data_source
 
     dataset = build(replica, tmp_path)
     layout = fold_layout(dataset, k=2, mode="contiguous")

@@ -14,7 +14,7 @@ from dmlbench import data
 from dmlbench.data.files import FileDataset
 from dmlbench.data.splits import standard_splits, train_test_split
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.folds import development_and_test_classes
+from dmlbench.protocol.design.folds import development_and_test_classes
 
 # format -> (images, classes, train items, test items, roles present)
 EXPECTED = {

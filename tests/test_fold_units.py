@@ -28,7 +28,7 @@ from dmlbench.protocol.units import search
 from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.units.fold_units import FoldRun
 from dmlbench.protocol.layout import fold_study
-from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.design.prepare import prepare
 from dmlbench.protocol.run.schedule import retry_failed_units, run_search_stage
 from dmlbench.protocol.units.search import TrialFailed
 from dmlbench.protocol.queue.storage import open_storage
@@ -137,7 +137,7 @@ def test_one_and_two_workers_on_fold_units_give_the_sequential_results(
     same_results(one, reference)
     assert trials(one) == trials(reference)
     from dmlbench.protocol.dry_run import cost
-    from dmlbench.protocol.spec.benchmark import load_spec
+    from dmlbench.protocol.design.benchmark import load_spec
 
     estimated = prepare(load_spec(config), tmp_path / "estimate", [FOLD_UNITS])
     unit_costs = {field.name: 0 for field in dataclasses.fields(cost.Measured) if field.name != "method_steps"}
@@ -171,7 +171,7 @@ def test_the_dry_run_counts_the_folds_busy_and_rehearses_the_report_on_whole_tri
     config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from dmlbench.protocol.dry_run import cost
-    from dmlbench.protocol.spec.benchmark import load_spec
+    from dmlbench.protocol.design.benchmark import load_spec
     from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 
     prepared = prepare(load_spec(config), tmp_path / "out", [FOLD_UNITS, "protocol.parallel_trials=2"])

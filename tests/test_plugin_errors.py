@@ -16,8 +16,8 @@ from cli_runner import run_cli
 from training_fixtures import TINY
 
 from dmlbench.protocol import layout
-from dmlbench.protocol.spec.benchmark import load_spec
-from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.design.benchmark import load_spec
+from dmlbench.protocol.design.prepare import prepare
 from dmlbench.protocol.run.record import write_benchmark_file
 from dmlbench.training import records
 

@@ -101,8 +101,8 @@ def test_a_benchmark_without_plugins_keeps_the_config_hash_it_had_before_plugins
     """Resuming a benchmark compares config hashes: the plugins key must not change old ones (the
     smoke benchmark's hash at 8bc0caf, before plugins existed, which a benchmark started before the
     analysis entered the hash keeps), nor the hash of a benchmark whose analysis is fixed."""
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
 
     monkeypatch.setattr(plugins, "_LOADED", {})  # the plugins earlier tests imported into this process
     prepared = prepare(load_spec(REPO / "configs" / "smoke.yaml"), tmp_path / "out")
@@ -225,7 +225,7 @@ def test_the_audit_names_a_run_that_used_other_plugin_code() -> None:
     from protocol_fixtures import benchmark_record
 
     from dmlbench.protocol.inspection.audit import _audit_plugins
-    from dmlbench.protocol.spec.benchmark_file import PluginChange
+    from dmlbench.protocol.design.benchmark_file import PluginChange
 
     benchmark = benchmark_record(plugins=[{"plugin": "my_loss.py", "sha256": "a" * 64}])
     same = {"plugins": [{"plugin": "/x/my_loss.py", "module": "dmlbench_plugin_my_loss_1", "path": "/x/my_loss.py",

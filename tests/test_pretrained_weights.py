@@ -19,7 +19,7 @@ from cli_runner import run_cli
 from fetch_server import Served, server  # noqa: F401  (server: a fixture)
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.prepare import _check_weights
+from dmlbench.protocol.design.prepare import _check_weights
 
 
 def _googlenet_file(path: Path) -> bytes:

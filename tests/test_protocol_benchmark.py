@@ -323,8 +323,8 @@ def test_a_benchmark_started_before_the_analysis_was_fixed_resumes_and_reports(
     """As the committed studies: benchmark.json without ``analysis_in_hash``, config hash without the analysis."""
     import shutil
 
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
 
     copy = tmp_path / "old"
     shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
@@ -498,9 +498,9 @@ def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_
     ],
 )
 def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None, minimum: dict) -> None:
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.plan import method_raw_config
-    from dmlbench.protocol.spec.search_space import parse_search_space
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.plan import method_raw_config
+    from dmlbench.protocol.design.search_space import parse_search_space
 
     spec = load_spec(path)
     assert len(spec.methods) >= minimum["methods"]
@@ -519,7 +519,7 @@ def test_shipped_benchmark_configs_declare_valid_search_spaces(path: Path | None
 def test_the_cub_shaped_workload_is_the_reality_check_protocol_on_cub_sized_glyphs() -> None:
     """Issue 49: seed 001's protocol (reality_check.yaml's folds, search, reproductions and methods) on
     200 glyph classes of 16 fonts x 4 images at 224 px (CUB: 200 classes, ~59 images) and a ResNet-50."""
-    from dmlbench.protocol.spec.benchmark import load_spec
+    from dmlbench.protocol.design.benchmark import load_spec
 
     shaped, reference = load_spec(REPO / "configs" / "cub_shaped_glyphs.yaml"), load_spec(REPO / "configs" / "reality_check.yaml")
     assert shaped.protocol == reference.protocol and shaped.methods == reference.methods
@@ -528,8 +528,8 @@ def test_the_cub_shaped_workload_is_the_reality_check_protocol_on_cub_sized_glyp
 
 
 def test_the_committed_glyph_studies_cover_what_issue_15_asks_for() -> None:
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.plan import method_raw_config
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.plan import method_raw_config
 
     spec = load_spec(REPO / "configs" / "reality_check_glyphs.yaml")
     assert spec.protocol.folds >= 4 and spec.protocol.reproductions >= 5
@@ -585,8 +585,8 @@ def test_gp_suggestions_do_not_depend_on_process_history(tmp_path: Path, monkeyp
 def test_keys_added_later_leave_an_older_benchmark_description_unchanged(tmp_path: Path) -> None:
     # A benchmark started before `analysis` and `protocol.startup_trials` existed must still resume:
     # its description (and so its config hash) may not gain either key while they are unset.
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
 
     plain = prepare(load_spec(write_spec(tmp_path / "plain.yaml")), tmp_path / "a").description()
     assert "startup_trials" not in plain["protocol"] and "startup_trials" not in plain["spec"]["protocol"]

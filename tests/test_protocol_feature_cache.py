@@ -16,9 +16,9 @@ from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol.units import feature_cache
 from dmlbench.protocol.units import search as search_module
-from dmlbench.protocol.spec.benchmark import BenchmarkSpec, apply_spec_overrides, load_spec
-from dmlbench.protocol.spec.folds import fold_layout
-from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.design.benchmark import BenchmarkSpec, apply_spec_overrides, load_spec
+from dmlbench.protocol.design.folds import fold_layout
+from dmlbench.protocol.design.prepare import prepare
 from dmlbench.evaluation import evaluate
 from dmlbench.models.embedding import EmbeddingHead
 from dmlbench.training import TrainingDiverged, evaluate_run, loop, records, train, train_or_resume

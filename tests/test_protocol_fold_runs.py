@@ -8,7 +8,7 @@ import torch
 
 from dmlbench import config as config_module
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.folds import fold_layout
+from dmlbench.protocol.design.folds import fold_layout
 from dmlbench.training import loop, train
 from dmlbench.training.setup import load_dataset, make_splits, training_view
 from training_fixtures import TINY

@@ -5,7 +5,7 @@ import pytest
 
 from dmlbench.data.splits import train_test_split
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.folds import FoldLayout, fold_layout, layout_hash
+from dmlbench.protocol.design.folds import FoldLayout, fold_layout, layout_hash
 
 
 def labels_of(num_classes: int, per_class: int = 3, offset: int = 10) -> np.ndarray:

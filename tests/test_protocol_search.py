@@ -16,9 +16,9 @@ from dmlbench.data.splits import train_test_split
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.queue import work
-from dmlbench.protocol.spec.benchmark import ProtocolSpec, apply_spec_overrides
-from dmlbench.protocol.spec.plan import SearchSettings, method_raw_config
-from dmlbench.protocol.spec.prepare import prepare, resolve_storage
+from dmlbench.protocol.design.benchmark import ProtocolSpec, apply_spec_overrides
+from dmlbench.protocol.design.plan import SearchSettings, method_raw_config
+from dmlbench.protocol.design.prepare import prepare, resolve_storage
 from dmlbench.protocol.run.schedule import run_benchmark
 from dmlbench.protocol.units.search import make_sampler
 from dmlbench.training import loop as loop_module
@@ -217,8 +217,8 @@ import importlib.util, sys
 if sys.argv[1] == "blocked":
     sys.modules["greenlet"] = None  # as on a machine without the package
 import logging, math, optuna
-from dmlbench.protocol.spec.benchmark import ProtocolSpec
-from dmlbench.protocol.spec.plan import SearchSettings
+from dmlbench.protocol.design.benchmark import ProtocolSpec
+from dmlbench.protocol.design.plan import SearchSettings
 from dmlbench.protocol.units.search import make_sampler
 print("greenlet", importlib.util.find_spec("greenlet") is not None and sys.modules.get("greenlet", 0) is not None)
 settings = SearchSettings.of(ProtocolSpec(sampler="gp", search_seed=0, startup_trials=4), "sqlite://")

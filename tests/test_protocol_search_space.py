@@ -9,8 +9,8 @@ import pytest
 from dmlbench import config as config_module
 from dmlbench.config import parse_override
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.benchmark import BenchmarkSpec
-from dmlbench.protocol.spec.search_space import (
+from dmlbench.protocol.design.benchmark import BenchmarkSpec
+from dmlbench.protocol.design.search_space import (
     SearchSpace,
     as_override_strings,
     parse_search_space,

@@ -659,9 +659,9 @@ def test_jobs_auto_on_a_sqlite_benchmark_goes_on_with_one_worker(reference: Path
 )
 def test_auto_jobs_fills_the_cores_at_the_runs_thread_count(cores: int, omp: str | None, threads_override: list[str],
                                                             expected: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dmlbench.protocol.spec.benchmark import apply_spec_overrides, load_spec
-    from dmlbench.protocol.spec.prepare import auto_jobs
-    from dmlbench.protocol.spec.plan import MethodPlan
+    from dmlbench.protocol.design.benchmark import apply_spec_overrides, load_spec
+    from dmlbench.protocol.design.prepare import auto_jobs
+    from dmlbench.protocol.design.plan import MethodPlan
     from dmlbench.training import threads
 
     if omp is None:
@@ -707,9 +707,9 @@ def test_a_resumed_benchmark_trains_with_the_threads_it_started_with(tmp_path: P
     """A run's last digits depend on its torch thread count, and `auto` gives a worker its share of the
     cores: a benchmark started with one thread per worker and resumed where `auto` gives two (another
     --jobs, another OMP_NUM_THREADS) trains with the one recorded in benchmark.json; a new one with two."""
-    from dmlbench.protocol.spec.benchmark import apply_spec_overrides, load_spec
-    from dmlbench.protocol.spec.benchmark_file import read_benchmark
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import apply_spec_overrides, load_spec
+    from dmlbench.protocol.design.benchmark_file import read_benchmark
+    from dmlbench.protocol.design.prepare import prepare
     from dmlbench.protocol.run.record import write_benchmark_file
 
     small = ["training.num_threads=auto", "protocol.trials=1"]

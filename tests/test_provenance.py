@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dmlbench import provenance
-from dmlbench.protocol.spec.benchmark import load_spec
-from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.design.benchmark import load_spec
+from dmlbench.protocol.design.prepare import prepare
 from dmlbench.protocol.run.record import write_benchmark_file
 from dmlbench.training import placement
 

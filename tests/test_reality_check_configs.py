@@ -15,8 +15,8 @@ import cadene_weights
 import replicas
 from cli_runner import run_cli
 
-from dmlbench.protocol.spec.benchmark import load_spec
-from dmlbench.protocol.spec.prepare import prepare
+from dmlbench.protocol.design.benchmark import load_spec
+from dmlbench.protocol.design.prepare import prepare
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = ("cub200", "cars196", "sop")

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from matplotlib.colors import to_rgba
 
-from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, StoredMethod, StoredSpec
+from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, StoredMethod, StoredSpec
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome
 from dmlbench.report import plots, render, tables
 from dmlbench.report.analysis import analyse

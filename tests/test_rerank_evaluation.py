@@ -145,7 +145,7 @@ def test_config_rerank_round_trips_and_none_leaves_the_stored_config_unchanged()
 
 
 def test_a_search_space_reaches_the_rerank_params_and_checks_them() -> None:
-    from dmlbench.protocol.spec.search_space import parse_search_space
+    from dmlbench.protocol.design.search_space import parse_search_space
 
     base = {"evaluation": {"rerank": {"kind": "query_expansion", "params": {"neighbours": 2}}}}
     space = parse_search_space({"evaluation.rerank.params.alpha": {"low": 0.0, "high": 4.0}}, base)
@@ -192,7 +192,7 @@ def test_score_modes_adds_the_reranked_modes_and_none_adds_nothing(tmp_path: Pat
 def test_the_rerank_kind_is_shared_and_not_searched(tmp_path: Path) -> None:
     from protocol_fixtures import benchmark_spec
 
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.prepare import prepare
 
     base = {"data": {"name": "glyphs", "options": {"max_classes": 20, "augmentations_per_font": 0, "image_size": 16}},
             "evaluation": {"metrics": ["precision_at_1", "map_at_r"], "rerank": {"kind": "query_expansion"}}}

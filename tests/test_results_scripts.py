@@ -12,7 +12,7 @@ import pytest
 from protocol_fixtures import benchmark_record
 from scipy import stats
 
-from dmlbench.protocol.spec.benchmark_file import write_benchmark
+from dmlbench.protocol.design.benchmark_file import write_benchmark
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

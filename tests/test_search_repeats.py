@@ -90,8 +90,8 @@ def test_best_values_in_the_outer_five_percent_are_flagged_on_the_scale_searched
 
 def test_the_new_protocol_keys_enter_the_description_only_when_set(tmp_path: Path) -> None:
     # Benchmarks started before search_repeats and class_bootstrap existed keep their config hash.
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
 
     spec = load_spec(REPO / "configs" / "smoke.yaml")
     plain = prepare(spec, tmp_path / "a")

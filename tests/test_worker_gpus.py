@@ -15,8 +15,8 @@ import torch
 
 from dmlbench.protocol.dry_run import cost
 from dmlbench.protocol.run import jobs
-from dmlbench.protocol.spec.benchmark import load_spec
-from dmlbench.protocol.spec.prepare import Prepared, prepare
+from dmlbench.protocol.design.benchmark import load_spec
+from dmlbench.protocol.design.prepare import Prepared, prepare
 from dmlbench.training import placement as placement_module
 from dmlbench.training.placement import STANDALONE, Placement, resolve_device, worker_devices, worker_gpus
 
@@ -107,8 +107,8 @@ def test_run_jobs_numbers_its_workers_and_says_how_they_share_the_gpus(
     assert capsys.readouterr().err == "--jobs 4: 2 worker(s) on cuda:0, 2 worker(s) on cuda:1\n"
     assert placements == [Placement(worker=0, workers=4)]  # the parent is worker 0 of 4
     # Each spawned worker, run here: the same loop, on its own share of the GPUs.
-    monkeypatch.setattr("dmlbench.protocol.spec.benchmark.load_spec", lambda path: None)
-    monkeypatch.setattr("dmlbench.protocol.spec.prepare.prepare", lambda *args, **kwargs: None)
+    monkeypatch.setattr("dmlbench.protocol.design.benchmark.load_spec", lambda path: None)
+    monkeypatch.setattr("dmlbench.protocol.design.prepare.prepare", lambda *args, **kwargs: None)
     monkeypatch.setattr(jobs, "install_stop_handlers", lambda: None)
     verbosity = optuna.logging.get_verbosity()
     try:

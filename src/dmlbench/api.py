@@ -25,8 +25,8 @@ def benchmark(
     ``output_dir`` and write its report with ``jobs`` worker processes (``"auto"``: as
     ``dmlbench benchmark --jobs auto``); returns the ``BenchmarkOutcome`` (``results``, ``failed``),
     or ``None`` when another worker on the same storage wrote the report."""
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
     from dmlbench.protocol.run.schedule import run_benchmark
     from dmlbench.report import write_report
 

@@ -84,8 +84,8 @@ def benchmark_command(
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
                              jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run)
     with stops_explained(f"benchmark {output_dir}", again):
-        from dmlbench.protocol.spec.benchmark import load_spec
-        from dmlbench.protocol.spec.prepare import prepare
+        from dmlbench.protocol.design.benchmark import load_spec
+        from dmlbench.protocol.design.prepare import prepare
         from dmlbench.report import write_report  # here, so that a dry run's measured start includes its import
 
         _quiet_optuna()
@@ -197,8 +197,8 @@ def search_command(
     """
     config_path, overrides = config_and_overrides(config_path, overrides)
     require_yaml(config_path, "config")  # before optuna and torch are imported
-    from dmlbench.protocol.spec.benchmark import load_search_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_search_spec
+    from dmlbench.protocol.design.prepare import prepare
     from dmlbench.protocol.run.schedule import run_search_stage
 
     _quiet_optuna()

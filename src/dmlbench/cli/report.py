@@ -101,7 +101,7 @@ def plan_command(
     other_trials = _search_sds_at(search_sd_at or [])
     require_yaml(config_path, "benchmark config")
     from dmlbench.analysis import planning
-    from dmlbench.protocol.spec.benchmark import apply_spec_overrides, load_spec
+    from dmlbench.protocol.design.benchmark import apply_spec_overrides, load_spec
     from dmlbench.protocol.units.results import read_runs
 
     spec, others = apply_spec_overrides(load_spec(config_path), list(overrides or []))

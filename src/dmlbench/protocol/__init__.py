@@ -1,6 +1,6 @@
 """The running half: the fair protocol of seed 001 §3, in rooms by what they do.
 
-``spec`` (what a study is: the benchmark file, search spaces, folds, method plans, ``prepare``) ->
+``design`` (what a study is: the benchmark file, search spaces, folds, method plans, ``prepare``) ->
 ``queue`` (the storage and the claims on it: slots, attempts, heartbeats) -> ``units`` (the kinds of
 work: search trials and their fold runs, reproductions, the baseline, scoring the test split) ->
 ``run`` (stages, the scheduler, the workers and the records a study writes) -> ``dry_run`` (timing a

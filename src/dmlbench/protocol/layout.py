@@ -7,7 +7,7 @@ no other module spells them)::
 
     OUTPUT_DIR/
       benchmark.json           the spec, overrides, protocol, fold layout, dataset hash, git commit
-                               (``protocol.spec.benchmark_file``)
+                               (``protocol.design.benchmark_file``)
       benchmark.lock           held by the worker(s) writing the directory now (``dmlbench.ownership``)
       study.db | study.journal the Optuna studies (unless --storage names a database server);
                                study.journal.work-lock: the journal's work lock

@@ -27,7 +27,7 @@ from dmlbench.analysis.search_luck import (
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, comparison_csv
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
-from dmlbench.protocol.spec.benchmark_file import read_benchmark
+from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
 from dmlbench.report.tables import CLAIM_COLUMNS, claim_rows, csv_text

@@ -13,7 +13,7 @@ from dmlbench.analysis.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.analysis.search_luck import cheapest_design, pooled_search_sd
 from dmlbench.analysis.statistics import OUTCOMES, PairedComparison
 from dmlbench.evaluation.metrics import metric_title
-from dmlbench.protocol.spec.benchmark import MIN_REPRODUCTIONS
+from dmlbench.protocol.design.benchmark import MIN_REPRODUCTIONS
 from dmlbench.protocol.layout import (
     CLAIM_COMPARISONS_CSV,
     COMPARISONS_CSV,

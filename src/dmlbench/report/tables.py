@@ -14,7 +14,7 @@ from dmlbench.analysis.power import ComparisonPower
 from dmlbench.analysis.verdicts import SEARCH_COLUMNS, comparison_csv, search_cells
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
-from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, StoredProtocol
+from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, StoredProtocol
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE
 from dmlbench.protocol.units.results import result_rows, scored_modes
 from dmlbench.report.analysis import ALPHA, Claims, scored_methods
@@ -300,7 +300,7 @@ def patience_text(benchmark: BenchmarkRecord) -> str:
     text = ("none: every run trains its fixed number of epochs and the checkpoint of its best validation "
             "evaluation is kept")
     if _sets_own_patience(benchmark):
-        # The protocol leaves training.early_stopping_patience alone when unset (protocol.spec.plan), so a
+        # The protocol leaves training.early_stopping_patience alone when unset (protocol.design.plan), so a
         # method's own value still stops its runs.
         text += "; training.early_stopping_patience set in the benchmark's configs still applies"
     return text
@@ -360,7 +360,7 @@ def method_rows(data: ReportData) -> list[list[str]]:
 
 
 def search_range(entry: Any) -> str:
-    """One search-space entry (``protocol.spec.search_space``) in words: ``low .. high`` (log, step, integer) or its choices."""
+    """One search-space entry (``protocol.design.search_space``) in words: ``low .. high`` (log, step, integer) or its choices."""
     if not isinstance(entry, dict):
         return str(entry)
     if "choices" in entry:

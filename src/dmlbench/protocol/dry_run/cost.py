@@ -42,9 +42,9 @@ from typing import Any
 
 from dmlbench.protocol import layout
 from dmlbench.protocol.dry_run import timings
-from dmlbench.protocol.spec.benchmark import ProtocolSpec
-from dmlbench.protocol.spec.plan import repeated_searches
-from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.design.benchmark import ProtocolSpec
+from dmlbench.protocol.design.plan import repeated_searches
+from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.run.record import ReportWriter
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 from dmlbench.training.placement import STANDALONE

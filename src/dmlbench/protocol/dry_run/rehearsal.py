@@ -26,7 +26,7 @@ from dmlbench.protocol import layout
 from dmlbench.protocol.queue import storage
 from dmlbench.protocol.queue import work
 from dmlbench.protocol.units.baseline import Baseline
-from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.run.record import write_benchmark_file
 from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.run.schedule import Schedule, context_of, drive

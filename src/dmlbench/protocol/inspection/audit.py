@@ -29,7 +29,7 @@ from dmlbench import files, plugins
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.protocol.queue import attempts
-from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, StoredFoldLayout, read_benchmark
+from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, StoredFoldLayout, read_benchmark
 from dmlbench.protocol.layout import (
     BENCHMARK_FILE,
     REPRODUCTION_STAGE,

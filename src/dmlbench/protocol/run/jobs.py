@@ -24,7 +24,7 @@ from dmlbench import files, plugins
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 from dmlbench.protocol.layout import RESULTS_FILE
-from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.run.record import BenchmarkOutcome, ReportWriter, write_benchmark_file
 from dmlbench.protocol.run.schedule import owned_output, run_benchmark
 from dmlbench.training.placement import Placement, worker_devices
@@ -97,8 +97,8 @@ def _worker(index: int, config_path: Path | None, overrides: list[str], output_d
 
     import optuna
 
-    from dmlbench.protocol.spec.benchmark import load_spec
-    from dmlbench.protocol.spec.prepare import prepare
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
 
     optuna.logging.set_verbosity(logging.WARNING)
     install_stop_handlers()

@@ -14,7 +14,7 @@ from typing import Any
 from dmlbench import files, provenance
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol.units.baseline import Baseline
-from dmlbench.protocol.spec.benchmark_file import (
+from dmlbench.protocol.design.benchmark_file import (
     AnalysisChange,
     BenchmarkRecord,
     PluginChange,
@@ -25,7 +25,7 @@ from dmlbench.protocol.spec.benchmark_file import (
     read_benchmark_if_any,
     write_benchmark,
 )
-from dmlbench.protocol.spec.prepare import Prepared, hashed_analysis, plugin_identity
+from dmlbench.protocol.design.prepare import Prepared, hashed_analysis, plugin_identity
 from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.results import MethodReproductions
 from dmlbench.protocol.units.search import MethodSearch, SearchResult, failed_search_text

@@ -1,4 +1,4 @@
-"""The protocol of seed 001 §3 run over a prepared benchmark (``protocol.spec.prepare``), resumable, by
+"""The protocol of seed 001 §3 run over a prepared benchmark (``protocol.design.prepare``), resumable, by
 any number of workers on one storage. ``Schedule`` yields one worker's units in the order they are
 taken: per method, the Optuna search (``protocol.search``: the same number of trials and epochs for
 every method), the reproductions with the best parameters on new seeds (``protocol.reproductions``:
@@ -26,8 +26,8 @@ from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.protocol.queue import work
 from dmlbench.protocol.units.baseline import Baseline
-from dmlbench.protocol.spec.plan import Context
-from dmlbench.protocol.spec.prepare import Prepared
+from dmlbench.protocol.design.plan import Context
+from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.run.record import (
     BenchmarkOutcome, ReportWriter, track_report, write_benchmark_file, write_search_summary, write_summaries)
 from dmlbench.protocol.units.reproductions import MethodReproduction, complete_class_sums

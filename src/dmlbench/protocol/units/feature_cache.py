@@ -25,7 +25,7 @@ import torch
 from dmlbench import config as config_module
 from dmlbench import files
 from dmlbench.files import file_sha256
-from dmlbench.protocol.spec.folds import ClassFold
+from dmlbench.protocol.design.folds import ClassFold
 from dmlbench.protocol.layout import TRUNK_STAGE, feature_file, feature_lock, fold_dir, trunks_dir
 from dmlbench.training import records, train_or_resume
 from dmlbench.training.features import FoldFeatures, trunk_features

@@ -22,7 +22,7 @@ retried and marked interrupted as every unit is (``protocol.queue.work``):
   itself, whoever ran which fold and in which order. Its cost is the sum of those folds' costs. A
   worker takes a method's fold units before its trials (``MethodSearch.step``).
 
-The median pruner needs a trial's folds one after another; ``protocol.spec.benchmark`` refuses it here.
+The median pruner needs a trial's folds one after another; ``protocol.design.benchmark`` refuses it here.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from optuna.trial import FrozenTrial, TrialState
 from dmlbench.protocol import layout
 from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.queue import work
-from dmlbench.protocol.spec.folds import ClassFold
-from dmlbench.protocol.spec.plan import Context, MethodPlan, SearchSettings
+from dmlbench.protocol.design.folds import ClassFold
+from dmlbench.protocol.design.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.units.unit import Attempt, Unit, open_unit_study
 
 Finished = Mapping[int, FrozenTrial]  # the done trial of every finished slot of a method's study

@@ -8,7 +8,7 @@ Hyperparameters are optimized to maximize the average validation accuracy." Here
   default SQLite ``OUTPUT_DIR/study.db``); sampler ``gp`` (``optuna.samplers.GPSampler``, Bayesian
   optimisation with a Gaussian process, the default) or ``tpe``, seeded per slot (``trial_seed``) and
   shown only the done trials of the earlier slots (``MethodSearch._propose``);
-* a trial suggests an assignment of the method's search space (``protocol.spec.search_space``) and trains
+* a trial suggests an assignment of the method's search space (``protocol.design.search_space``) and trains
   one run per fold of ``protocol.folds.fold_layout`` with ``data.train_classes`` / ``data.val_classes``
   set to the fold's classes (the training loop never holds a test image) and early stopping with
   ``patience`` evaluations without improvement; its value is the mean over folds of the validation
@@ -49,8 +49,8 @@ from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.queue import work
 from dmlbench.protocol.units.feature_cache import FeatureCache
 from dmlbench.protocol.units.fold_units import FoldRun, FoldRunner, FoldUnits
-from dmlbench.protocol.spec.folds import ClassFold, FoldLayout
-from dmlbench.protocol.spec.plan import Context, MethodPlan, SearchSettings
+from dmlbench.protocol.design.folds import ClassFold, FoldLayout
+from dmlbench.protocol.design.plan import Context, MethodPlan, SearchSettings
 from dmlbench.protocol.queue.storage import redact
 from dmlbench.protocol.units.unit import Attempt, Unit, run_samples, validation_curves
 from dmlbench.training import train_or_resume

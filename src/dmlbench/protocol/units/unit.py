@@ -16,7 +16,7 @@ import optuna
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.queue import work
-from dmlbench.protocol.spec.plan import Context, ReproductionSettings
+from dmlbench.protocol.design.plan import Context, ReproductionSettings
 from dmlbench.training import records
 
 

@@ -9,7 +9,7 @@ opens and continues. A file of a newer format, one that is not JSON or one that 
 fields is refused with one line, and nothing is written over it.
 
 Only the keys a file holds are written back (``exclude_unset``): a benchmark started before a key
-existed keeps its description, so its config hash and the comparison of ``protocol.spec.prepare`` stay as
+existed keeps its description, so its config hash and the comparison of ``protocol.design.prepare`` stay as
 they were. Keys this version does not know are kept too (``extra="allow"``).
 """
 
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.protocol.spec.benchmark import AnalysisSpec, ProtocolSpec
+from dmlbench.protocol.design.benchmark import AnalysisSpec, ProtocolSpec
 from dmlbench.protocol.layout import BENCHMARK_FILE, JOURNAL_FILE, SQLITE_FILE
 
 # The format this version writes; it reads this one and the older ones. Raise it when a field changes

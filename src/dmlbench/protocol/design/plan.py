@@ -1,4 +1,4 @@
-"""What every unit of the protocol works from, built once by ``protocol.spec.prepare``: the settings of
+"""What every unit of the protocol works from, built once by ``protocol.design.prepare``: the settings of
 the search and the reproductions (views of the validated ``protocol`` section), each method's plan
 (its configs and search space) and the context the units share (output directory, fold layout,
 worker). A unit never rebuilds any of it."""
@@ -14,10 +14,10 @@ from typing import Any
 from dmlbench import config as config_module
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.queue import work
-from dmlbench.protocol.spec.benchmark import BenchmarkSpec, ProtocolSpec
-from dmlbench.protocol.spec.folds import ClassFold, FoldLayout
+from dmlbench.protocol.design.benchmark import BenchmarkSpec, ProtocolSpec
+from dmlbench.protocol.design.folds import ClassFold, FoldLayout
 from dmlbench.protocol.layout import search_repeat_name
-from dmlbench.protocol.spec.search_space import SearchSpace
+from dmlbench.protocol.design.search_space import SearchSpace
 from dmlbench.training.placement import STANDALONE, Placement
 
 # Keys the protocol sets for every method alike; a search space may not search them.
@@ -95,7 +95,7 @@ class MethodPlan:
     @classmethod
     def build(cls, spec: BenchmarkSpec, name: str, overrides: list[str]) -> MethodPlan:
         """The plan of method ``name``; a one-line ``UserInputError`` naming the method."""
-        from dmlbench.protocol.spec.search_space import parse_search_space
+        from dmlbench.protocol.design.search_space import parse_search_space
 
         raw = method_raw_config(spec, name, overrides)
         method = next(method for method in spec.methods if method.name == name)

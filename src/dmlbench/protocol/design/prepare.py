@@ -24,17 +24,17 @@ from dmlbench.errors import UserInputError
 from dmlbench.models.trunks import pretrained_weights
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.protocol.spec.benchmark import (
+from dmlbench.protocol.design.benchmark import (
     LATER_ANALYSIS_DEFAULTS,
     LATER_PROTOCOL_DEFAULTS,
     AnalysisSpec,
     BenchmarkSpec,
     apply_spec_overrides,
 )
-from dmlbench.protocol.spec.benchmark_file import BenchmarkRecord, read_benchmark_if_any
-from dmlbench.protocol.spec.folds import FoldLayout, fold_layout
-from dmlbench.protocol.spec.method_checks import check_samplers, check_shared
-from dmlbench.protocol.spec.plan import MethodPlan, ReproductionSettings, SearchSettings, repeated_searches, search_repeats
+from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, read_benchmark_if_any
+from dmlbench.protocol.design.folds import FoldLayout, fold_layout
+from dmlbench.protocol.design.method_checks import check_samplers, check_shared
+from dmlbench.protocol.design.plan import MethodPlan, ReproductionSettings, SearchSettings, repeated_searches, search_repeats
 from dmlbench.training import records, threads
 from dmlbench.training.setup import build_model, check_input_channels, check_input_size, load_dataset
 

@@ -1,4 +1,4 @@
-"""What the methods of one benchmark must agree on, checked by ``protocol.spec.prepare`` before anything
+"""What the methods of one benchmark must agree on, checked by ``protocol.design.prepare`` before anything
 is written: epochs, data, metrics, re-ranking and seeds (and with a frozen trunk, the trunk itself),
 and every method's batch sampler against a fold's training classes.
 """
@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.spec.benchmark import BenchmarkSpec
-from dmlbench.protocol.spec.folds import FoldLayout
-from dmlbench.protocol.spec.plan import MethodPlan
+from dmlbench.protocol.design.benchmark import BenchmarkSpec
+from dmlbench.protocol.design.folds import FoldLayout
+from dmlbench.protocol.design.plan import MethodPlan
 
 
 def check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:

@@ -1,5 +1,5 @@
 """The benchmark YAML: a shared ``base`` config, the methods (each its overrides and search space) and
-the ``protocol`` budget (seed 001 §3: folds, trials, epochs, reproductions). ``protocol.spec.prepare``
+the ``protocol`` budget (seed 001 §3: folds, trials, epochs, reproductions). ``protocol.design.prepare``
 checks it and ``protocol.run.schedule`` runs it."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class MethodSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     overrides: dict[str, Any] = Field(default_factory=dict)
-    # The method's hyper-parameter search space (``dmlbench.protocol.spec.search_space``); empty: nothing searched.
+    # The method's hyper-parameter search space (``dmlbench.protocol.design.search_space``); empty: nothing searched.
     search: dict[str, Any] = Field(default_factory=dict)
 
 
