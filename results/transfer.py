@@ -26,7 +26,7 @@ from dmlbench.protocol.units.results import read_runs
 
 def judged(folder: Path) -> verdicts.Families:
     """The study's declared families, re-judged from its committed files by today's rules."""
-    return verdicts.judge(read_runs(folder), read_benchmark(folder).analysis_in_force(), BASELINES)
+    return verdicts.judge(read_runs(folder), read_benchmark(folder).analysis_spec(), BASELINES)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,18 @@ def test_no_module_of_either_half_is_longer_than_350_lines() -> None:
     assert {name: lines for name, lines in long.items() if lines > 350} == {}
 
 
+def test_the_analysis_in_force_is_typed_with_the_defaults_of_the_keys_a_stored_file_lacks() -> None:
+    """A committed ``benchmark.json`` written before a key existed (or by a version with a key this one does
+    not know) reads as an ``AnalysisSpec``: the missing key at its default, the unknown one left out."""
+    from dmlbench.analysis.spec import AnalysisSpec
+
+    spec = AnalysisSpec.in_force({"references": ["contrastive"], "pairs": [["a", "b"]], "written_by_a_later_version": 1})
+    assert spec == AnalysisSpec(references=["contrastive"], pairs=[("a", "b")])
+    assert (spec.equivalence_margin, spec.search_sd, spec.primary.metric) == (0.01, None, "map_at_r")
+    with pytest.raises(ValueError, match="equivalence_margin"):
+        AnalysisSpec.in_force({"equivalence_margin": -1})
+
+
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_committed_study_holds_the_verdicts_todays_rules_give(study: str, capsys: pytest.CaptureFixture[str]) -> None:
     """No stale verdict: comparisons.csv, claim_comparisons.csv and method_comparisons.csv of every committed
@@ -47,7 +59,7 @@ def test_the_judging_package_alone_gives_the_reports_comparisons(study: str) -> 
     from dmlbench.protocol.layout import BASELINES
 
     folder = RESULTS / study
-    text = rejudged_comparison_csv(read_score_table(folder / "runs.csv"), read_benchmark(folder).analysis_in_force(), BASELINES)
+    text = rejudged_comparison_csv(read_score_table(folder / "runs.csv"), read_benchmark(folder).analysis_spec(), BASELINES)
     assert text == (folder / "comparisons.csv").read_text()
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.correlations import correlation, rank_agreement
 from dmlbench.analysis.statistics import compare_methods, compare_pairs, holm, mean_interval
 from dmlbench.errors import UserInputError
@@ -116,7 +117,7 @@ def test_analyse_counts_methods_against_the_references_and_correlates_rho() -> N
     rho = {"contrastive": 0.5, "triplet": 0.45, "same": 0.5, "better": 0.2, "worse": 0.8, "regularised": 0.3}
     results = _results(shifts, rho)
     results["untrained"] = _results({"untrained": 0.3}, {"untrained": 0.9})["untrained"]
-    claims = analyse(results, {"references": ["contrastive"], "pairs": [("regularised", "contrastive")]},
+    claims = analyse(results, AnalysisSpec(references=["contrastive"], pairs=[("regularised", "contrastive")]),
                      {name: {"precision_at_1": 0.7, "map_at_r": 0.8} for name in shifts},
                      ["precision_at_1", "map_at_r"])
     summary = next(r for r in claims.references if (r.mode, r.metric) == ("concatenated", "precision_at_1"))
@@ -128,7 +129,7 @@ def test_analyse_counts_methods_against_the_references_and_correlates_rho() -> N
     # triplet - contrastive wiggles by ±0.01 around 0, same - contrastive by ±0.02: with a margin of one
     # point neither is shown equivalent after Holm; with five points both are.
     assert summary.methods("inconclusive") == ["triplet", "same", "better"] and claims.margin == 0.01
-    wide = analyse(results, {"references": ["contrastive"], "equivalence_margin": 0.05}, {}, ["precision_at_1"])
+    wide = analyse(results, AnalysisSpec(references=["contrastive"], equivalence_margin=0.05), {}, ["precision_at_1"])
     assert wide.references[0].methods("equivalent") == ["triplet", "same"] and wide.margin == 0.05
     assert wide.references[0].methods("equivalent", among=["same"]) == ["same"]
     (mode, metric, (pair,)), *_ = claims.pairs
@@ -170,7 +171,7 @@ def test_cross_domain_modes_get_families_of_their_own_and_re_ranked_modes_none()
                 flipped = {"better": -0.2, "worse": 0.2}.get(name, 0.0)
                 outcome.scores[f"{mode}_cross_domain"] = {k: v + flipped for k, v in outcome.scores[mode].items()}
                 outcome.scores[f"{mode}_reranked"] = dict(outcome.scores[mode])
-    analysis = {"references": ["contrastive"]}
+    analysis = AnalysisSpec(references=["contrastive"])
     before = analyse(plain, analysis, {}, ["precision_at_1", "map_at_r"])
     after = analyse(crossed, analysis, {}, ["precision_at_1", "map_at_r"])
     assert list(after.families) == [(mode, metric) for mode in ("concatenated", "separated", "concatenated_cross_domain",
@@ -192,7 +193,7 @@ def test_analyse_without_an_analysis_section_or_embedding_space_still_ranks() ->
     for result in results.values():
         for outcome in result.outcomes:
             outcome.embedding_space.clear()  # benchmarks stored before rho was recorded
-    claims = analyse(results, {}, {}, ["precision_at_1", "map_at_r"])
+    claims = analyse(results, AnalysisSpec(), {}, ["precision_at_1", "map_at_r"])
     assert claims.references == [] and claims.pairs == [] and claims.points == [] and claims.correlations == []
     assert [metric for metric, _ in claims.rankings] == ["precision_at_1", "map_at_r"]
 

@@ -10,6 +10,7 @@ import optuna
 import pytest
 from matplotlib.colors import to_rgba
 
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, StoredMethod, StoredSpec
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome
 from dmlbench.report import plots, render, tables
@@ -74,7 +75,7 @@ def _data(**protocol: object) -> ReportData:
     trials = {name: [{"number": n, "state": "COMPLETE", "value": 0.3 + 0.01 * n, "params": {}} for n in range(3)]
               for name in METHODS}
     data = ReportData(Path("."), BenchmarkRecord.model_validate(benchmark), list(METHODS), trials, results=results)
-    data.claims = analyse(results, benchmark["analysis"], {}, ["precision_at_1", "r_precision", "map_at_r"])
+    data.claims = analyse(results, AnalysisSpec.in_force(benchmark["analysis"]), {}, ["precision_at_1", "r_precision", "map_at_r"])
     return data
 
 
@@ -309,7 +310,7 @@ def test_cross_domain_results_get_their_ranking_section_and_column() -> None:
         for outcome in result.outcomes:
             swap = {"margin": -0.3, "fastap": 0.3}.get(name, 0.0)  # margin first all-vs-all, last cross-domain
             outcome.scores["concatenated_cross_domain"] = {k: v + swap for k, v in outcome.scores["concatenated"].items()}
-    data.claims = analyse(data.results, {"references": ["contrastive", "triplet"]}, {},
+    data.claims = analyse(data.results, AnalysisSpec(references=["contrastive", "triplet"]), {},
                           ["precision_at_1", "r_precision", "map_at_r"])
     page = render.markdown(sections(data, [FIGURE]))
     section = page[page.index("## All-versus-all against cross-domain (concatenated)"):]
@@ -333,7 +334,7 @@ def test_the_class_bootstrap_covers_the_primary_endpoint_and_its_cross_domain_mo
     for result in data.results.values():
         for outcome in result.outcomes:
             outcome.scores["concatenated_cross_domain"] = {k: v - 0.1 for k, v in outcome.scores["concatenated"].items()}
-    data.claims = analyse(data.results, {"references": ["contrastive", "triplet"]}, {},
+    data.claims = analyse(data.results, AnalysisSpec(references=["contrastive", "triplet"]), {},
                           ["precision_at_1", "r_precision", "map_at_r"])
     generator = np.random.default_rng(3)
     labels, domains = torch.arange(36) % 6, (torch.arange(36) // 6) % 3

@@ -103,6 +103,11 @@ class PairedComparison:
         return f"{self.outcome(alpha)} ({self.no_verdict})" if self.no_verdict else self.outcome(alpha)
 
 
+# The tests every comparison runs, each with its p-value ``<test>_pvalue`` and, across a family, its Holm-adjusted
+# ``<test>_pvalue_holm`` (fields of ``PairedComparison``; the verdict files' columns are ``verdicts.CELLS``).
+PAIRED_TESTS = ("t", "wilcoxon", "tost")
+
+
 def finite_array(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
     """``values`` as a 1-D float64 array; a ``UserInputError`` naming ``what`` for another shape or a non-finite value."""
     array = np.asarray(values, dtype=np.float64)
@@ -300,7 +305,7 @@ def compare_pairs(scores: Mapping[str, Mapping[int, float]], pairs: Sequence[tup
         return []
     raw = [paired_comparison(scores[a], scores[b], (a, b), margin, search_sd) for a, b in pairs]
     adjusted = {field: holm([getattr(comparison, field) for comparison in raw])
-                for field in ("t_pvalue", "wilcoxon_pvalue", "tost_pvalue")}
+                for field in (f"{test}_pvalue" for test in PAIRED_TESTS)}
     return [
         PairedComparison(**{**vars(comparison), **{f"{field}_holm": values[index] for field, values in adjusted.items()}})
         for index, comparison in enumerate(raw)

@@ -21,51 +21,110 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from scipy import stats
 
 from dmlbench.analysis.endpoints import ALL_MODES, RERANKED_SUFFIX, ScoreTable, common_seeds, declared_comparisons
 from dmlbench.analysis.search_luck import search_sd_allowance
-from dmlbench.analysis.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, PairedComparison, compare_pairs
+from dmlbench.analysis.spec import AnalysisSpec
+from dmlbench.analysis.statistics import DEFAULT_ALPHA, PairedComparison, compare_pairs
 
 # Endpoint (mode, metric) -> its family of declared comparisons.
 Families = dict[tuple[str, str], list[PairedComparison]]
 
 # The metrics whose families ``comparisons.csv`` lists (the leaderboard's), in its order.
 LEADERBOARD_METRICS = ("precision_at_1", "r_precision", "map_at_r")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One comparison as a row of a verdict file: its endpoint (and, in ``claim_comparisons.csv``, its
+    family), whether its verdict rests on one search per method (``conditional``), and the alpha it is read at."""
+
+    mode: str
+    metric: str
+    comparison: PairedComparison
+    conditional: bool = True
+    alpha: float = DEFAULT_ALPHA
+    family: str = ""
+
+
+def _stored(field: str) -> Callable[[Row], str]:
+    return lambda row: repr(getattr(row.comparison, field))
+
+
+def _allowance(row: Row) -> str:
+    """The search SD that would undo the verdict (one search, a decided verdict); empty otherwise."""
+    allowance = search_sd_allowance(row.comparison, row.alpha) if row.conditional else None
+    return "" if allowance is None else repr(allowance)
+
+
+# Every cell a verdict file holds, by its column's name: the statistical tests' statistics and p-values are
+# declared here once, and each file below lists the columns it writes, in its order.
+CELLS: dict[str, Callable[[Row], str]] = {
+    "family": lambda row: row.family,
+    "mode": lambda row: row.mode,
+    "metric": lambda row: row.metric,
+    "a": lambda row: row.comparison.a,
+    "b": lambda row: row.comparison.b,
+    "n": lambda row: str(row.comparison.n),
+    "mean_difference": _stored("mean_difference"),
+    "difference_ci_low": _stored("difference_low"),
+    "difference_ci_high": _stored("difference_high"),
+    "t_statistic": _stored("t_statistic"),
+    "t_pvalue": _stored("t_pvalue"),
+    "t_pvalue_holm": _stored("t_pvalue_holm"),
+    "wilcoxon_statistic": _stored("wilcoxon_statistic"),
+    "wilcoxon_pvalue": _stored("wilcoxon_pvalue"),
+    "wilcoxon_pvalue_holm": _stored("wilcoxon_pvalue_holm"),
+    "cohen_dz": _stored("cohen_dz"),
+    "tost_pvalue": _stored("tost_pvalue"),
+    "tost_pvalue_holm": _stored("tost_pvalue_holm"),
+    "equivalence_margin": _stored("margin"),
+    "outcome": lambda row: row.comparison.outcome(row.alpha),
+    "no_verdict": lambda row: row.comparison.no_verdict,
+    "conditional_on_search": lambda row: "true" if row.conditional else "false",
+    "search_sd_allowance": _allowance,
+    "equivalence_ci_low": lambda row: repr(equivalence_interval(row.comparison, row.alpha)[0]),
+    "equivalence_ci_high": lambda row: repr(equivalence_interval(row.comparison, row.alpha)[1]),
+    "assumed_search_sd": _stored("search_sd"),
+}
+# What one search per method means for a verdict (``search_luck``), at the end of every verdict file.
+SEARCH_COLUMNS = ("conditional_on_search", "search_sd_allowance", "equivalence_ci_low", "equivalence_ci_high",
+                  "assumed_search_sd")
 COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_statistic", "t_pvalue_holm",
                       "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
                       "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome",
-                      "no_verdict", *("conditional_on_search", "search_sd_allowance", "equivalence_ci_low", "equivalence_ci_high",
-                                      "assumed_search_sd"))
-SEARCH_COLUMNS = COMPARISON_COLUMNS[-5:]
+                      "no_verdict", *SEARCH_COLUMNS)
+CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
+                 "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz",
+                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome", "no_verdict", *SEARCH_COLUMNS)
 
 
-def judge_methods(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]], analysis: Mapping[str, Any],
+def rows_csv(columns: Sequence[str], rows: Iterable[Row]) -> str:
+    """A verdict file's text: the header ``columns``, then each row's cells (every float as its repr)."""
+    stream = io.StringIO()
+    writer = csv.writer(stream, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([CELLS[column](row) for column in columns] for row in rows)
+    return stream.getvalue()
+
+
+def judge_methods(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]], analysis: AnalysisSpec,
                   excluded: Collection[str] = ()) -> Families:
     """Every endpoint's declared family judged on the methods, their searches included: ``means`` holds each
     method's search means (``(mode, metric) -> method -> search -> mean``, ``search_luck.search_means``),
     compared paired by search index; methods with fewer than two searches in common are left out."""
-    margin = float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN))
     families: Families = {}
     for endpoint, by_method in sorted(means.items()):
         paired = common_seeds({method: values for method, values in by_method.items() if method not in excluded})
         paired = {method: values for method, values in paired.items() if len(values) >= 2}
-        declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(paired))
-        families[endpoint] = compare_pairs(paired, declared, margin) if declared and len(paired) >= 2 else []
+        declared = declared_comparisons(analysis.references, analysis.pairs, list(paired))
+        families[endpoint] = (compare_pairs(paired, declared, analysis.equivalence_margin)
+                              if declared and len(paired) >= 2 else [])
     return families
-
-
-def search_cells(comparison: PairedComparison, conditional: bool, alpha: float = DEFAULT_ALPHA) -> list[str]:
-    """The ``SEARCH_COLUMNS`` of a row: whether the verdict rests on one search per method, the search SD
-    that would undo it (one search, a decided verdict), the 90% interval TOST corresponds to, and the
-    search SD the tests assumed (``analysis.search_sd``; 0: none)."""
-    allowance = search_sd_allowance(comparison, alpha) if conditional else None
-    low, high = equivalence_interval(comparison, alpha)
-    return ["true" if conditional else "false", "" if allowance is None else repr(allowance), repr(low), repr(high),
-            repr(comparison.search_sd)]
 
 
 def equivalence_interval(comparison: PairedComparison, alpha: float = DEFAULT_ALPHA) -> tuple[float, float]:
@@ -78,37 +137,29 @@ def equivalence_interval(comparison: PairedComparison, alpha: float = DEFAULT_AL
     return comparison.mean_difference - half, comparison.mean_difference + half
 
 
-def judge(scores: ScoreTable, analysis: Mapping[str, Any], excluded: Collection[str] = ()) -> Families:
+def judge(scores: ScoreTable, analysis: AnalysisSpec, excluded: Collection[str] = ()) -> Families:
     """Every endpoint's declared family re-judged from ``scores`` (a ``runs.csv`` table) under the analysis
     in force (``references``, ``pairs``, ``equivalence_margin``); ``excluded`` methods (the baselines)
     are never compared. Endpoints in sorted order."""
-    margin = float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN))
-    search_sd = float(analysis.get("search_sd") or 0.0)
+    search_sd = analysis.search_sd or 0.0
     families: Families = {}
     for endpoint, stored in sorted(scores.items()):
         paired = common_seeds({method: values for method, values in stored.items() if method not in excluded})
-        declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(paired))
-        families[endpoint] = compare_pairs(paired, declared, margin, search_sd) if declared and len(paired) >= 2 else []
+        declared = declared_comparisons(analysis.references, analysis.pairs, list(paired))
+        families[endpoint] = (compare_pairs(paired, declared, analysis.equivalence_margin, search_sd)
+                              if declared and len(paired) >= 2 else [])
     return families
 
 
 def comparison_csv(families: Sequence[tuple[str, str, Sequence[PairedComparison]]], alpha: float = DEFAULT_ALPHA,
                    conditional: bool = True) -> str:
     """``comparisons.csv`` (``conditional``: one search per method) or ``method_comparisons.csv`` (searches
-    repeated): one row per comparison of each ``(mode, metric, family)``, every float as its repr."""
-    stream = io.StringIO()
-    writer = csv.writer(stream, lineterminator="\n")
-    writer.writerow(COMPARISON_COLUMNS)
-    for mode, metric, family in families:
-        for c in family:
-            writer.writerow([mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
-                c.mean_difference, c.t_statistic, c.t_pvalue_holm, c.wilcoxon_statistic, c.wilcoxon_pvalue_holm,
-                c.cohen_dz, c.difference_low, c.difference_high, c.t_pvalue, c.wilcoxon_pvalue, c.tost_pvalue,
-                c.tost_pvalue_holm, c.margin)), c.outcome(alpha), c.no_verdict, *search_cells(c, conditional, alpha)])
-    return stream.getvalue()
+    repeated): one row per comparison of each ``(mode, metric, family)``."""
+    return rows_csv(COMPARISON_COLUMNS, (Row(mode, metric, c, conditional, alpha)
+                                         for mode, metric, family in families for c in family))
 
 
-def rejudged_comparison_csv(scores: ScoreTable, analysis: Mapping[str, Any], excluded: Collection[str] = ()) -> str:
+def rejudged_comparison_csv(scores: ScoreTable, analysis: AnalysisSpec, excluded: Collection[str] = ()) -> str:
     """``comparisons.csv`` of a committed study as the report would write it today from its ``runs.csv``
     alone: the leaderboard metrics' families, modes in the report's order, re-ranked modes left out."""
     families = judge(scores, analysis, excluded)

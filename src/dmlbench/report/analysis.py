@@ -53,6 +53,7 @@ import numpy as np
 from dmlbench.analysis.correlations import Correlation, RankAgreement, correlation, rank_agreement, within_group_correlation
 from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, MODES, declared_comparisons
 from dmlbench.analysis.power import ComparisonPower, comparison_power, paired_sd
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, OUTCOMES, PairedComparison, compare_pairs
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.layout import BASELINES
@@ -131,7 +132,7 @@ class Claims:
 
 def analyse(
     results: Mapping[str, MethodReproductions],
-    analysis: Mapping[str, Sequence],
+    analysis: AnalysisSpec,
     autocorrelation: Mapping[str, Mapping[str, float]],
     computed: Sequence[str],
     *,
@@ -141,11 +142,9 @@ def analyse(
     benchmark's ``analysis`` section; ``computed``: the metrics the reproductions computed;
     ``seed``: the bootstrap's)."""
     scored = scored_methods(results)
-    primary = analysis.get("primary") or {}
-    claims = Claims(margin=float(analysis.get("equivalence_margin", DEFAULT_EQUIVALENCE_MARGIN)),
-                    search_sd=float(analysis.get("search_sd") or 0.0),
-                    primary=(primary.get("mode", "concatenated"), primary.get("metric", "map_at_r")))
-    declared = declared_comparisons(analysis.get("references", []), analysis.get("pairs", []), list(scored))
+    claims = Claims(margin=analysis.equivalence_margin, search_sd=analysis.search_sd or 0.0,
+                    primary=(analysis.primary.mode, analysis.primary.metric))
+    declared = declared_comparisons(analysis.references, analysis.pairs, list(scored))
     if len(scored) >= 2:
         for mode in compared_modes(scored):
             for metric in [m for m in FAMILY_METRICS if m in computed]:
@@ -154,13 +153,13 @@ def analyse(
     for (mode, metric), family in claims.families.items():
         if metric not in CLAIM_METRICS or isinstance(family, str):
             continue
-        for reference in analysis.get("references", []):
+        for reference in analysis.references:
             if reference not in scored:
                 claims.notes.append(f"reference {reference} has no scored reproduction")
                 continue
             oriented = [_oriented(c, reference) for c in family if reference in (c.a, c.b)]
             claims.references.append(ReferenceSummary(reference, mode, metric, oriented))
-        wanted = [(a, b) for a, b in analysis.get("pairs", []) if a in scored and b in scored]
+        wanted = [(a, b) for a, b in analysis.pairs if a in scored and b in scored]
         if wanted:
             claims.pairs.append((mode, metric, [_oriented(c, b) for a, b in wanted for c in family if {c.a, c.b} == {a, b}]))
     _sensitivity_and_power(claims, scored, declared)

@@ -24,13 +24,13 @@ from dmlbench.analysis.search_luck import (
     search_variance_from_means,
     variance_components,
 )
-from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, comparison_csv
+from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
-from dmlbench.report.tables import CLAIM_COLUMNS, claim_rows, csv_text
+from dmlbench.report.tables import claim_rows, csv_text
 from dmlbench.report.uncertainty import (
     bootstrap_endpoints,
     class_bootstrap_csv,
@@ -74,7 +74,7 @@ def rejudge(directory: Path, *, write: bool) -> Rejudged:
 def verdict_texts(directory: Path) -> dict[str, str]:
     """``comparisons.csv``, ``claim_comparisons.csv`` and (searches repeated) ``method_comparisons.csv``."""
     record = read_benchmark(directory)
-    analysis = record.analysis_in_force()
+    analysis = record.analysis_spec()
     table = read_search_table(directory / layout.RUNS_CSV)
     results = _reproductions(table, record.protocol.first_seed)
     computed = list(record.metrics or LEADERBOARD_METRICS)

@@ -84,7 +84,7 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
     for method in methods:
         _note_failure(data, method)
         _curve_statistics(data, method)
-    data.claims = analyse(data.results, benchmark.analysis_in_force(), data.autocorrelation, computed_metrics(data))
+    data.claims = analyse(data.results, benchmark.analysis_spec(), data.autocorrelation, computed_metrics(data))
     data.comparisons = _comparisons(data)
     data.report_commit = provenance.git_commit()
     return data

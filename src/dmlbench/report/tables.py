@@ -11,7 +11,7 @@ from typing import Any
 
 from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, reranked_mode
 from dmlbench.analysis.power import ComparisonPower
-from dmlbench.analysis.verdicts import SEARCH_COLUMNS, comparison_csv, search_cells
+from dmlbench.analysis.verdicts import CELLS, CLAIM_COLUMNS, Row, comparison_csv
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, StoredProtocol
@@ -425,11 +425,6 @@ def latex(data: ReportData) -> str:
     return "\n".join(lines) + "\n"
 
 
-CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
-                 "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz",
-                 "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome", "no_verdict", *SEARCH_COLUMNS)
-
-
 CORRELATION_COLUMNS = ("quantity", "test_metric", "mode", "level", "n", "kind", "estimate", "pvalue", "ci_low", "ci_high")
 
 
@@ -456,16 +451,13 @@ def _power_values(power: ComparisonPower | None) -> list[Any]:
             "" if power.needed is None else power.needed]
 
 
-def claim_rows(claims: Claims) -> list[list[Any]]:
+def claim_rows(claims: Claims) -> list[list[str]]:
     """The rows of ``claim_comparisons.csv``: every method against each reference, the declared pairs and
-    re-ranked against raw, each resting on one search per method (``SEARCH_COLUMNS``)."""
-    comparisons = [(f"reference:{r.reference}", r.mode, r.metric, c) for r in claims.references for c in r.comparisons]
-    comparisons += [("pairs", mode, metric, c) for mode, metric, pair in claims.pairs for c in pair]
-    comparisons += [("rerank", mode, metric, c) for mode, metric, pair in claims.reranking for c in pair]
-    return [[family, mode, metric, c.a, c.b, c.n, *(repr(value) for value in (
-        c.mean_difference, c.difference_low, c.difference_high, c.t_pvalue, c.t_pvalue_holm, c.wilcoxon_pvalue,
-        c.wilcoxon_pvalue_holm, c.cohen_dz, c.tost_pvalue, c.tost_pvalue_holm, c.margin)), c.outcome(ALPHA),
-        c.no_verdict, *search_cells(c, True, ALPHA)] for family, mode, metric, c in comparisons]
+    re-ranked against raw, each resting on one search per method (``verdicts.SEARCH_COLUMNS``)."""
+    rows = [Row(r.mode, r.metric, c, alpha=ALPHA, family=f"reference:{r.reference}") for r in claims.references for c in r.comparisons]
+    rows += [Row(mode, metric, c, alpha=ALPHA, family="pairs") for mode, metric, pair in claims.pairs for c in pair]
+    rows += [Row(mode, metric, c, alpha=ALPHA, family="rerank") for mode, metric, pair in claims.reranking for c in pair]
+    return [[CELLS[column](row) for column in CLAIM_COLUMNS] for row in rows]
 
 
 def csv_text(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -18,6 +18,7 @@ from dmlbench.analysis.budget import budget_curve, expected_best
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap, class_sums_csv
 from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, SearchTable, cross_domain_mode
 from dmlbench.analysis.search_luck import VarianceComponents, pooled_search_sd, search_means, variance_components
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.statistics import PairedComparison
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, judge_methods
 from dmlbench.errors import UserInputError
@@ -284,7 +285,7 @@ def method_families(data: ReportData) -> list[tuple[str, str, list[PairedCompari
     over every method's search means), for the leaderboard metrics; nothing without search repeats."""
     if not data.repeats:
         return []
-    return judged_method_families(repeated_search_means(search_table(data)), data.benchmark.analysis_in_force())
+    return judged_method_families(repeated_search_means(search_table(data)), data.benchmark.analysis_spec())
 
 
 def repeated_search_means(table: SearchTable) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
@@ -294,7 +295,7 @@ def repeated_search_means(table: SearchTable) -> dict[tuple[str, str], dict[str,
 
 
 def judged_method_families(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]],
-                           analysis: Mapping[str, Any]) -> list[tuple[str, str, list[PairedComparison]]]:
+                           analysis: AnalysisSpec) -> list[tuple[str, str, list[PairedComparison]]]:
     """``method_families`` from search means: the declared families judged over them, in the order
     ``method_comparisons.csv`` lists them (a study re-judged from its files uses it too)."""
     families = judge_methods(means, analysis, BASELINES)

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from dmlbench import files
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.protocol.design.benchmark import AnalysisSpec, ProtocolSpec
+from dmlbench.analysis.spec import AnalysisSpec
+from dmlbench.protocol.design.benchmark import ProtocolSpec
 from dmlbench.protocol.layout import BENCHMARK_FILE, JOURNAL_FILE, SQLITE_FILE
 
 # The format this version writes; it reads this one and the older ones. Raise it when a field changes
@@ -155,6 +156,10 @@ class BenchmarkRecord(_Stored):
         if self.analysis_changes_accepted:
             return self.analysis_changes_accepted[-1].analysis.model_dump(mode="json", exclude_unset=True)
         return self.declared_analysis()
+
+    def analysis_spec(self) -> AnalysisSpec:
+        """``analysis_in_force`` typed, as the judging functions of ``analysis`` take it."""
+        return AnalysisSpec.in_force(self.analysis_in_force())
 
     @property
     def references(self) -> list[str]:

@@ -24,10 +24,10 @@ from dmlbench.errors import UserInputError
 from dmlbench.models.trunks import pretrained_weights
 from dmlbench.protocol import layout as output_layout
 from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.protocol.design.benchmark import (
     LATER_ANALYSIS_DEFAULTS,
     LATER_PROTOCOL_DEFAULTS,
-    AnalysisSpec,
     BenchmarkSpec,
     apply_spec_overrides,
 )
