@@ -60,7 +60,7 @@ def test_json_has_an_object_per_split(name: str, splits: dict, tmp_path: Path, c
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["data", "check", "cub200"], "give --root PATH"),
-    (["data", "check", "glyphs", "--root", "{tmp}"], "--root is for the file formats"),
+    (["data", "check", "glyphs", "--root", "{tmp}"], "--root is for the datasets read from files (cars196, csv, cub200, emoji, folder, inshop, sop), not 'glyphs'"),
     (["data", "check", "glyphs", "--root", "{tmp}/absent"], "absent does not exist"),
     (["data", "check", "cub200", "--root", "{tmp}"], "has no images.txt (it should hold lines '<image_id> <path under images/>')"),
     (["data", "check", "csv", "--root", "{tmp}/bad.csv"], "role must be query or gallery, got 'probe'"),

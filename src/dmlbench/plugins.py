@@ -21,9 +21,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dmlbench.errors import UserInputError
+
+if TYPE_CHECKING:  # importing data at module level would import torch with every command
+    from dmlbench.data.base import DatasetSource
 
 ENTRY_POINT_GROUP = "dmlbench.plugins"
 
@@ -270,13 +273,12 @@ def changed(recorded: Iterable[dict[str, Any]], current: Iterable[dict[str, Any]
 
 def _registrar(kind: str) -> Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]:
     def register(name: str, *aliases: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        from dmlbench.data.base import DATASETS
         from dmlbench.losses.base import LOSSES
         from dmlbench.mining.base import MINERS
         from dmlbench.models.trunks import TRUNKS
         from dmlbench.sampling.base import SAMPLERS
 
-        registry = {"loss": LOSSES, "miner": MINERS, "sampler": SAMPLERS, "trunk": TRUNKS, "dataset": DATASETS}[kind]
+        registry = {"loss": LOSSES, "miner": MINERS, "sampler": SAMPLERS, "trunk": TRUNKS}[kind]
         return registry.register(name, *aliases)
 
     register.__doc__ = (f"Decorator: register a {kind} constructor under ``name`` (and ``aliases``), built from "
@@ -289,7 +291,16 @@ register_loss = _registrar("loss")
 register_miner = _registrar("miner")
 register_sampler = _registrar("sampler")
 register_trunk = _registrar("trunk")
-register_dataset = _registrar("dataset")
+
+
+def register_dataset(name: str, *aliases: str, source: DatasetSource | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register a dataset constructor under ``name`` (and ``aliases``), built from configs like the
+    built-in ones; ``source`` (a ``dmlbench.data.DatasetSource``) says how it is read and fetched (default: made
+    in memory, without ``data.root``)."""
+    from dmlbench.data.base import MEMORY
+    from dmlbench.data.base import register_dataset as register
+
+    return register(name, source or MEMORY, *aliases)
 
 
 def register_metric(

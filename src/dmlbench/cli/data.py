@@ -44,9 +44,7 @@ def check_command(
         raise UserInputError(f"--root {root} does not exist")
     from dmlbench import data as data_module
     from dmlbench.data.check import format_file_summary, format_summary, summarize, summarize_files
-    from dmlbench.data.emoji import ROOTED_DATASETS
     from dmlbench.data.files import FileDataset
-    from dmlbench.data.formats import FILE_FORMATS
     from dmlbench.training.setup import load_dataset
 
     if is_config:
@@ -62,13 +60,13 @@ def check_command(
             if len(path) != 1:
                 raise UserInputError(f"dataset option {option!r} must be key=value")
             dataset_options[path[0]] = value
-        if source in FILE_FORMATS or source in ROOTED_DATASETS:
+        if data_module.dataset_source(source).takes_root:
             if root is None:
                 raise UserInputError(f"dataset {source!r} reads files: give --root PATH")
             dataset_options["root"] = root
         elif root is not None:
-            raise UserInputError(f"--root is for the file formats ({', '.join(FILE_FORMATS)}) and "
-                                 f"{', '.join(ROOTED_DATASETS)}, not {source!r}")
+            raise UserInputError(f"--root is for the datasets read from files ({', '.join(data_module.rooted_datasets())}), "
+                                 f"not {source!r}")
         dataset = data_module.build(source, **dataset_options)
         fraction = 0.2 if validation_fraction is None else validation_fraction
         split_seed = 0 if seed is None else seed
@@ -114,7 +112,9 @@ def fetch_command(
     """
     # Paths first: one that cannot become a folder is reported before torch is imported.
     require_creatable_directory(Path(root).expanduser(), "--root")
-    if source != "emoji":
+    from dmlbench.data import dataset_source
+
+    if dataset_source(source).fetch != "npm":
         if vendors or tarballs:
             raise UserInputError("--vendors and --tarballs are for emoji")
         _fetch_archives(source, Path(root).expanduser(), mirror, quiet)

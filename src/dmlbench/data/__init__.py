@@ -5,19 +5,32 @@
 ``check.summarize`` reports on a dataset and its splits.
 """
 
-from dmlbench.data import emoji as emoji  # noqa: F401  (importing registers "emoji" in DATASETS)
+from dmlbench.data import emoji as emoji  # noqa: F401  (importing registers "emoji")
 from dmlbench.data import formats as formats  # noqa: F401  (importing registers the file formats)
-from dmlbench.data import glyphs as glyphs  # noqa: F401  (importing registers "glyphs" in DATASETS)
-from dmlbench.data.base import DATASETS, ImageDataset, build, content_hash
+from dmlbench.data import glyphs as glyphs  # noqa: F401  (importing registers "glyphs")
+from dmlbench.data.base import (
+    DATASETS,
+    DatasetSource,
+    ImageDataset,
+    build,
+    content_hash,
+    dataset_source,
+    register_dataset,
+    rooted_datasets,
+)
 from dmlbench.data.splits import Fold, carve_validation, class_disjoint_folds, train_test_split
 
 __all__ = [
     "DATASETS",
+    "DatasetSource",
     "Fold",
     "ImageDataset",
     "build",
     "carve_validation",
     "class_disjoint_folds",
     "content_hash",
+    "dataset_source",
+    "register_dataset",
+    "rooted_datasets",
     "train_test_split",
 ]

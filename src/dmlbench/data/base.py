@@ -1,11 +1,15 @@
-"""The in-memory image dataset every data source produces, and the dataset registry."""
+"""The in-memory image dataset every data source produces, and the dataset registry: each name's
+constructor (``DATASETS``) and what the commands need to know of it (``DatasetSource``: how it is read,
+whether ``data.root`` reaches it, how ``data fetch`` downloads it, its terms), registered together by
+``register_dataset``."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -16,6 +20,51 @@ from dmlbench.errors import UserInputError
 from dmlbench.registry import Registry
 
 DATASETS: Registry[ImageDataset] = Registry("dataset")
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """What a dataset's name stands for besides its constructor.
+
+    ``kind``: ``memory`` (made in memory, no root: glyphs, a plugin's dataset), ``rooted`` (decoded into
+    memory from files under ``data.root``, which reaches the constructor as its ``root`` option: emoji) or
+    ``files`` (read image by image from ``data.root``; the image size, augmentation, seed and cache folder
+    are ``data``'s own settings and reach the reader from there: CUB, Cars, SOP, In-shop, folder, CSV).
+    ``fetch``: how ``data fetch`` downloads it (``archives``: the pinned files of ``data.sources``;
+    ``npm``: the emoji packages; ``None``: it is not fetched). ``terms``: its terms of use, as printed."""
+
+    kind: Literal["memory", "rooted", "files"] = "memory"
+    fetch: Literal["archives", "npm"] | None = None
+    terms: str = ""
+
+    @property
+    def takes_root(self) -> bool:
+        return self.kind != "memory"
+
+
+MEMORY = DatasetSource()
+_SOURCES: dict[str, DatasetSource] = {}
+
+
+def register_dataset(name: str, source: DatasetSource = MEMORY, *aliases: str) -> Callable[[Callable[..., ImageDataset]], Callable[..., ImageDataset]]:
+    """Register a dataset's constructor under ``name`` (and ``aliases``, in ``DATASETS``) with its ``source``:
+    one decorator, so that a new dataset is its own module."""
+    def decorator(constructor: Callable[..., ImageDataset]) -> Callable[..., ImageDataset]:
+        DATASETS.register(name, *aliases)(constructor)
+        _SOURCES.update(dict.fromkeys((name, *aliases), source))
+        return constructor
+
+    return decorator
+
+
+def dataset_source(name: str) -> DatasetSource:
+    """``name``'s ``DatasetSource``; one registered with ``DATASETS.register`` alone (a plugin's) is ``memory``."""
+    return _SOURCES.get(name, MEMORY)
+
+
+def rooted_datasets() -> list[str]:
+    """The registered datasets ``data.root`` (``--root``) reaches, for the message that lists them."""
+    return [name for name in DATASETS.names() if dataset_source(name).takes_root]
 
 IndexLike = Sequence[int] | np.ndarray | Tensor
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dmlbench.data.base import DATASETS, ImageDataset
+from dmlbench.data.base import DatasetSource, ImageDataset, register_dataset
 from dmlbench.data.cache import cache_directory, load_arrays, save_arrays
 from dmlbench.errors import UserInputError
 
@@ -54,8 +54,6 @@ LICENCES = {
     "facebook": "Facebook images, (c) Facebook, Inc.: no clear licence (research use only)",
 }
 SKIN_TONE_MODES = ("instances", "drop", "classes")
-# In-memory datasets read from a folder: ``data.root`` / ``--root`` reach them as the option ``root``.
-ROOTED_DATASETS = ("emoji",)
 CATALOG_FILE = "emoji.json"
 NATIVE_SIZE = 64
 # Names of files reported in full before a count takes over.
@@ -94,7 +92,7 @@ class _Listing:
     listed: dict[str, int] = field(default_factory=dict)  # vendor -> images emoji.json lists
 
 
-@DATASETS.register("emoji")
+@register_dataset("emoji", DatasetSource("rooted", fetch="npm", terms="; ".join(LICENCES.values())))
 def emoji(
     root: str | None = None,
     *,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench import __version__
+from dmlbench.data.base import DATASETS, dataset_source
 from dmlbench.data.sources import SOURCES, Part, Source
 from dmlbench.download import Remote, download
 from dmlbench.errors import UserInputError
@@ -46,7 +47,8 @@ def fetch(dataset: str, root: Path, *, mirror: str | None = None, quiet: bool = 
           report: Callable[[str], None] = print) -> Fetched:
     """Make ``root/<folder>`` hold ``dataset`` as its reader expects it; a folder fetched before is left as it is."""
     if dataset not in SOURCES:
-        raise UserInputError(f"cannot fetch {dataset!r}; known: emoji, {', '.join(SOURCES)}")
+        known = [name for name in DATASETS.names() if dataset_source(name).fetch is not None]
+        raise UserInputError(f"cannot fetch {dataset!r}; known: {', '.join(known)}")
     source = SOURCES[dataset]
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Readers of the on-disk layouts of the standard benchmarks, plus ``folder`` and ``csv``.
 
-Each is registered in ``DATASETS`` and returns a ``FileDataset``; ``root`` is the folder the
+Each is registered (``register_dataset``, a ``files`` source) and returns a ``FileDataset``; ``root`` is the folder the
 dataset's official archive unpacks to (README, "Real datasets"), or the CSV file for ``csv``.
 Declared splits: CUB200-2011 classes 1-100 train / 101-200 test, CARS196 1-98 / 99-196 (Oh Song
 et al. 2016, as in seed 001 §4); SOP and In-Shop by their list files; ``folder`` declares none.
@@ -19,11 +19,19 @@ import numpy as np
 import torch
 from PIL import Image
 
-from dmlbench.data.base import DATASETS
+from dmlbench.data.base import DatasetSource, register_dataset
 from dmlbench.data.files import FileDataset
+from dmlbench.data.sources import SOURCES
 from dmlbench.errors import UserInputError
 
-FILE_FORMATS = ("cub200", "cars196", "sop", "inshop", "folder", "csv")
+
+
+def _archived(name: str) -> DatasetSource:
+    """A file format whose official archives ``data fetch`` downloads (``data.sources``)."""
+    return DatasetSource("files", fetch="archives", terms=SOURCES[name].terms)
+
+
+YOUR_FILES = DatasetSource("files")  # a layout of your own images: nothing to fetch, your terms
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
@@ -110,7 +118,7 @@ def _warn_if_upscaled(name: str, root: Path, paths: Sequence[str], image_size: i
               f"{(image_size / side) ** 2:.0f}x more; set data.image_size={side}", file=sys.stderr, flush=True)
 
 
-@DATASETS.register("cub200")
+@register_dataset("cub200", _archived("cub200"))
 def cub200(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
     cache_dir: str | None = None, workers: int = 4,
@@ -133,7 +141,7 @@ def cub200(
                     class_names=names, image_size=image_size, augmentation=augmentation, seed=seed, cache_dir=cache_dir, workers=workers)
 
 
-@DATASETS.register("cars196")
+@register_dataset("cars196", _archived("cars196"))
 def cars196(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
     cache_dir: str | None = None, workers: int = 4,
@@ -161,7 +169,7 @@ def cars196(
     return _dataset("cars196", base, paths, class_keys, test=test, class_names=names, image_size=image_size, augmentation=augmentation, seed=seed, cache_dir=cache_dir, workers=workers)
 
 
-@DATASETS.register("sop")
+@register_dataset("sop", _archived("sop"))
 def sop(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
     cache_dir: str | None = None, workers: int = 4,
@@ -178,7 +186,7 @@ def sop(
     return _dataset("sop", base, paths, class_keys, test=np.asarray(test), image_size=image_size, augmentation=augmentation, seed=seed, cache_dir=cache_dir, workers=workers)
 
 
-@DATASETS.register("inshop")
+@register_dataset("inshop", _archived("inshop"))
 def inshop(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
     cache_dir: str | None = None, workers: int = 4,
@@ -214,7 +222,7 @@ def require_utf8_name(path: Path) -> None:
                              "to a UTF-8 name") from None
 
 
-@DATASETS.register("folder")
+@register_dataset("folder", YOUR_FILES)
 def folder(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
     cache_dir: str | None = None, workers: int = 4,
@@ -233,7 +241,7 @@ def folder(
     return _dataset("folder", base, paths, class_keys, test=None, image_size=image_size, augmentation=augmentation, seed=seed, cache_dir=cache_dir, workers=workers)
 
 
-@DATASETS.register("csv")
+@register_dataset("csv", YOUR_FILES)
 def csv_file(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
     cache_dir: str | None = None, workers: int = 4,

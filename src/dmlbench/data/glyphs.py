@@ -58,7 +58,7 @@ from matplotlib.ft2font import FT2Font, LoadFlags
 from torch import Tensor
 
 import dmlbench
-from dmlbench.data.base import DATASETS, ImageDataset, content_hash
+from dmlbench.data.base import ImageDataset, content_hash, register_dataset
 from dmlbench.data.cache import cache_directory, load_arrays, parameters_key, save_arrays
 from dmlbench.errors import UserInputError
 
@@ -108,7 +108,7 @@ class GlyphsOptions:
     max_classes: int | None
 
 
-@DATASETS.register("glyphs")
+@register_dataset("glyphs")
 def glyphs(
     *,
     seed: int = 0,

@@ -130,16 +130,14 @@ def class_index(labels: np.ndarray) -> torch.Tensor:
 def load_dataset(config: Config) -> ImageDataset:
     """The configured dataset. Nothing is decoded here: ``make_splits`` scans the files of the items
     a run uses for unreadable images (``unreadable_items``) and drops them."""
-    from dmlbench.data.emoji import ROOTED_DATASETS
-    from dmlbench.data.formats import FILE_FORMATS
-
     settings = config.data
-    if settings.name not in FILE_FORMATS:
+    source = data.dataset_source(settings.name)
+    if source.kind != "files":
         options = dict(settings.options)
         if settings.root is not None:
-            if settings.name not in ROOTED_DATASETS:
-                raise UserInputError(f"data.root is for the file formats ({', '.join(FILE_FORMATS)}) and "
-                                     f"{', '.join(ROOTED_DATASETS)}, not {settings.name!r}")
+            if not source.takes_root:
+                raise UserInputError(f"data.root is for the datasets read from files ({', '.join(data.rooted_datasets())}), "
+                                     f"not {settings.name!r}")
             options["root"] = settings.root
         dataset = data.build(settings.name, **options)
         return dataset.with_augmentation(settings.augmentation, config.seed) if settings.augmentation != "none" else dataset
