@@ -1,9 +1,12 @@
-"""Pairwise distances and similarities shared by miners, losses, samplers and evaluation."""
+"""Pairwise distances and similarities, label masks and the batch check, shared by miners, losses, samplers
+and evaluation."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from dmlbench.errors import UserInputError
 
 
 def squared_euclidean(x: Tensor, y: Tensor | None = None) -> Tensor:
@@ -42,3 +45,24 @@ def same_label_mask(labels: Tensor, other: Tensor | None = None) -> Tensor:
     """Boolean matrix ``labels_i == other_j``."""
     other = labels if other is None else other
     return labels.unsqueeze(1) == other.unsqueeze(0)
+
+
+def check_batch(embeddings: Tensor, labels: Tensor) -> None:
+    """Embeddings ``[batch, dim]`` and integer labels ``[batch]`` of the same batch."""
+    if not isinstance(embeddings, Tensor) or embeddings.dim() != 2 or not embeddings.is_floating_point():
+        shape = tuple(embeddings.shape) if isinstance(embeddings, Tensor) else type(embeddings).__name__
+        raise UserInputError(f"embeddings must be a float tensor of shape [batch, dim], got {shape}")
+    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.is_floating_point() or labels.is_complex():
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise UserInputError(f"labels must be an integer tensor of shape [batch], got {shape}")
+    if len(labels) != len(embeddings):
+        raise UserInputError(
+            f"labels must have one entry per embedding: {len(labels)} labels for {len(embeddings)} embeddings"
+        )
+
+
+def label_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``(positive, negative)`` boolean matrices: same label and not itself / different label."""
+    same = same_label_mask(labels)
+    negative = ~same
+    return same.fill_diagonal_(False), negative

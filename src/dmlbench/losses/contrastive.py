@@ -7,7 +7,7 @@ from torch import Tensor
 
 from dmlbench.distances import euclidean
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.mining.base import check_batch
+from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples, all_pairs, to_pairs
 from dmlbench.validation import check_positive
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from dmlbench.errors import UserInputError
-from dmlbench.mining.base import label_masks
+from dmlbench.distances import label_masks
 from dmlbench.mining.tuples import Tuples, to_pairs
 
 

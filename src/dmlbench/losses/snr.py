@@ -6,7 +6,7 @@ from torch import Tensor
 
 from dmlbench.distances import squared_euclidean
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.mining.base import check_batch
+from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples, all_triplets, to_triplets
 from dmlbench.validation import check_non_negative
 

@@ -7,8 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dmlbench.distances import same_label_mask
-from dmlbench.errors import UserInputError
+from dmlbench.distances import check_batch
 from dmlbench.mining.rho import switch_negatives
 from dmlbench.mining.tuples import Tuples
 from dmlbench.registry import Registry
@@ -56,27 +55,6 @@ class RhoRegularizedMiner(Miner):
 
     def mine(self, embeddings: Tensor, labels: Tensor) -> Tuples:
         return switch_negatives(self.miner.mine(embeddings, labels), labels, self.p_switch, self.generator)
-
-
-def check_batch(embeddings: Tensor, labels: Tensor) -> None:
-    """Embeddings ``[batch, dim]`` and integer labels ``[batch]`` of the same batch."""
-    if not isinstance(embeddings, Tensor) or embeddings.dim() != 2 or not embeddings.is_floating_point():
-        shape = tuple(embeddings.shape) if isinstance(embeddings, Tensor) else type(embeddings).__name__
-        raise UserInputError(f"embeddings must be a float tensor of shape [batch, dim], got {shape}")
-    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.is_floating_point() or labels.is_complex():
-        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
-        raise UserInputError(f"labels must be an integer tensor of shape [batch], got {shape}")
-    if len(labels) != len(embeddings):
-        raise UserInputError(
-            f"labels must have one entry per embedding: {len(labels)} labels for {len(embeddings)} embeddings"
-        )
-
-
-def label_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
-    """``(positive, negative)`` boolean matrices: same label and not itself / different label."""
-    same = same_label_mask(labels)
-    negative = ~same
-    return same.fill_diagonal_(False), negative
 
 
 def build(name: str, *, p_switch: float = 0.0, generator: torch.Generator | None = None, **hparams: Any) -> Miner:

@@ -7,7 +7,8 @@ from torch import Tensor
 
 from dmlbench.distances import euclidean
 from dmlbench.errors import UserInputError
-from dmlbench.mining.base import MINERS, Miner, label_masks
+from dmlbench.distances import label_masks
+from dmlbench.mining.base import MINERS, Miner
 from dmlbench.mining.draw import draw_from_log_weights, draw_from_masks
 from dmlbench.mining.tuples import Triplets
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from dmlbench.mining.base import MINERS, Miner, label_masks
+from dmlbench.distances import label_masks
+from dmlbench.mining.base import MINERS, Miner
 from dmlbench.mining.draw import draw_from_masks
 from dmlbench.mining.tuples import Triplets
 
