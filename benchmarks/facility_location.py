@@ -17,11 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from dmlbench.distances import euclidean
-from dmlbench.losses.facility_location import (
-    FacilityLocationLoss,
-    greedy_loss_augmented_medoids,
-    swap_refined_medoids,
-)
+from dmlbench.losses.facility_location import FacilityLocationLoss
+from dmlbench.losses.medoids import greedy_loss_augmented_medoids, swap_refined_medoids
 
 
 def make_batch(seed: int, spread: float, classes: int) -> tuple[torch.Tensor, torch.Tensor]:

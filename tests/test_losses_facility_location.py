@@ -21,7 +21,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from dmlbench import losses
 from dmlbench.errors import UserInputError
-from dmlbench.losses.facility_location import (
+from dmlbench.losses.medoids import (
     assign_to_medoids,
     batched_nmi,
     estimated_nmi_after_moves,
