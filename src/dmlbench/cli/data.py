@@ -112,6 +112,8 @@ def fetch_command(
     """
     # Paths first: one that cannot become a folder is reported before torch is imported.
     require_creatable_directory(Path(root).expanduser(), "--root")
+    if tarballs is not None:
+        require_creatable_directory(Path(tarballs).expanduser(), "--tarballs")
     from dmlbench.data import dataset_source
 
     if dataset_source(source).fetch != "npm":
@@ -121,8 +123,6 @@ def fetch_command(
         return
     if mirror is not None:
         raise UserInputError("--mirror is for cub200, cars196, sop and inshop; emoji comes from the npm registry")
-    if tarballs is not None:
-        require_creatable_directory(Path(tarballs).expanduser(), "--tarballs")
     from dmlbench.data.emoji import VENDORS, parse_vendors
     from dmlbench.data.emoji_fetch import NpmMissing, fetch
 
