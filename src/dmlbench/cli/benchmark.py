@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dmlbench.cli.common import COMMAND_STARTED, OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
-from dmlbench.errors import RunInterrupted, StorageFailed
+from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.queue.storage import DEFAULT_RETRY_SECONDS, redact
 
@@ -79,6 +79,7 @@ def benchmark_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     if config_path is not None:
         require_yaml(config_path, "benchmark config")
+    workers = _worker_options(jobs, heartbeat, db_retry)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
@@ -90,7 +91,7 @@ def benchmark_command(
 
         _quiet_optuna()
         spec = load_spec(config_path)
-        prepared = prepare(spec, output_dir, overrides, storage, jobs=int(jobs) if jobs.isdigit() else jobs,
+        prepared = prepare(spec, output_dir, overrides, storage, jobs=workers,
                            heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes,
                            accept_analysis_change=accept_analysis_change)
         if jobs != str(prepared.jobs) and not quiet:
@@ -197,6 +198,7 @@ def search_command(
     """
     config_path, overrides = config_and_overrides(config_path, overrides)
     require_yaml(config_path, "config")  # before optuna and torch are imported
+    _worker_options("1", heartbeat, db_retry)
     from dmlbench.protocol.design.benchmark import load_search_spec
     from dmlbench.protocol.design.prepare import prepare
     from dmlbench.protocol.run.schedule import run_search_stage
@@ -263,6 +265,20 @@ def stops_explained(what: str, again: str) -> Iterator[None]:
             raise
         raise StorageFailed(f"{describe(full)}; nothing was stored as a failure; free space, "
                             f"then continue it with: {again}") from error
+
+
+def _worker_options(jobs: str, heartbeat: int, db_retry: int) -> int | str:
+    """``--jobs`` (a positive number of worker processes, or ``auto``, returned as ``prepare`` takes it),
+    ``--heartbeat`` and ``--db-retry``, checked before anything is read."""
+    if heartbeat < 1:
+        raise UserInputError(f"--heartbeat must be a positive number of seconds, got {heartbeat}")
+    if db_retry < 0:
+        raise UserInputError(f"--db-retry must be a number of seconds >= 0, got {db_retry}")
+    if jobs == "auto":
+        return jobs
+    if jobs.isdigit() and int(jobs) >= 1:
+        return int(jobs)
+    raise UserInputError(f"--jobs must be a positive integer or auto, got {jobs!r}")
 
 
 def _quiet_optuna() -> None:

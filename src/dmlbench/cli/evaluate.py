@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -62,13 +61,7 @@ def evaluate_command(
     Exit codes: 0 evaluated, 1 a write failed for lack of space, 2 bad input, 130 interrupted by
     Ctrl-C, 143 by SIGTERM.
     """
-    from dmlbench.deploy.evaluate import EvaluateRequest, evaluate
-
-    request = EvaluateRequest(
-        run=run, embeddings=list(embeddings or []), labels=labels, domains=domains, mode=mode,
-        analysis=analysis, plot=plot, drop=drop, center=center, per_query=per_query, worst=worst, html=html,
-        verification=verification, roc=roc, open_set=open_set, calibration=calibration, seed=seed)
-    request.check_combinations()
+    _check_combinations(run, embeddings, labels, per_query, worst, html, verification, roc, open_set, calibration)
     # Paths first: a missing file is reported before torch and NumPy are imported.
     if run is not None:
         require_run_dir(run)
@@ -84,7 +77,13 @@ def evaluate_command(
     options = _evaluation_options({"ks": None if ks is None else _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize,
                                    "metrics": metrics, "k": k, "seed": seed, "block_size": block_size, "nprobe": nprobe},
                                   query_mask, rerank_option(rerank, rerank_params))
-    _write_json(json_path, evaluate(dataclasses.replace(request, options=options), typer.echo))
+    from dmlbench.deploy.evaluate import EvaluateRequest, evaluate
+
+    request = EvaluateRequest(
+        run=run, embeddings=list(embeddings or []), labels=labels, domains=domains, mode=mode, options=options,
+        analysis=analysis, plot=plot, drop=drop, center=center, per_query=per_query, worst=worst, html=html,
+        verification=verification, roc=roc, open_set=open_set, calibration=calibration, seed=seed)
+    _write_json(json_path, evaluate(request, typer.echo))
 
 
 def _evaluation_options(given: dict[str, Any], query_mask: Path | None, rerank: dict[str, Any] | None) -> dict[str, Any]:
@@ -96,6 +95,25 @@ def _evaluation_options(given: dict[str, Any], query_mask: Path | None, rerank: 
     if rerank is not None:
         options["rerank"] = rerank
     return options
+
+
+def _check_combinations(
+    run: Path | None, embeddings: list[Path] | None, labels: Path | None, per_query: Path | None, worst: int | None,
+    html: Path | None, verification: bool, roc: Path | None, open_set: bool, calibration: Path | None,
+) -> None:
+    """The combinations of options that make sense; a one-line error naming the options for any other."""
+    if (run is None) == (not embeddings):
+        raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
+    if embeddings and labels is None:
+        raise UserInputError("--embeddings needs --labels")
+    if run is None and (per_query or worst or verification or open_set):
+        raise UserInputError("--per-query, --worst, --verification and --open-set evaluate a RUN's test split")
+    if (worst is None) != (html is None):
+        raise UserInputError("--worst N and --html OUT.html go together")
+    if roc is not None and not verification:
+        raise UserInputError("--roc goes with --verification")
+    if calibration is not None and not open_set:
+        raise UserInputError("--calibration goes with --open-set")
 
 
 def _check_same_model(run: Path, calibration: Path) -> None:

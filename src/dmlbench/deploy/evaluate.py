@@ -40,28 +40,13 @@ class EvaluateRequest:
     calibration: Path | None = None
     seed: int | None = None
 
-    def check_combinations(self) -> None:
-        """The combinations of options that make sense; a one-line error naming the options for any other."""
-        if (self.run is None) == (not self.embeddings):
-            raise UserInputError("give either a RUN directory or --embeddings E.npy --labels L.npy")
-        if self.run is None and (self.per_query or self.worst or self.verification):
-            raise UserInputError("--per-query, --worst and --verification evaluate a RUN's test split")
-        if (self.worst is None) != (self.html is None):
-            raise UserInputError("--worst N and --html OUT.html go together")
-        if self.roc is not None and not self.verification:
-            raise UserInputError("--roc goes with --verification")
-        if self.calibration is not None and not self.open_set:
-            raise UserInputError("--calibration goes with --open-set")
-        if self.open_set and self.run is None:
-            raise UserInputError("--open-set evaluates a RUN's test split")
-
 
 def evaluate(request: EvaluateRequest, echo: Echo) -> dict[str, Any]:
     """Every table of the request printed through ``echo``, its files written; the results returned."""
     if request.run is not None:
         return _evaluate_run(request, echo)
     if request.labels is None:
-        raise UserInputError("--embeddings needs --labels")
+        raise UserInputError("EvaluateRequest.labels is required with embeddings")
     labels = load_array(request.labels, "labels")
     matrices = {str(path): load_array(path, "embeddings") for path in request.embeddings}
     results = _evaluate_arrays(matrices, labels, request, echo)

@@ -148,11 +148,11 @@ def prepare(
     spec, overrides = apply_spec_overrides(spec, list(overrides or []))
     output_dir = Path(output_dir)
     if jobs != AUTO_JOBS and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise UserInputError(f"--jobs must be a positive integer or auto, got {jobs!r}")
+        raise UserInputError(f"jobs must be a positive integer or {AUTO_JOBS!r}, got {jobs!r}")
     if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1:
-        raise UserInputError(f"--heartbeat must be a positive number of seconds, got {heartbeat!r}")
+        raise UserInputError(f"heartbeat must be a positive number of seconds, got {heartbeat!r}")
     if isinstance(retry_seconds, bool) or not isinstance(retry_seconds, int) or retry_seconds < 0:
-        raise UserInputError(f"--db-retry must be a number of seconds >= 0, got {retry_seconds!r}")
+        raise UserInputError(f"retry_seconds must be a number of seconds >= 0, got {retry_seconds!r}")
     if output_dir.exists() and not output_dir.is_dir():
         raise UserInputError(f"output {output_dir} is a file, not a directory")
     if records.is_run_dir(output_dir):  # the mirror of ``train -o`` refusing a benchmark's directory

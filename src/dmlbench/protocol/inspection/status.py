@@ -32,7 +32,7 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     planned: int | None = None  # reproductions per method, counted before a method's stage starts
     if storage is None:
         if directory is None:
-            raise UserInputError("give a benchmark directory or --storage URL")
+            raise UserInputError("status_lines needs a benchmark directory or a storage URL")
         record = read_benchmark(Path(directory))
         storage, planned = record.storage, record.spec.protocol.get("reproductions")
     storage_module.storage_for(storage).check(default=False)
