@@ -74,8 +74,12 @@ def test_rejudge_rewrites_a_stale_comparisons_file_and_check_reports_it(tmp_path
     code, out, _ = run_cli(["rejudge", str(study), "--check"], capsys)
     assert code == 1 and "comparisons.csv: differs" in out
     assert (study / "comparisons.csv").read_text() != committed  # --check writes nothing
-    assert run_cli(["rejudge", str(study)], capsys)[0] == 0
+    code, out, _ = run_cli(["rejudge", str(study)], capsys)  # the default compares too: committed files are kept
+    assert code == 1 and (study / "comparisons.csv").read_text() != committed
+    assert run_cli(["rejudge", str(study), "--write"], capsys)[0] == 0
     assert (study / "comparisons.csv").read_text() == committed
+    code, _, err = run_cli(["rejudge", str(study), "--write", "--check"], capsys)
+    assert code == 2 and "exclude each other" in err
 
 
 def test_rejudge_without_a_study_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,9 +99,32 @@ def test_a_damaged_runs_csv_is_one_line_and_exit_2_and_nothing_is_rewritten(tmp_
     text = (RESULTS / "default" / "runs.csv").read_text()
     for damaged, reason in ((text[:300], "is truncated"), (text.replace(",0.", ",zero.", 1), "line 2 is not a score row")):
         (study / "runs.csv").write_text(damaged)
-        code, _, err = run_cli(["rejudge", str(study)], capsys)
+        code, _, err = run_cli(["rejudge", str(study), "--write"], capsys)
         assert code == 2 and reason in err and err.strip().count("\n") == 0, err
         assert (study / "comparisons.csv").read_text() == committed
+
+
+@pytest.mark.parametrize("study", ["default", "search_luck_emoji"])
+def test_a_partial_runs_csv_is_refused_in_one_line_and_nothing_is_rewritten(study: str, tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """runs.csv cut to its header, to whole rows of part of the study, or by one reproduction's last score: a
+    smaller study would re-judge to other verdicts (it once rewrote comparisons.csv to its header, exit 0)."""
+    folder = tmp_path / study
+    shutil.copytree(RESULTS / study, folder)
+    verdicts = {path.name: path.read_text() for path in folder.glob("*comparisons.csv")}
+    lines = (RESULTS / study / "runs.csv").read_text().splitlines(keepends=True)
+    first_reproduction = lines[1].split(",")[0] + ",0,"
+    for partial, reason in ((lines[:1], "holds no scores of method"), (lines[:len(lines) // 2], "holds no scores of method"),
+                            ([line for line in lines if not line.startswith(first_reproduction)],
+                             "reproductions results.csv counts for"),
+                            (lines[:-1], "reproductions results.csv counts for"),
+                            (lines[:-1], "though its others do")):  # the last: a copy without results.csv
+        if reason == "though its others do":
+            (folder / "results.csv").unlink()
+        (folder / "runs.csv").write_text("".join(partial))
+        code, _, err = run_cli(["rejudge", str(folder), "--write"], capsys)
+        assert code == 2 and reason in err and "git checkout" in err and err.strip().count("\n") == 0, err
+        assert {path.name: path.read_text() for path in folder.glob("*comparisons.csv")} == verdicts
 
 
 def test_a_damaged_search_repeats_csv_is_one_line_and_exit_2_and_nothing_is_rewritten(
@@ -113,7 +140,7 @@ def test_a_damaged_search_repeats_csv_is_one_line_and_exit_2_and_nothing_is_rewr
     broken_row = text[:second_row_end].rsplit(",", 1)[0] + ",zero" + text[second_row_end:]
     for damaged, reason in ((text[:700], "is truncated"), (broken_row, "line 3 is not a row of method, search and")):
         (study / "search_repeats.csv").write_text(damaged)
-        code, _, err = run_cli(["rejudge", str(study)], capsys)
+        code, _, err = run_cli(["rejudge", str(study), "--write"], capsys)
         assert code == 2 and reason in err and err.strip().count("\n") == 0, err
         assert {name: (study / name).read_text() for name in committed} == committed
 

@@ -52,7 +52,7 @@ def test_two_searches_with_other_seeds_and_their_report_section(tmp_path: Path, 
     committed.mkdir()
     for name in ("runs.csv", "benchmark.json", "class_sums.csv", "comparisons.csv", "search_variance.csv"):
         shutil.copy(out / name, committed / name)
-    code, output, _ = run_cli(["rejudge", str(committed)], capsys)
+    code, output, _ = run_cli(["rejudge", str(committed), "--write"], capsys)
     assert code == 0 and "class_bootstrap.csv: rewritten" in output
     assert (committed / "class_bootstrap.csv").read_text() == (out / "class_bootstrap.csv").read_text()
     assert run_cli(["rejudge", str(committed), "--check"], capsys)[0] == 0

@@ -127,12 +127,14 @@ def read_class_sums(path: Path) -> ClassSums:
                 values.append(float(row[metric]))
     except (OSError, KeyError, ValueError, TypeError, IndexError, csv.Error):
         raise UserInputError(f"{path} is not a class-sums file ({', '.join(CLASS_SUMS_COLUMNS)}, then one "
-                             "column per metric) or is cut short; write it again with dmlbench report") from None
+                             "column per metric) or is cut short; restore the committed copy (git checkout), or, where the "
+                             "study's storage is on this machine, write it again with dmlbench report") from None
     for records in per_class.values():
         for record in records.values():
             record["queries"] = next(iter(record["queries_by_mode"].values()))
             if any(len(queries) != len(record["classes"]) for queries in record["queries_by_mode"].values()):
-                raise UserInputError(f"{path} lists other classes for one reproduction's modes; write it again with dmlbench report")
+                raise UserInputError(f"{path} lists other classes for one reproduction's modes; restore the committed copy "
+                                 "(git checkout), or, where the study's storage is on this machine, write it again with dmlbench report")
     return per_class
 
 

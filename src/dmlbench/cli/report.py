@@ -148,21 +148,25 @@ def _search_sds_at(values: list[str]) -> dict[int, float]:
 
 def rejudge_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help=f"A benchmark or report folder with {RUNS_CSV} and {BENCHMARK_FILE}.", show_default=False)],
-    check: Annotated[bool, typer.Option("--check", help=f"Only compare with the committed {COMPARISONS_CSV}; write nothing.")] = False,
+    write: Annotated[bool, typer.Option("--write", help=f"Rewrite the verdict files that differ ({COMPARISONS_CSV}, ...); without it nothing is written.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Compare only and write nothing (the default; kept for scripts).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_SILENT_HELP)] = False,
 ) -> None:
     """Re-judge a committed study from its runs.csv and benchmark.json alone (no storage, no checkpoints) by
-    today's rules, and rewrite its comparisons.csv, claim_comparisons.csv and (searches repeated)
-    method_comparisons.csv.
+    today's rules and compare with its comparisons.csv, claim_comparisons.csv and (searches repeated)
+    method_comparisons.csv; --write rewrites those that differ.
 
-    Exit codes: 0 written (or, with --check, the same), 1 with --check the committed file differs, or a
-    write failed for lack of space, 2 no runs.csv or benchmark.json in DIR, 130 interrupted by Ctrl-C,
-    143 by SIGTERM.
+    A runs.csv with fewer scores than results.csv and benchmark.json record (cut short, partial) is
+    refused before anything is judged. Exit codes: 0 the same (or, with --write, written), 1 a verdict
+    file differs (without --write) or a write failed for lack of space, 2 no runs.csv or benchmark.json
+    in DIR, a partial runs.csv, or --write with --check, 130 interrupted by Ctrl-C, 143 by SIGTERM.
     """
+    if write and check:
+        raise UserInputError("--write and --check exclude each other: --check compares only")
     _require_benchmark(directory)
     from dmlbench.report.committed import rejudge
 
-    outcome = rejudge(directory, write=not check)
+    outcome = rejudge(directory, write=write)
     typer.echo(outcome.summary)
-    if check and outcome.changed:
+    if not write and outcome.changed:
         raise typer.Exit(1)

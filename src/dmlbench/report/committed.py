@@ -76,6 +76,7 @@ def verdict_texts(directory: Path) -> dict[str, str]:
     record = read_benchmark(directory)
     analysis = record.analysis_spec()
     table = read_search_table(directory / layout.RUNS_CSV)
+    check_complete(directory, table, record.methods)
     results = _reproductions(table, record.protocol.first_seed)
     computed = list(record.metrics or LEADERBOARD_METRICS)
     claims = analyse(results, analysis, {}, computed)
@@ -97,6 +98,37 @@ def verdict_texts(directory: Path) -> dict[str, str]:
         if any(isinstance(bootstrap, ClassBootstrap) for bootstrap in bootstraps):
             texts[layout.CLASS_BOOTSTRAP_CSV] = class_bootstrap_csv([b for b in bootstraps if isinstance(b, ClassBootstrap)])
     return texts
+
+
+def check_complete(directory: Path, table: SearchTable, methods: list[str]) -> None:
+    """Refuse, in one line, a ``runs.csv`` that holds fewer scores than the study it was committed with: a
+    method of ``benchmark.json`` without scores, fewer first-search reproductions of an endpoint than
+    ``results.csv`` counts (``n``), or a reproduction that lacks an endpoint its method's others have.
+    A file cut short (a partial copy, an interrupted download) would otherwise re-judge as a smaller study."""
+    runs = directory / layout.RUNS_CSV
+    remedy = f"{runs} looks cut short or partial: restore it (git checkout {runs}) before re-judging"
+    scored = {method for methods_of in table.values() for method in methods_of}
+    missing = [method for method in methods if method not in scored]
+    if missing:
+        raise UserInputError(f"{runs} holds no scores of method {missing[0]!r} of {layout.BENCHMARK_FILE}; {remedy}")
+    results = directory / layout.RESULTS_CSV
+    for row in csv.DictReader(results.read_text().splitlines()) if results.is_file() else []:
+        counted = len(table.get((row["mode"], row["metric"]), {}).get(row["method"], {}).get(0, {}))
+        if counted != int(row["n"]):
+            raise UserInputError(f"{runs} holds {counted} of the {row['n']} reproductions {layout.RESULTS_CSV} counts for "
+                                 f"{row['method']} {row['mode']} {row['metric']}; {remedy}")
+    endpoints: dict[str, set[tuple[str, str]]] = {}
+    for endpoint, methods_of in table.items():
+        for method in methods_of:
+            endpoints.setdefault(method, set()).add(endpoint)
+    for endpoint, methods_of in sorted(table.items()):
+        for method, by_search in methods_of.items():
+            for search, by_reproduction in by_search.items():
+                others = {reproduction for other in endpoints[method] for reproduction in table[other][method].get(search, {})}
+                lacking = sorted(others - set(by_reproduction))
+                if lacking:
+                    raise UserInputError(f"{runs}: reproduction {lacking[0]} of {method} (search {search}) has no "
+                                         f"{endpoint[0]} {endpoint[1]} score though its others do; {remedy}")
 
 
 def _reproductions(table: SearchTable, first_seed: int) -> dict[str, MethodReproductions]:
