@@ -165,3 +165,21 @@ DOC_REPLICAS = {"emoji": emoji, "benchmarks": benchmarks}
 
 
 BUILDERS = {"cub200": cub200, "cars196": cars196, "sop": sop, "inshop": inshop, "folder": folder, "csv": csv}
+
+
+def write_png16(path: Path, pixels: np.ndarray) -> None:
+    """A 16-bit PNG of ``pixels`` (uint16 ``[H, W]`` grey or ``[H, W, 3]`` colour), written byte by byte (Pillow
+    writes no 16-bit colour PNG)."""
+    import struct
+    import zlib
+
+    rows = pixels if pixels.ndim == 3 else pixels[:, :, None]
+    height, width, channels = rows.shape
+    raw = b"".join(b"\x00" + rows[y].astype(">u2").tobytes() for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 16, {1: 0, 3: 2}[channels], 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))

@@ -150,3 +150,23 @@ def test_missing_root_is_an_error(tmp_path: Path) -> None:
         data.build("folder")
     with pytest.raises(UserInputError, match="is not a directory"):
         data.build("sop", root=str(tmp_path / "absent"))
+
+
+@pytest.mark.parametrize("shape", [(24, 24), (24, 24, 3)], ids=["grey", "colour"])
+def test_a_16_bit_png_decodes_as_its_8_bit_image(shape: tuple[int, ...], tmp_path: Path) -> None:
+    """A 16-bit grey PNG once decoded as white (Pillow's conversion clips 16-bit grey); both depths keep the
+    high byte, as Pillow reads 16-bit colour, so the 16-bit file and its 8-bit twin train on the same pixels."""
+    from dmlbench.deploy.images import decode
+
+    rng = np.random.default_rng(0)
+    deep = rng.integers(0, 65536, shape).astype(np.uint16)
+    replicas.write_png16(tmp_path / "deep" / "a" / "0.png", deep)
+    shallow = (deep >> 8).astype(np.uint8)
+    (tmp_path / "shallow" / "a").mkdir(parents=True)
+    Image.fromarray(shallow).save(tmp_path / "shallow" / "a" / "0.png")
+    channels = 1 if len(shape) == 2 else 3
+    torch.testing.assert_close(decode(tmp_path / "deep" / "a" / "0.png", channels),
+                               decode(tmp_path / "shallow" / "a" / "0.png", channels), rtol=0, atol=0)
+    assert decode(tmp_path / "deep" / "a" / "0.png", channels).float().mean() < 200  # not the white it once was
+    images = [data.build("folder", root=str(tmp_path / name), image_size=16) for name in ("deep", "shallow")]
+    torch.testing.assert_close(images[0].batch([0])[0], images[1].batch([0])[0], rtol=0, atol=0)

@@ -34,6 +34,18 @@ DEVELOPMENT, TEST = 0, 1  # the two parts of a dataset, scanned and cached apart
 PART_NAMES = ("development", "test")
 
 
+def eight_bits(image: Any) -> Any:
+    """A PIL image with 8 bits per channel, as ``convert("RGB")`` / ``("L")`` then read it: a 16-bit grey image
+    (PIL's ``I;16`` modes, and ``I`` holding 16-bit values) keeps its high byte, as PIL reads 16-bit colour
+    PNGs; converted as it is, it would clip to white. Any other image is returned as it is."""
+    if not (image.mode.startswith("I;16") or image.mode == "I"):
+        return image
+    from PIL import Image
+
+    values = np.asarray(image, dtype=np.int64)
+    return Image.fromarray((np.clip(values, 0, 65535) >> 8).astype(np.uint8), mode="L")
+
+
 class UnreadableImage(Exception):
     """An image file that is missing, truncated or not an image."""
 
@@ -252,7 +264,7 @@ class _Shared:
             with Image.open(path) as opened:
                 # JPEG only: let libjpeg decode at a reduced scale that still covers the base size.
                 opened.draft("RGB", (self.base_size, self.base_size))
-                image = opened.convert("RGB")
+                image = eight_bits(opened).convert("RGB")
                 width, height = image.size
                 scale = self.base_size / min(width, height)
                 resized = image.resize(
@@ -369,8 +381,9 @@ class _Shared:
         assert self.cache_dir is not None
         if part in self._cache:
             return self._cache[part]
-        # The key holds everything the cached pixels depend on: the file listing, the base size and the part.
-        key = hashlib.sha256(f"{self.content_hash()}|{self.base_size}|{PART_NAMES[part]}|v2".encode()).hexdigest()[:32]
+        # The key holds everything the cached pixels depend on: the file listing, the base size, the part and
+        # the decoder's version (v3: 16-bit grey images keep their high byte instead of clipping to white).
+        key = hashlib.sha256(f"{self.content_hash()}|{self.base_size}|{PART_NAMES[part]}|v3".encode()).hexdigest()[:32]
         array_path = self.cache_dir / f"decoded-{key}.npy"
         record_path = self._record_path(part)
         if not (array_path.is_file() and record_path.is_file()):

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
-from dmlbench.data.files import FileDataset
+from dmlbench.data.files import FileDataset, eight_bits
 from dmlbench.data.formats import require_utf8_name
 from dmlbench.errors import UserInputError
 
@@ -96,7 +96,7 @@ def decode(path: Path, channels: int) -> Tensor:
         raise UserInputError(f"image {path} does not exist")
     try:
         with Image.open(path) as image:
-            image = image.convert("L" if channels == 1 else "RGB")
+            image = eight_bits(image).convert("L" if channels == 1 else "RGB")
             array = np.asarray(image, dtype=np.uint8)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise UserInputError(f"image {path} cannot be decoded: {error}") from None
