@@ -94,3 +94,32 @@ def test_images_much_smaller_than_image_size_are_warned_about_once(tmp_path: Pat
     assert "warning" not in err  # once per process: a benchmark loads the dataset for every run
     code, _, err = run_cli(["data", "check", "folder", "--root", str(root), "image_size=32"], capsys)
     assert code == 0 and "warning" not in err, err
+
+
+def test_a_folder_linked_into_the_root_and_image_links_to_nowhere_are_named(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A class folder that links back to the root once became a class duplicating every image; image links that
+    loop or lead nowhere were skipped without a word. Now the link is not followed and both are named."""
+    root = replicas.folder(tmp_path, classes=4, per_class=3)
+    (root / "zz_everything").symlink_to(root, target_is_directory=True)
+    (root / "class_0" / "loop.png").symlink_to(root / "class_0" / "loop.png")
+    (root / "class_1" / "gone.png").symlink_to(root / "class_1" / "missing.png")
+    report = tmp_path / "report.json"
+    code, out, err = run_cli(["data", "check", "folder", "--root", str(root), "--json", str(report)], capsys)
+    assert code == 1, err
+    summary = json.loads(report.read_text())
+    assert (summary["classes"], summary["images"]) == (4, 14)
+    assert summary["skipped_links"] == ["zz_everything"]
+    assert summary["unreadable"]["files"] == ["class_0/loop.png", "class_1/gone.png"]
+    assert "1 linked folder(s) not followed (they show images the root lists already)" in summary["problems"]
+    assert "links          1 folder(s) link inside the root, not followed: zz_everything" in out
+
+
+def test_a_class_folder_linked_from_outside_the_root_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Images kept on another disk and linked in as a class are a dataset's own: followed, not named."""
+    root = replicas.folder(tmp_path / "data", classes=2, per_class=3)
+    elsewhere = replicas.folder(tmp_path / "other", classes=1, per_class=3)
+    (root / "class_9").symlink_to(elsewhere / "class_0", target_is_directory=True)
+    code, out, err = run_cli(["data", "check", "folder", "--root", str(root), "--json", "-"], capsys)
+    summary = json.loads(out)
+    assert (summary["classes"], summary["images"], summary["skipped_links"]) == (3, 9, [])

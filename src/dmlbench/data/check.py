@@ -278,9 +278,13 @@ def summarize_files(dataset: Any) -> dict[str, Any]:
         gallery_classes = set(labels[split_indices["gallery"]].tolist())
         summary["queries_without_gallery_class"] = int(
             sum(label not in gallery_classes for label in labels[split_indices["query"]].tolist()))
+    skipped = list(dataset.metadata.get("skipped_links", []))
+    summary["skipped_links"] = skipped
     problems = []
     if unreadable:
         problems.append(f"{len(unreadable)} unreadable images")
+    if skipped:
+        problems.append(f"{len(skipped)} linked folder(s) not followed (they show images the root lists already)")
     if duplicate_groups:
         problems.append(f"{len(duplicate_groups)} groups of identical files")
     if overlap:
@@ -312,6 +316,9 @@ def format_file_summary(summary: dict[str, Any]) -> str:
     lines += [f"  identical    {' = '.join(group)}" for group in duplicates["examples"]]
     if duplicates["groups"] > len(duplicates["examples"]):
         lines.append(f"  (the first {len(duplicates['examples'])} of {duplicates['groups']} groups)")
+    if summary.get("skipped_links"):
+        lines.append(f"links          {len(summary['skipped_links'])} folder(s) link inside the root, not followed: "
+                     + ", ".join(summary["skipped_links"][:5]))
     lines.append(f"overlap        {summary['train_test_class_overlap']} classes in both train and test")
     if "queries_without_gallery_class" in summary:
         lines.append(f"queries        {summary['queries_without_gallery_class']} whose class has no gallery image")

@@ -227,18 +227,34 @@ def folder(
     root: str | None = None, *, image_size: int = 224, augmentation: str = "none", seed: int = 0,
     cache_dir: str | None = None, workers: int = 4,
 ) -> FileDataset:
-    """One sub-folder of images per class (sorted by name); no declared split (first half of the classes trains)."""
+    """One sub-folder of images per class (sorted by name); no declared split (first half of the classes trains).
+
+    A linked folder whose target lies inside the root (or holds it) is not followed: its images would count
+    twice, once under another class (``metadata["skipped_links"]``, named by ``data check``). A link to an image
+    that leads nowhere (broken, or a loop) is listed, so that it counts among the unreadable files."""
     base = _root("folder", root)
-    paths, class_keys = [], []
+    paths, class_keys, skipped = [], [], []
+    resolved_root = base.resolve()
     for class_dir in sorted(path for path in base.iterdir() if path.is_dir()):
-        for file in sorted(class_dir.rglob("*")):
-            if file.is_file() and file.suffix.lower() in IMAGE_SUFFIXES:
+        if class_dir.is_symlink() and _inside(class_dir.resolve(), resolved_root):
+            skipped.append(class_dir.name)
+            continue
+        for file in sorted(class_dir.rglob("*")):  # rglob itself follows no linked folder below a class
+            if file.suffix.lower() in IMAGE_SUFFIXES and (file.is_file() or (file.is_symlink() and not file.exists())):
                 require_utf8_name(file)
                 paths.append(file.relative_to(base).as_posix())
                 class_keys.append(class_dir.name)
     if not paths:
         raise UserInputError(f"folder root {base} has no class sub-folders with images ({', '.join(IMAGE_SUFFIXES)})")
-    return _dataset("folder", base, paths, class_keys, test=None, image_size=image_size, augmentation=augmentation, seed=seed, cache_dir=cache_dir, workers=workers)
+    dataset = _dataset("folder", base, paths, class_keys, test=None, image_size=image_size, augmentation=augmentation,
+                       seed=seed, cache_dir=cache_dir, workers=workers)
+    dataset.metadata["skipped_links"] = skipped
+    return dataset
+
+
+def _inside(target: Path, root: Path) -> bool:
+    """Whether ``target`` is ``root``, lies under it, or holds it: a link there shows images already listed."""
+    return target == root or root in target.parents or target in root.parents
 
 
 @register_dataset("csv", YOUR_FILES)
