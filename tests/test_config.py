@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,35 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
 def test_keys_the_run_sets_are_reserved(override: str) -> None:
     with pytest.raises(UserInputError, match="the run sets it"):
         config_module.load(None, ["miner.name=random", override])
+
+
+@pytest.mark.parametrize(("overrides", "suggestion"), [
+    (["trainng.epochs=1"], "unknown config key 'trainng' (did you mean 'training'?)"),
+    (["training.epoch=3"], "unknown config key 'training.epoch' (did you mean 'training.epochs'?)"),
+    (["evaluation.rerank.kindd=none"], "unknown config key 'evaluation.rerank.kindd' (did you mean 'evaluation.rerank.kind'?)"),
+    (["training.zzzz=1"], "unknown config key 'training.zzzz'$"),  # nothing close: no guess
+])
+def test_an_unknown_key_gets_the_closest_key_of_its_own_section(overrides: list[str], suggestion: str) -> None:
+    with pytest.raises(UserInputError, match=re.escape(suggestion.removesuffix("$")) + ("$" if suggestion.endswith("$") else "")):
+        config_module.load(None, overrides)
+
+
+def test_a_benchmark_key_gets_a_suggestion_at_every_level() -> None:
+    from dmlbench.protocol.design.benchmark import BenchmarkSpec
+
+    assert config_module.did_you_mean(BenchmarkSpec, ("protocol", "trails")) == " (did you mean 'protocol.trials'?)"
+    assert config_module.did_you_mean(BenchmarkSpec, ("analysis", "primary", "metrc")) == " (did you mean 'analysis.primary.metric'?)"
+    assert config_module.did_you_mean(BenchmarkSpec, ("base", "anything")) == ""  # a free mapping: no model to ask
+
+
+@pytest.mark.parametrize(("text", "cause"), [
+    ("seed: 0\ndata:\n\tname: glyphs\n",
+     "at line 3, column 1: found character '\\t' that cannot start any token (YAML indents with spaces, never tabs)"),
+    ("training: [1, 2\n", "at line 2, column 1: expected ',' or ']', but got '<stream end>'"),
+])
+def test_a_yaml_error_says_where_and_why(text: str, cause: str, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text)
+    with pytest.raises(UserInputError) as raised:
+        config_module.load(broken)
+    assert str(raised.value) == f"config file {broken} is not valid YAML {cause}"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -260,8 +261,21 @@ def _validation_message(error: ValidationError) -> str:
     key = ".".join(str(part) for part in first["loc"]) or "config"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        return f"unknown config key {key!r}"
+        return f"unknown config key {key!r}{did_you_mean(Config, first['loc'])}"
     return f"config key {key!r}: {message}" if first["loc"] else f"config: {message}"
+
+
+def did_you_mean(model: type[BaseModel], location: Sequence[str | int]) -> str:
+    """`` (did you mean 'a.b'?)`` for an unknown key at ``location`` of ``model``: the closest key of the section
+    it was found in, at any depth; "" when none is close or the section is no model (a free mapping)."""
+    section: Any = model
+    for part in location[:-1]:
+        field = section.model_fields.get(str(part)) if isinstance(section, type) and issubclass(section, BaseModel) else None
+        section = None if field is None else field.annotation
+    if not (isinstance(section, type) and issubclass(section, BaseModel)):
+        return ""
+    close = difflib.get_close_matches(str(location[-1]), list(section.model_fields), n=1)
+    return f" (did you mean {'.'.join([*map(str, location[:-1]), close[0]])!r}?)" if close else ""
 
 
 def from_dict(raw: dict[str, Any], overrides: list[str] | None = None, *,
@@ -307,9 +321,16 @@ def read_yaml(path: Path, what: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise UserInputError(f"{what} {path} is not valid YAML{where}") from None
+        raise UserInputError(f"{what} {path} is not valid YAML{_yaml_cause(error)}") from None
+
+
+def _yaml_cause(error: yaml.YAMLError) -> str:
+    """`` at line L, column C: <the parser's reason>``, with the usual fix for a tab."""
+    mark = getattr(error, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = str(getattr(error, "problem", "") or "")
+    hint = " (YAML indents with spaces, never tabs)" if "'\\t'" in problem else ""  # PyYAML writes the tab as '\t'
+    return f"{where}: {problem}{hint}" if problem else where
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:

@@ -164,7 +164,7 @@ def _validated(raw: dict[str, Any], what: str) -> BenchmarkSpec:
         key = ".".join(map(str, first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            raise UserInputError(f"{what}: unknown key {key!r}") from None
+            raise UserInputError(f"{what}: unknown key {key!r}{config_module.did_you_mean(BenchmarkSpec, first['loc'])}") from None
         raise UserInputError(f"{what}: key {key!r}: {message}" if key else f"{what}: {message}") from None
 
 
