@@ -283,3 +283,20 @@ def test_only_the_console_script_counts_from_the_process_start(monkeypatch: pyte
 
 def test_a_stopped_dry_run_is_repeated_as_one() -> None:
     assert continue_command("benchmark", SMOKE, ["a=1"], Path("o"), None, dry_run=True).endswith("a=1 -o o --dry-run")
+
+
+def test_more_jobs_than_cores_warns_once_and_the_report_is_announced_once(tmp_path: Path) -> None:
+    """``--jobs 3`` with 2 cores allowed (``taskset``): one warning naming both numbers, and the workers the command
+    spawned leave the "another worker wrote the report" line to the process the user started (it was printed by
+    every worker)."""
+    import shutil
+
+    if shutil.which("taskset") is None:
+        pytest.skip("taskset (util-linux) is not installed")
+    result = subprocess.run(["taskset", "-c", "0,1", console_script(), "benchmark", str(SMOKE), "-o", str(tmp_path / "out"),
+                             "-q", "--jobs", "3"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines.count("dmlbench: warning: --jobs 3 starts 3 workers on the 2 core(s) this process may use; they share "
+                       "the cores and the benchmark takes longer than with --jobs 2 (or --jobs auto)") == 1, lines
+    assert sum("wrote the report" in line for line in lines) <= 1, lines

@@ -96,6 +96,7 @@ def benchmark_command(
                            accept_analysis_change=accept_analysis_change)
         if jobs != str(prepared.jobs) and not quiet:
             typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
+        _warn_if_oversubscribed(prepared.jobs)
         if dry_run:
             from dmlbench.analysis.planning import dry_run_plan
             from dmlbench.protocol.dry_run.cost import dry_run as estimate
@@ -265,6 +266,18 @@ def stops_explained(what: str, again: str) -> Iterator[None]:
             raise
         raise StorageFailed(f"{describe(full)}; nothing was stored as a failure; free space, "
                             f"then continue it with: {again}") from error
+
+
+def _warn_if_oversubscribed(jobs: int) -> None:
+    """One line when ``--jobs`` starts more worker processes than the cores this process may use: they take
+    turns on the cores, and each run then takes longer than alone."""
+    from dmlbench.training.threads import available_cores
+
+    cores = available_cores()
+    if jobs > cores:
+        print(f"dmlbench: warning: --jobs {jobs} starts {jobs} workers on the {cores} core(s) this process may use; "
+              f"they share the cores and the benchmark takes longer than with --jobs {cores} (or --jobs auto)",
+              file=sys.stderr, flush=True)
 
 
 def _worker_options(jobs: str, heartbeat: int, db_retry: int) -> int | str:

@@ -23,12 +23,18 @@ from dmlbench.training.threads import AUTO, auto_threads
 @dataclass(frozen=True)
 class Placement:
     """One worker process's place on its machine: ``worker``, its index among the local workers of
-    ``benchmark --jobs`` (``None``: no such worker); ``workers``, how many of them share the cores;
+    ``benchmark --jobs`` (``None``: no such worker; 0: the process the user started); ``workers``, how many of
+    them share the cores;
     ``recorded_threads``, the threads a benchmark recorded for ``auto`` (``None``: not recorded)."""
 
     worker: int | None = None
     workers: int = 1
     recorded_threads: int | None = None
+
+    @property
+    def spawned(self) -> bool:
+        """Whether this is a worker the command started beside the process the user started (worker 0)."""
+        return bool(self.worker)
 
     def __post_init__(self) -> None:
         if self.workers < 1:

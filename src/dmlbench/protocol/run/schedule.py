@@ -210,10 +210,12 @@ def _work_on_benchmark(prepared: Prepared, progress: bool, report: ReportWriter 
             completed = complete_class_sums(output_dir, schedule.reproductions, placement)
             if reported is not None and not completed and (output_dir / output_layout.REPORT_FILE).exists():
                 # Not a failure: this worker's share is done and a sibling (a --jobs process or another
-                # machine on the same storage) took the report; say so in those words.
-                print(f"dmlbench: done: every trial and reproduction of this benchmark is finished, and worker "
-                      f"{reported['worker']} (an earlier run of this command, or a worker sharing it) wrote the report",
-                      file=sys.stderr, flush=True)
+                # machine on the same storage) took the report; say so in those words, once per command: the
+                # workers a command spawned leave it to the process the user started.
+                if not placement.spawned:
+                    print(f"dmlbench: done: every trial and reproduction of this benchmark is finished, and worker "
+                          f"{reported['worker']} (an earlier run of this command, or a worker sharing it) wrote the report",
+                          file=sys.stderr, flush=True)
                 return None
             outcome = write_summaries(prepared, schedule.searches, schedule.reproductions, schedule.baselines)
             if report is not None:
