@@ -300,3 +300,34 @@ def test_more_jobs_than_cores_warns_once_and_the_report_is_announced_once(tmp_pa
     assert lines.count("dmlbench: warning: --jobs 3 starts 3 workers on the 2 core(s) this process may use; they share "
                        "the cores and the benchmark takes longer than with --jobs 2 (or --jobs auto)") == 1, lines
     assert sum("wrote the report" in line for line in lines) <= 1, lines
+
+
+def test_the_dry_run_of_many_search_repeats_rehearses_two_and_extrapolates(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry run once rehearsed every unit of the design (68 searches x 2: not done after 18 minutes); now the
+    report is timed with 2 search repeats and with 1, each further repeat at their difference."""
+    prepared = prepare(load_spec(SMOKE), tmp_path / "out", ["protocol.search_repeats=30"])
+    rehearsed: list[int] = []
+    report_seconds = {2: 5.0, 1: 3.5}  # made-up report times of the two rehearsals
+
+    def counted(prepared_: object, directory: Path, test: object) -> object:
+        rehearsed.append(prepared_.spec.protocol.search_repeats)  # type: ignore[attr-defined]
+        return prepared_
+
+    clock = iter([0.0, report_seconds[2], 0.0, report_seconds[1]])
+    monkeypatch.setattr(cost, "rehearse", counted)
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: next(clock))
+    seconds = cost._report_seconds(prepared, tmp_path / "rehearsal", SplitSize(10, 2, 4), lambda *_: {})
+    assert rehearsed == [2, 1]
+    assert seconds == 5.0 + 28 * (5.0 - 3.5)
+
+
+def test_a_stopped_dry_run_says_it_stored_nothing_and_is_run_again() -> None:
+    from dmlbench.cli.benchmark import stops_explained
+    from dmlbench.errors import RunInterrupted
+
+    with pytest.raises(RunInterrupted) as stopped:
+        with stops_explained("benchmark out", "dmlbench benchmark -o out --dry-run", dry_run=True):
+            raise KeyboardInterrupt
+    assert str(stopped.value) == ("the dry run of benchmark out stopped; it stored nothing, so there is nothing to "
+                                  "continue; run it again with: dmlbench benchmark -o out --dry-run")

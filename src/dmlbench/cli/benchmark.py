@@ -84,7 +84,7 @@ def benchmark_command(
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
                              jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run)
-    with stops_explained(f"benchmark {output_dir}", again):
+    with stops_explained(f"benchmark {output_dir}", again, dry_run=dry_run):
         from dmlbench.protocol.design.benchmark import load_spec
         from dmlbench.protocol.design.prepare import prepare
         from dmlbench.report import write_report  # here, so that a dry run's measured start includes its import
@@ -252,13 +252,17 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
 
 
 @contextmanager
-def stops_explained(what: str, again: str) -> Iterator[None]:
-    """A stop signal or a full disk ends with the exact command that continues the work."""
+def stops_explained(what: str, again: str, *, dry_run: bool = False) -> Iterator[None]:
+    """A stop signal or a full disk ends with the exact command that continues the work (a dry run stores
+    nothing: it is run again, not continued)."""
     from dmlbench.files import describe, storage_error
 
     try:
         yield
     except (RunInterrupted, KeyboardInterrupt):  # a stop before the run started (imports, the dataset) too
+        if dry_run:
+            raise RunInterrupted(f"the dry run of {what} stopped; it stored nothing, so there is nothing to "
+                                 f"continue; run it again with: {again}") from None
         raise RunInterrupted(f"{what} stopped; continue it with: {again}") from None
     except Exception as error:  # a full disk in a training run names that run's resume: name this command
         full = storage_error(error)
