@@ -367,3 +367,43 @@ def test_a_planned_design_s_time_is_given_in_the_unit_one_plans_with(seconds: fl
     from dmlbench.report.sections import _duration
 
     assert _duration(seconds) == text
+
+
+@pytest.mark.parametrize(("config_file", "command"), [
+    ("built-in", "dmlbench benchmark protocol.reproductions=9 -o NEW_DIR"),
+    ("configs/my benchmark.yaml", "dmlbench benchmark 'configs/my benchmark.yaml' protocol.reproductions=9 -o NEW_DIR"),
+    (None, "dmlbench benchmark CONFIG protocol.reproductions=9 -o NEW_DIR"),  # a benchmark.json that does not record it
+])
+def test_the_next_step_the_report_prints_runs_as_printed(config_file: str | None, command: str) -> None:
+    """The report's "what would decide the rest" command once read `dmlbench benchmark CONFIG ...`, which the
+    built-in benchmark (no CONFIG) does not take; benchmark.json now records the command it was started with."""
+    from dmlbench.report.sections import _benchmark_command
+
+    data = _data()
+    data.benchmark = BenchmarkRecord.model_validate({**_benchmark(), **({"config_file": config_file} if config_file else {})})
+    assert _benchmark_command(data, "protocol.reproductions=9") == command
+    data.benchmark.command_overrides = ["protocol.reproductions=2", "training.epochs=3", "analysis.references=[a, b]"]
+    if config_file == "built-in":  # the run's own overrides stay, but for the keys the design sets
+        assert _benchmark_command(data, "protocol.reproductions=9") == (
+            "dmlbench benchmark training.epochs=3 'analysis.references=[a, b]' protocol.reproductions=9 -o NEW_DIR")
+
+
+def test_benchmark_json_records_the_config_a_benchmark_was_started_from(tmp_path: Path) -> None:
+    from dmlbench.protocol.design.benchmark import load_spec
+    from dmlbench.protocol.design.prepare import prepare
+    from dmlbench.protocol.run.record import write_benchmark_file
+
+    smoke = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
+    assert load_spec(None).config_file == "built-in"
+    prepared = prepare(load_spec(smoke), tmp_path / "out", ["protocol.trials=3"])  # a benchmark override keeps it
+    assert prepared.spec.config_file == str(smoke)
+    assert write_benchmark_file(prepared).config_file == str(smoke)
+
+
+def test_plan_without_a_config_plans_the_built_in_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    """`dmlbench plan` for the main job needed the path of the built-in config, which only docs/protocol.md named."""
+    from cli_runner import run_cli
+
+    code, out, err = run_cli(["plan", "protocol.reproductions=4", "--sd", "0.01"], capsys)
+    assert code == 0, err
+    assert out.startswith("power (concatenated map_at_r, the primary endpoint): 7 comparisons in one Holm family, 4 reproductions")

@@ -96,12 +96,12 @@ def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: 
     """What ``benchmark --dry-run`` prints about power: the plan at ``analysis.planning_sd`` (and over searches
     and seeds at ``analysis.planning_search_sd``), or how to get them."""
     if planning_sd is None:
-        return ("power: no analysis.planning_sd in the config; `dmlbench plan CONFIG --pilot DIR` measures it on a "
+        return ("power: no analysis.planning_sd in the config; `dmlbench plan [CONFIG] --pilot DIR` measures it on a "
                 "stored benchmark, `--sd X` states it")
     sds = {pair: planning_sd for pair in family.comparisons}
     text = plan_text(family, sds, f"{100 * planning_sd:.2f} points (analysis.planning_sd)")
     if planning_search_sd is None:
-        return text + ("\nsearches and seeds: no analysis.planning_search_sd in the config; `dmlbench plan CONFIG "
+        return text + ("\nsearches and seeds: no analysis.planning_search_sd in the config; `dmlbench plan [CONFIG] "
                        "--search-sd X` plans searches and seeds (a pilot with repeated searches measures it)")
     return text + "\n" + search_plan_text(family, sds, planning_search_sd, "analysis.planning_search_sd")
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dmlbench.cli.common import QUIET_SILENT_HELP, Command, require_directory, require_yaml
+from dmlbench.cli.common import QUIET_SILENT_HELP, Command, config_and_overrides, require_directory, require_yaml
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.layout import BENCHMARK_FILE, COMPARISONS_CSV, RUNS_CSV
 
@@ -71,7 +71,7 @@ def audit_command(
 
 
 def plan_command(
-    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Benchmark YAML.", show_default=False)],
+    config_path: Annotated[Optional[Path], typer.Argument(metavar="[CONFIG]", help="Benchmark YAML (default: the built-in benchmark, as for benchmark).", show_default=False)] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help="protocol.KEY=VALUE or analysis.KEY=VALUE, as for benchmark (protocol.reproductions=20).", show_default=False)] = None,
     pilot: Annotated[Optional[Path], typer.Option("--pilot", metavar="DIR", help="A finished benchmark whose paired differences give each comparison's SD.")] = None,
     sd: Annotated[Optional[float], typer.Option("--sd", metavar="X", help="The SD of the paired differences, in score units (0.008 = 0.8 points).")] = None,
@@ -99,7 +99,9 @@ def plan_command(
     if search_sd is not None and not 0.0 <= search_sd < 1.0:
         raise UserInputError(f"--search-sd must lie in [0, 1) (score units), got {search_sd}")
     other_trials = _search_sds_at(search_sd_at or [])
-    require_yaml(config_path, "benchmark config")
+    config_path, overrides = config_and_overrides(config_path, overrides)
+    if config_path is not None:
+        require_yaml(config_path, "benchmark config")
     from dmlbench.analysis import planning
     from dmlbench.protocol.design.benchmark import apply_spec_overrides, load_spec
     from dmlbench.protocol.units.results import read_runs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ from dmlbench.analysis.power import MAX_REPRODUCTIONS, TARGET_POWER
 from dmlbench.analysis.search_luck import cheapest_design, pooled_search_sd
 from dmlbench.analysis.statistics import OUTCOMES, PairedComparison
 from dmlbench.evaluation.metrics import metric_title
-from dmlbench.protocol.design.benchmark import MIN_REPRODUCTIONS
+from dmlbench.protocol.design.benchmark import BUILT_IN, MIN_REPRODUCTIONS
 from dmlbench.protocol.layout import (
     CLAIM_COMPARISONS_CSV,
     COMPARISONS_CSV,
@@ -333,7 +334,7 @@ def _primary_sentence(data: ReportData) -> str | None:
 def _design_sentence(data: ReportData) -> str | None:
     """For the undecided comparisons of the primary family: the reproductions the planner says would
     decide them (80% power for both tests at the strictest Holm threshold, at the observed SDs), the
-    time that takes at this benchmark's measured cost, and the command (``CONFIG``: the CLI names it)."""
+    time that takes at this benchmark's measured cost, and the command that runs it (``_benchmark_command``)."""
     claims = data.claims
     family = claims.families.get(claims.primary)
     if not family or isinstance(family, str):
@@ -353,7 +354,7 @@ def _design_sentence(data: ReportData) -> str | None:
     duration = _duration(_seconds_at(data, needed))
     return (f"To decide the {len(undecided)} undecided comparison(s): {needed} reproductions per method (the planner at "
             f"the observed spread), about {duration} on this machine at this run's cost: "
-            f"`dmlbench benchmark CONFIG protocol.reproductions={needed} -o NEW_DIR`.")
+            f"`{_benchmark_command(data, f'protocol.reproductions={needed}')}`.")
 
 
 def _search_design_sentence(data: ReportData, undecided: int, seed_sd: float, search_sd: float, measured: bool = False) -> str:
@@ -371,8 +372,20 @@ def _search_design_sentence(data: ReportData, undecided: int, seed_sd: float, se
     return (f"To decide the {undecided} undecided comparison(s) about the methods, search luck included: "
             f"{design.searches} searches x {design.reproductions} reproductions per method (the planner at the observed "
             f"spread and {luck}), about {duration} on this machine at this "
-            f"run's cost: `dmlbench benchmark CONFIG protocol.search_repeats={design.searches} "
-            f"protocol.reproductions={design.reproductions} -o NEW_DIR`.")
+            f"run's cost: `{_benchmark_command(data, f'protocol.search_repeats={design.searches}', f'protocol.reproductions={design.reproductions}')}`.")
+
+
+def _benchmark_command(data: ReportData, *settings: str) -> str:
+    """The command that started this benchmark with ``settings`` in place of its own values of those keys and a
+    new output folder, so that it runs as printed: no config for the built-in benchmark; ``CONFIG`` (the
+    CLI's summary names it) where ``benchmark.json`` does not record the command."""
+    config_file = data.benchmark.config_file
+    if config_file is None:
+        return " ".join(["dmlbench benchmark CONFIG", *settings, "-o NEW_DIR"])
+    replaced = {setting.split("=", 1)[0] for setting in settings}
+    kept = [shlex.quote(item) for item in data.benchmark.command_overrides if item.split("=", 1)[0] not in replaced]
+    config = [] if config_file == BUILT_IN else [shlex.quote(config_file)]
+    return " ".join(["dmlbench benchmark", *config, *kept, *settings, "-o NEW_DIR"])
 
 
 def _duration(seconds: float) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, ValidationError, field_validator, model_validator
 
 from dmlbench import config as config_module
 from dmlbench import plugins
@@ -111,13 +111,24 @@ class ProtocolSpec(BaseModel):
         return value
 
 
+# ``BenchmarkSpec.config_file`` of the benchmark that ships with dmlbench (``dmlbench benchmark`` without CONFIG).
+BUILT_IN = "built-in"
+
+
 class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # Where ``load_spec`` read it: a YAML path as given, ``BUILT_IN``, or ``None`` (a spec made in code); recorded in
+    # benchmark.json so that a report prints commands that run as printed. Not part of the spec or its hash.
+    _config_file: str | None = PrivateAttr(default=None)
     plugins: list[str] = Field(default_factory=list)  # modules or .py files that register components
     base: dict[str, Any] = Field(default_factory=dict)
     methods: list[MethodSpec] = Field(min_length=1)
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+
+    @property
+    def config_file(self) -> str | None:
+        return self._config_file
 
     def planned_family(self) -> Family:
         """The declared comparisons of the primary endpoint as ``analysis.planning`` plans them."""
@@ -129,6 +140,8 @@ class BenchmarkSpec(BaseModel):
 
 
 def load_spec(path: Path | None) -> BenchmarkSpec:
+    """The benchmark in the YAML ``path`` (``None``: the built-in one), checked."""
+    config_file = BUILT_IN if path is None else str(path)
     path = path or DEFAULT_BENCHMARK
     raw = config_module.read_yaml(path, "benchmark config") or {}
     if not isinstance(raw, dict):
@@ -153,6 +166,7 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
         raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for {what}")
     _check_analysis(spec.analysis, names)
     _check_repeats(spec.protocol, names)
+    spec._config_file = config_file
     return spec
 
 
@@ -181,6 +195,7 @@ def apply_spec_overrides(spec: BenchmarkSpec, overrides: list[str]) -> tuple[Ben
     changed = _validated(raw, "benchmark override")
     _check_analysis(changed.analysis, [method.name for method in changed.methods])
     _check_repeats(changed.protocol, [method.name for method in changed.methods])
+    changed._config_file = spec.config_file
     return changed, [item for item in overrides if item not in own]
 
 

@@ -139,6 +139,10 @@ class BenchmarkRecord(_Stored):
     threads_per_worker: int | None = None
     # ``prepare.data_source``: test images, images per domain, licences (absent: recorded before it existed)
     data_source: dict[str, Any] | None = None
+    # The command that started it: ``BenchmarkSpec.config_file`` (the YAML, or ``built-in``) and every override as
+    # given; a report prints commands that run as printed from them (absent: not known)
+    config_file: str | None = None
+    command_overrides: list[str] = Field(default_factory=list)
     analysis_changes_accepted: list[AnalysisChange] = Field(default_factory=list)
     plugin_changes_accepted: list[PluginChange] = Field(default_factory=list)
 

@@ -67,6 +67,8 @@ class Prepared:
     data_source: dict[str, Any] = field(default_factory=dict)
     # The pretrained weight files the trunks start from (``trunks.pretrained_weights``; outside the config hash).
     weights: list[dict[str, Any]] = field(default_factory=list)
+    # Every override as given (the benchmark's own and the runs'), for the commands a report prints.
+    given_overrides: list[str] = field(default_factory=list)
 
     @property
     def redacted(self) -> str:
@@ -145,7 +147,8 @@ def prepare(
     ``retry_seconds``: how long a worker waits for a lost database server before it stops;
     ``accept_plugin_changes``: continue a benchmark whose plugin code changed (recorded in ``benchmark.json``);
     ``accept_analysis_change``: continue with another ``analysis`` than the declared one (recorded there too)."""
-    spec, overrides = apply_spec_overrides(spec, list(overrides or []))
+    given_overrides = list(overrides or [])
+    spec, overrides = apply_spec_overrides(spec, given_overrides)
     output_dir = Path(output_dir)
     if jobs != AUTO_JOBS and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise UserInputError(f"jobs must be a positive integer or {AUTO_JOBS!r}, got {jobs!r}")
@@ -185,6 +188,7 @@ def prepare(
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
                         jobs, heartbeat, retry_seconds, plugin_identity(spec, plans), data_source=data_source(dataset, layout))
     prepared.weights = used_weights(plans)
+    prepared.given_overrides = given_overrides
     record = read_benchmark_if_any(output_dir)
     if record is not None:
         _check_plugins(prepared, record.plugins, accept_plugin_changes)

@@ -113,7 +113,7 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
         f"{measured.storage_setup:.2f} s to create it), "
         f"{measured.startup:.1f} s to start (imports, checks, the data, first calls), "
         f"{measured.report:.1f} s for the report (its reading, statistics, figures and files, and their imports; "
-        + (f"timed on a benchmark of this size stored with made-up results)"
+        + ("timed on a benchmark of this size stored with made-up results)"
            if prepared.spec.protocol.search_repeats <= REHEARSED_REPEATS else
            f"timed with {REHEARSED_REPEATS} and {REHEARSED_REPEATS - 1} of its {prepared.spec.protocol.search_repeats} "
            "search repeats stored with made-up results, each further repeat at their difference: an upper bound)"),

@@ -77,6 +77,8 @@ def write_benchmark_file(prepared: Prepared, placement: Placement = STANDALONE) 
             # the machine of the worker that started it (each run.json has its own)
             "environment": provenance.environment(_device(prepared, placement)), "data_source": prepared.data_source,
             "threads_per_worker": _threads_per_worker(prepared),
+            **({"config_file": prepared.spec.config_file, "command_overrides": prepared.given_overrides}
+               if prepared.spec.config_file is not None else {}),
             **({"pretrained_weights": prepared.weights} if prepared.weights else {})})
         write_benchmark(prepared.output_dir, record)
         return record
