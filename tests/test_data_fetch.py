@@ -221,3 +221,14 @@ def test_a_full_disk_is_one_line_and_the_same_command_finishes_once_there_is_spa
         assert len(data_module.build("cub200", root=str(root / "CUB_200_2011"))) == 12
     finally:
         disk.unmount()
+
+
+@pytest.mark.parametrize(("mirror", "message"), [
+    ("http://", "mirror http:// names no host: give it as http://HOST[:PORT]/PATH"),
+    ("ftp://files.example/data", "mirror ftp://files.example/data must be an http://, https:// or file:// address, or a folder"),
+])
+def test_a_mirror_that_cannot_be_one_is_named_before_any_download(mirror: str, message: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`--mirror http://` once failed the download and said to run the same command again, which could not help."""
+    code, _, err = run_cli(["data", "fetch", "cub200", "--root", str(tmp_path), "--mirror", mirror], capsys)
+    assert (code, err) == (2, f"dmlbench: error: {message}\n")

@@ -11,6 +11,7 @@ import http.client
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,12 @@ def mirror_base(explicit: str | None = None) -> str | None:
         if not folder.is_dir():
             raise UserInputError(f"mirror {base} is neither a URL nor a folder")
         base = folder.resolve().as_uri()
+    if base is not None:
+        parsed = urllib.parse.urlsplit(base)
+        if parsed.scheme not in ("http", "https", "file"):
+            raise UserInputError(f"mirror {base} must be an http://, https:// or file:// address, or a folder")
+        if parsed.scheme != "file" and not parsed.netloc:
+            raise UserInputError(f"mirror {base} names no host: give it as http://HOST[:PORT]/PATH")
     return base
 
 
