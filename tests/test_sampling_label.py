@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from collections import Counter
 
 import numpy as np
@@ -267,6 +268,15 @@ def test_registry_lists_every_sampler():
     assert set(sampling.SAMPLERS.names()) == {
         "spc", "spc_random", "random", "classification", "greedy_coreset", "ddm", "frd"
     }
+
+
+def test_a_class_of_one_image_is_never_told_to_use_one_sample_per_class():
+    """samples_per_class=1 has no positive pair: a batch of singletons teaches a pair or tuple loss nothing."""
+    with pytest.raises(UserInputError) as error:
+        sampling.build("spc", labels=labels_from_sizes([1, 6, 4]), batch_size=8, samples_per_class=2)
+    assert re.fullmatch(r"samples_per_class=2 is larger than some classes: class \d+ has 1 image; a batch needs at "
+                        r"least 2 images of a class to form a positive pair, so leave the classes with fewer out "
+                        r"\(or give them more images\)", str(error.value)), str(error.value)
 
 
 @pytest.mark.parametrize(

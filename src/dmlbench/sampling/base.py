@@ -86,6 +86,12 @@ def classes_too_small(samples_per_class: int, class_ids: Tensor, class_sizes: Te
     too_small = class_sizes < samples_per_class
     smallest = int(class_sizes.min())
     fits = max(n for n in range(1, smallest + 1) if all(size % n == 0 for size in batch_sizes))
+    if fits < 2:
+        # One image per class in a batch gives no positive pair: no pair or tuple loss learns from it.
+        return UserInputError(
+            f"samples_per_class={samples_per_class} is larger than some classes: "
+            f"{format_classes(class_ids[too_small], class_sizes[too_small])}; a batch needs at least 2 images of a "
+            f"class to form a positive pair, so leave the classes with fewer out (or give them more images)")
     return UserInputError(
         f"samples_per_class={samples_per_class} is larger than some classes: "
         f"{format_classes(class_ids[too_small], class_sizes[too_small])}; set sampler.params.samples_per_class={fits} "
