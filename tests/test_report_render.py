@@ -407,3 +407,18 @@ def test_plan_without_a_config_plans_the_built_in_benchmark(capsys: pytest.Captu
     code, out, err = run_cli(["plan", "protocol.reproductions=4", "--sd", "0.01"], capsys)
     assert code == 0, err
     assert out.startswith("power (concatenated map_at_r, the primary endpoint): 7 comparisons in one Holm family, 4 reproductions")
+
+
+def test_best_marks_only_a_method_the_primary_tests_decided_better_than_every_other() -> None:
+    """The results table once tagged the highest mean *best* when nothing was decided. With the declared
+    comparisons (against contrastive and triplet) margin is never compared with fastap: no *best*; with every pair
+    compared and margin clearly ahead of each, it is."""
+    from dmlbench.report.tables import leaderboard
+
+    declared = _data()
+    _, rows = leaderboard(declared, declared.claims.primary)
+    assert rows[0][0] == "margin" and not any("*best*" in row[0] for row in rows)
+    every_pair = _data()
+    every_pair.claims = analyse(every_pair.results, AnalysisSpec(), {}, ["precision_at_1", "r_precision", "map_at_r"])
+    _, rows = leaderboard(every_pair, every_pair.claims.primary)
+    assert rows[0][0] == "margin *best*" and sum("*best*" in row[0] for row in rows) == 1

@@ -53,7 +53,8 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     board = Section("Results" if summary else None, after=[(
         "Test classes, mean ± 95% Student-t interval half-width over reproductions (in %); "
         "con. = concatenated fold models, sep. = separated (seed 001 §3.3). "
-        f"Sorted by the primary endpoint, {uncertainty.endpoint_title(data.claims.primary)}; *best* marks its highest mean. "
+        f"Sorted by the primary endpoint, {uncertainty.endpoint_title(data.claims.primary)}; *best* marks its highest mean "
+        "only where its paired tests decided that method better than every other one. "
         "`untrained` is the baseline: the same models before any training step.")])
     if data.results:
         board.tables.append(tables.leaderboard(data, data.claims.primary))

@@ -23,7 +23,8 @@ from dmlbench.report.data import LEADERBOARD_METRICS, ReportData, computed_metri
 
 def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "map_at_r")) -> tuple[list[str], list[list[str]]]:
     """Header and rows: mean ± 95% CI half-width (in %) per method, mode and metric, sorted by the ``primary``
-    (mode, metric) mean, highest first and marked *best* (ties by the methods' order); the baseline last."""
+    (mode, metric) mean, highest first (ties by the methods' order), the baseline last; the first marked *best*
+    only where the primary endpoint's tests decided it better than every other method (``decided_best``)."""
     rows_by_key = {(row["method"], row["mode"], row["metric"]): row for row in result_rows(data.results)}
     metrics = [metric for metric in LEADERBOARD_METRICS if metric in computed_metrics(data)]
     modes = scored_modes(data.results)  # the cross-domain modes too when evaluation.cross_domain scored them
@@ -35,7 +36,7 @@ def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "m
     order = sorted(data.results, key=lambda method: (method in BASELINES, -primary_mean(method), list(data.results).index(method)))
     rows = []
     for method in order:
-        row = [f"{method} *best*" if method == order[0] and math.isfinite(primary_mean(method)) else method]
+        row = [f"{method} *best*" if method == decided_best(data.claims, order) else method]
         n = 0
         for mode in modes:
             for metric in metrics:
@@ -44,6 +45,19 @@ def leaderboard(data: ReportData, primary: tuple[str, str] = ("concatenated", "m
                 n = max(n, entry["n"] if entry else 0)
         rows.append(row + [str(n)])
     return header, rows
+
+
+def decided_best(claims: Claims, order: list[str]) -> str | None:
+    """The method with the highest primary mean (first of ``order``) where the primary family holds a decided
+    "better" verdict of it against every other scored method, else ``None``: a highest mean alone is no verdict."""
+    family = claims.families.get(claims.primary)
+    methods = [method for method in order if method not in BASELINES]
+    if not methods or len(methods) < 2 or not isinstance(family, list):
+        return None
+    top = methods[0]
+    beaten = {c.b if c.a == top else c.a for c in family if top in (c.a, c.b)
+              and c.outcome(ALPHA) == ("better" if c.a == top else "worse")}
+    return top if beaten >= set(methods[1:]) else None
 
 
 def _mode_title(mode: str) -> str:
