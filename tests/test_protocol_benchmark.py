@@ -105,9 +105,10 @@ def test_report_answers_the_claims_with_files_and_plots(finished: Path) -> None:
     for text in ("## Every method against the references", "## Treated against control",
                  "| triplet − contrastive | concatenated | P@1 | 2 |", "## Embedding space against test P@1",
                  "## Concatenated against separated", "this report was written by git commit",
-                 "(references in red, the baselines in grey)](forest.png)"):
+                 "(references in red; the baselines are in the results table)](forest.png)",
+                 "![The primary comparisons: paired differences, their intervals and the equivalence band](differences.png)"):
         assert text in report, text
-    for name in ("forest.png", "rho_vs_precision_at_1.png", "search.png", "validation_curves.png"):
+    for name in ("forest.png", "differences.png", "rho_vs_precision_at_1.png", "search.png", "validation_curves.png"):
         assert (finished / name).read_bytes().startswith(b"\x89PNG"), name
     rows = (finished / "embedding_space.csv").read_text().splitlines()
     assert rows[0] == "method,reproduction,seed,fold,rho,pi_intra,pi_inter,pi_ratio"

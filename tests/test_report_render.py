@@ -422,3 +422,28 @@ def test_best_marks_only_a_method_the_primary_tests_decided_better_than_every_ot
     every_pair.claims = analyse(every_pair.results, AnalysisSpec(), {}, ["precision_at_1", "r_precision", "map_at_r"])
     _, rows = leaderboard(every_pair, every_pair.claims.primary)
     assert rows[0][0] == "margin *best*" and sum("*best*" in row[0] for row in rows) == 1
+
+
+def test_the_forest_plot_leaves_the_baselines_out_of_its_scale() -> None:
+    """The untrained row (far below) once set the forest plot's scale and squeezed the methods' spread."""
+    import io
+
+    from matplotlib import image
+
+    from dmlbench.protocol.units.results import result_rows
+    from dmlbench.report import plots
+
+    data = _data()
+    rows = result_rows(data.results)
+    title, name, png = plots.forest_figure(rows, ["precision_at_1"], {"precision_at_1": "P@1"}, ["contrastive"])
+    assert name == "forest.png" and "baselines are in the results table" in title
+    assert image.imread(io.BytesIO(png)).shape[0] == round((0.32 * 4 + 1.4) * 80)  # 4 methods' rows at 80 dpi, not 5
+
+
+def test_the_differences_plot_shows_the_primary_family() -> None:
+    from dmlbench.report import plots
+
+    data = _data()
+    family = data.claims.families[data.claims.primary]
+    title, name, png = plots.differences_figure(family, "MAP@R (concatenated)", data.claims.margin, 0.05)
+    assert name == "differences.png" and png.startswith(b"\x89PNG") and len(family) == 5

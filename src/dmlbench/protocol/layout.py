@@ -55,6 +55,7 @@ SEARCH_FIGURE = "search.png"
 BUDGET_FIGURE = "budget.png"
 VALIDATION_CURVES_FIGURE = "validation_curves.png"
 FOREST_FIGURE = "forest.png"
+DIFFERENCES_FIGURE = "differences.png"
 SPACE_FIGURE = "rho_vs_precision_at_1.png"
 # The Optuna studies' files of the default storages (``storage.default_url``), and the journal's work
 # lock beside its file (not ``PATH.lock``: Optuna's journal backend locks that one itself).

@@ -20,6 +20,7 @@ from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
 from dmlbench.protocol.units.results import result_rows, write_results
 from dmlbench.report import plots, render, tables, uncertainty
+from dmlbench.report.analysis import ALPHA
 from dmlbench.report.data import ReportData, computed_metrics, load_report_data
 from dmlbench.report.sections import sections
 
@@ -76,6 +77,10 @@ def _figures(data: ReportData) -> list[plots.Figure]:
     if rows and metrics:
         references = data.benchmark.references
         figures.append(plots.forest_figure(rows, metrics, {metric: metric_title(metric) for metric in metrics}, references))
+    family = data.claims.families.get(data.claims.primary)
+    if isinstance(family, list) and family:
+        figures.append(plots.differences_figure(family, uncertainty.endpoint_title(data.claims.primary),
+                                                data.claims.margin, ALPHA))
     if data.claims.points:
         figures.append(plots.space_figure(data.claims.points, methods=data.methods))
     return figures

@@ -5,7 +5,10 @@ Every method has one colour and marker (``method_styles``) in the per-method fig
 * ``search.png``: the search objective over trials, per method (integer trial ticks);
 * ``budget.png``: the expected best validation MAP@R after n trials ± its SD (Dodge et al. 2019), per method;
 * ``validation_curves.png``: mean validation MAP@R of the reproductions' runs per evaluation;
-* ``forest.png``: every method's test mean ± 95% interval (concatenated P@1 and MAP@R), sorted;
+* ``forest.png``: every trained method's test mean ± 95% interval (concatenated P@1 and MAP@R), sorted; the
+  baselines, far below, would set its scale and are in the results table instead;
+* ``differences.png``: the primary family's paired differences with their 95% intervals, the 90% interval
+  TOST reads and the ±margin equivalence band, each labelled with its verdict: what the verdicts are about;
 * ``rho_vs_precision_at_1.png``: rho and pi_ratio of the training embeddings against test P@1, one
   point per reproduction, with the least-squares line (seed 003 Fig. 5).
 """
@@ -18,7 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from dmlbench.protocol.layout import BASELINES, BUDGET_FIGURE, FOREST_FIGURE, SEARCH_FIGURE, SPACE_FIGURE, VALIDATION_CURVES_FIGURE
+from dmlbench.protocol.layout import (
+    BASELINES,
+    BUDGET_FIGURE,
+    DIFFERENCES_FIGURE,
+    FOREST_FIGURE,
+    SEARCH_FIGURE,
+    SPACE_FIGURE,
+    VALIDATION_CURVES_FIGURE,
+)
 from dmlbench.report.analysis import SPACE_QUANTITIES, SpacePoint
 
 Figure = tuple[str, str, bytes]  # title, file name, PNG
@@ -102,11 +113,12 @@ def curves_figure(methods: Sequence[str], curves: Mapping[str, list[list[float]]
 
 def forest_figure(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], titles: Mapping[str, str],
                   references: Sequence[str] = ()) -> Figure:
-    """``rows``: ``results.csv`` rows; one panel per metric, concatenated mode, methods sorted by the
-    first metric's mean; dashed lines at the references' means."""
+    """``rows``: ``results.csv`` rows; one panel per metric, concatenated mode, the trained methods sorted by the
+    first metric's mean (the baselines left out: they would set the scale); dashed lines at the references' means."""
     pyplot = _pyplot()
     by_key = {(row["method"], row["metric"]): row for row in rows if row["mode"] == "concatenated"}
-    methods = sorted({row["method"] for row in rows}, key=lambda name: by_key.get((name, metrics[0]), {}).get("mean", 0.0))
+    methods = sorted({row["method"] for row in rows} - set(BASELINES),
+                     key=lambda name: by_key.get((name, metrics[0]), {}).get("mean", 0.0))
     figure, panels = pyplot.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 0.32 * len(methods) + 1.4),
                                      sharey=True, squeeze=False)
     for axes, metric in zip(panels[0], metrics):
@@ -116,16 +128,44 @@ def forest_figure(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], tit
                 continue
             mean, low, high = (100 * row[key] for key in ("mean", "ci_low", "ci_high"))
             error = [[mean - low], [high - mean]] if np.isfinite(low) else None
-            colour = "tab:red" if method in references else "tab:gray" if method in BASELINES else "tab:blue"
+            colour = "tab:red" if method in references else "tab:blue"
             axes.errorbar([mean], [y], xerr=error, fmt="o", color=colour, capsize=3, markersize=4)
         for reference in references:
             row = by_key.get((reference, metric))
             if row is not None:
                 axes.axvline(100 * row["mean"], color="tab:red", linestyle="--", linewidth=0.8)
-        axes.set_xlabel(f"test {titles[metric]} (%), concatenated")
+        axes.set_xlabel(f"test {titles[metric]} (%), concatenated", fontsize="medium")
         axes.grid(axis="x", alpha=0.3)
-    panels[0][0].set_yticks(range(len(methods)), methods)
-    return ("Methods' test means with 95% intervals (references in red, the baselines in grey)", FOREST_FIGURE,
+    panels[0][0].set_yticks(range(len(methods)), methods, fontsize="medium")
+    return ("Methods' test means with 95% intervals (references in red; the baselines are in the results table)",
+            FOREST_FIGURE, _png(figure, pyplot))
+
+
+def differences_figure(comparisons: Sequence[Any], endpoint_title: str, margin: float, alpha: float) -> Figure:
+    """The primary family's paired differences ``a - b`` (``statistics.PairedComparison``): the mean with its 95%
+    interval (the t-test's), the 90% interval TOST reads (thick), the ±``margin`` equivalence band, and each
+    comparison's verdict under its name."""
+    from dmlbench.analysis.verdicts import equivalence_interval
+
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(figsize=(9.0, 0.6 * len(comparisons) + 1.8))
+    axes.axvspan(-100 * margin, 100 * margin, color="tab:green", alpha=0.15, label=f"equivalence band ±{100 * margin:g}")
+    axes.axvline(0.0, color="black", linewidth=0.8)
+    for y, comparison in enumerate(comparisons):
+        mean = 100 * comparison.mean_difference
+        low, high = (100 * value for value in (comparison.difference_low, comparison.difference_high))
+        tost_low, tost_high = (100 * value for value in equivalence_interval(comparison, alpha))
+        if np.isfinite(low):
+            axes.plot([low, high], [y, y], color="tab:blue", linewidth=1.2)
+        if np.isfinite(tost_low):
+            axes.plot([tost_low, tost_high], [y, y], color="tab:blue", linewidth=3.5, alpha=0.5)
+        axes.plot([mean], [y], "o", color="tab:blue", markersize=5)
+    axes.set_yticks(range(len(comparisons)), [f"{c.a} − {c.b}\n{c.outcome(alpha)}" for c in comparisons], fontsize="medium")
+    axes.set_ylim(-0.7, len(comparisons) - 0.3)
+    axes.set_xlabel(f"a − b, {endpoint_title} (points); thin: 95% interval, thick: 90% (TOST)", fontsize="medium")
+    axes.grid(axis="x", alpha=0.3)
+    axes.legend(fontsize="small", loc="lower right")
+    return ("The primary comparisons: paired differences, their intervals and the equivalence band", DIFFERENCES_FIGURE,
             _png(figure, pyplot))
 
 
