@@ -441,3 +441,15 @@ def test_run_json_records_the_machine_the_numbers_come_from(tmp_path: Path) -> N
     assert environment["num_threads"] == torch.get_num_threads()
     assert environment["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY")
     assert environment["blas"] and environment["blas"] in torch.__config__.show()
+
+
+def test_a_long_epoch_shows_progress_where_no_bar_can(tmp_path, monkeypatch, capsys) -> None:
+    """With stderr no terminal (a log, a pipe) tqdm draws no bar: a plain line within the epoch says how far it is
+    (train showed nothing until the epoch ended)."""
+    from dmlbench.training import loop
+
+    monkeypatch.setattr(loop, "LOG_EVERY_SECONDS", 0.0)
+    train(tiny_config("training.epochs=1", "training.max_steps_per_epoch=3"), tmp_path / "run", progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("epoch 1/1: step ")]
+    assert [line.split(",")[0] for line in lines] == ["epoch 1/1: step 1/3", "epoch 1/1: step 2/3"]
+    assert all(line.endswith(" img/s") and ", loss " in line for line in lines)

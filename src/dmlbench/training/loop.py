@@ -10,6 +10,8 @@ signal handling are the same for both. ``time_steps`` runs the same loop for ``p
 from __future__ import annotations
 
 import contextlib
+import math
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +42,8 @@ from dmlbench.training.step import (
 
 # What a tracked run is tagged with: the protocol's unit and the benchmark it belongs to.
 TRACKING_TAGS = ("method", "stage", "trial", "reproduction", "fold", "seed", "config_hash")
+# Where stderr is no terminal (no progress bar): a progress line within an epoch at most this often.
+LOG_EVERY_SECONDS = 30.0
 
 
 def train(
@@ -371,8 +375,10 @@ def _train_epoch(
     total = len(sampler)
     if config.training.max_steps_per_epoch is not None:
         total = min(total, config.training.max_steps_per_epoch)
-    # disable=None: no bar where stderr is no terminal (a log file would fill with carriage returns)
+    # disable=None: no bar where stderr is no terminal (a log file would fill with carriage returns); a plain
+    # line then every LOG_EVERY_SECONDS, so that a long epoch shows progress in a log too.
     bar = tqdm(total=total, desc=f"epoch {epoch}/{config.training.epochs}", disable=None if progress else True, leave=False)
+    logged = time.perf_counter() if progress and bar.disable else math.inf
     optimizer.zero_grad(set_to_none=True)
     for batch_indices in sampler:
         step_started = time.perf_counter()
@@ -395,6 +401,10 @@ def _train_epoch(
             budget.seconds.append(time.perf_counter() - step_started)
         bar.set_postfix(loss=f"{epoch_loss / steps:.4f}", img_s=f"{images_seen / (time.perf_counter() - started):.0f}")
         bar.update()
+        if time.perf_counter() - logged >= LOG_EVERY_SECONDS and steps < total:
+            logged = time.perf_counter()
+            print(f"epoch {epoch}/{config.training.epochs}: step {steps}/{total}, loss {epoch_loss / steps:.4f}, "
+                  f"{images_seen / (logged - started):.0f} img/s", file=sys.stderr, flush=True)
         if steps >= total or (budget is not None and budget.spent):
             break
     bar.close()
