@@ -27,7 +27,7 @@ shown but are no targets).
 
     python benchmarks/gpu.py                              # CUDA: ResNet-50 at 224 px, batch 256, N = 1,000,000
     python benchmarks/gpu.py --device cpu --trunk small_cnn --image-size 16 --batch-size 8 --steps 2 \\
-        --modes default,fast --classes 12 --augmentations 0 --epochs 1 --n 2000 --check 500
+        --modes default,fast --classes 24 --augmentations 0 --epochs 1 --n 2000 --check 500
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -232,3 +233,14 @@ def test_a_mirror_that_cannot_be_one_is_named_before_any_download(mirror: str, m
     """`--mirror http://` once failed the download and said to run the same command again, which could not help."""
     code, _, err = run_cli(["data", "fetch", "cub200", "--root", str(tmp_path), "--mirror", mirror], capsys)
     assert (code, err) == (2, f"dmlbench: error: {message}\n")
+
+
+def test_cars196_that_cannot_be_downloaded_says_where_a_copy_goes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Cars196's original host is gone: the failed download's line says how to place a copy of the original files."""
+    with socket.socket() as closed:  # a port on this machine that nothing listens on once closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    code, _, err = run_cli(["data", "fetch", "cars196", "--root", str(tmp_path), "--mirror", f"http://127.0.0.1:{port}", "-q"],
+                           capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "Cars196's original host is gone" in err and "--mirror FOLDER" in err and "md5" in err

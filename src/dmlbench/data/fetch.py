@@ -64,7 +64,12 @@ def fetch(dataset: str, root: Path, *, mirror: str | None = None, quiet: bool = 
     if sums_file:
         report(f"warning: checking against the sums in {sums_file} ({SUMS_VARIABLE}), not the pinned ones")
     downloads = root / DOWNLOADS
-    files = [_download(part.remote, downloads, sums_file, mirror, quiet, report) for part in source.parts]
+    try:
+        files = [_download(part.remote, downloads, sums_file, mirror, quiet, report) for part in source.parts]
+    except UserInputError as error:
+        if not source.when_unreachable:
+            raise
+        raise UserInputError(f"{error}; {source.when_unreachable}") from None
     record = {"dataset": dataset, "files": files, "terms": source.terms, "citation": source.citation,
               "sums": sums_file or "pinned in dmlbench.data.sources", "dmlbench": __version__,
               "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -28,6 +28,8 @@ class Source:
     parts: tuple[Part, ...]
     terms: str
     citation: str
+    # What to do when the files cannot be downloaded (a host that is gone), added to that error's line.
+    when_unreachable: str = ""
 
 
 SOURCES = {
@@ -58,6 +60,11 @@ SOURCES = {
               "for non-commercial research (the dataset's page)",
         citation="J. Krause, M. Stark, J. Deng, L. Fei-Fei. 3D Object Representations for Fine-Grained "
                  "Categorization. 4th IEEE Workshop on 3D Representation and Recognition (3dRR-13), ICCV 2013.",
+        when_unreachable="Cars196's original host is gone (torchvision #7545, tensorflow/datasets #4932): put "
+                         "car_ims.tgz and cars_annos.mat from a copy in the original layout (a colleague, an archive) "
+                         "in a folder and run this command with --mirror FOLDER (the md5 check tells whether they are "
+                         "the originals); the Kaggle re-packaging pytorch-metric-learning uses has another layout "
+                         "(docs/datasets.md)",
     ),
     "sop": Source(
         folder="Stanford_Online_Products",
