@@ -291,3 +291,23 @@ def test_a_swapped_comparison_is_the_comparison_of_the_other_order() -> None:
                  "t_pvalue_holm", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm"):
         assert getattr(turned, name) == pytest.approx(getattr(backward, name), rel=1e-12, abs=1e-15), name
     assert forward.outcome() == "better" and turned.outcome() == backward.outcome() == "worse"
+
+
+def test_the_signed_rank_test_keeps_the_ties_of_exact_arithmetic() -> None:
+    """P@1 is hits / queries: 600/1280 - 581/1280 and 583/1280 - 602/1280 are differences of the same size, but
+    floats make them differ in the last bit, and Wilcoxon ranked them apart (W and p off in committed studies). The
+    test now ranks the fractions the scores are, as scipy does on the exact differences."""
+    from fractions import Fraction
+
+    queries = 1280
+    hits = [(600, 581), (583, 602), (700, 650), (710, 700), (690, 640), (655, 660), (720, 690)]
+    a = {seed: x / queries for seed, (x, _) in enumerate(hits)}
+    b = {seed: y / queries for seed, (_, y) in enumerate(hits)}
+    floats = [a[seed] - b[seed] for seed in a]
+    assert abs(floats[0]) != abs(floats[1])  # the tie floating point breaks
+    exact = [float(Fraction(x - y, queries)) for x, y in hits]
+    expected = stats.wilcoxon(exact)
+    found = paired_comparison(a, b)
+    assert (found.wilcoxon_statistic, found.wilcoxon_pvalue) == (float(expected.statistic), float(expected.pvalue))
+    assert (found.wilcoxon_statistic, found.wilcoxon_pvalue) != (float(stats.wilcoxon(floats).statistic),
+                                                                   float(stats.wilcoxon(floats).pvalue))

@@ -660,7 +660,7 @@ def test_jobs_auto_on_a_sqlite_benchmark_goes_on_with_one_worker(reference: Path
 def test_auto_jobs_fills_the_cores_at_the_runs_thread_count(cores: int, omp: str | None, threads_override: list[str],
                                                             expected: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from dmlbench.protocol.design.benchmark import apply_spec_overrides, load_spec
-    from dmlbench.protocol.design.prepare import auto_jobs
+    from dmlbench.protocol.design.workers import auto_jobs
     from dmlbench.protocol.design.plan import MethodPlan
     from dmlbench.training import threads
 

@@ -34,8 +34,9 @@ from dmlbench.protocol.design.benchmark import (
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, read_benchmark_if_any
 from dmlbench.protocol.design.folds import FoldLayout, fold_layout
 from dmlbench.protocol.design.method_checks import check_samplers, check_shared
-from dmlbench.protocol.design.plan import MethodPlan, ReproductionSettings, SearchSettings, repeated_searches, search_repeats
-from dmlbench.training import records, threads
+from dmlbench.protocol.design.plan import MethodPlan, ReproductionSettings, SearchSettings, search_repeats
+from dmlbench.protocol.design.workers import AUTO_JOBS, auto_jobs, resolve_storage
+from dmlbench.training import records
 from dmlbench.training.setup import build_model, check_input_channels, check_input_size, load_dataset
 
 
@@ -299,41 +300,6 @@ def _check_analysis_change(prepared: Prepared, record: BenchmarkRecord, accept: 
                              f"analysis.{', analysis.'.join(changed)}; restore it, or change it on purpose with "
                              f"--accept-analysis-change (recorded in {output_layout.BENCHMARK_FILE} and the report)")
     prepared.analysis_change = {"changed": changed, "analysis": wanted}
-
-
-AUTO_JOBS = "auto"
-
-
-def auto_jobs(spec: BenchmarkSpec, plans: dict[str, MethodPlan]) -> int:
-    """``--jobs auto``: as many worker processes as this process's cores hold at the methods' torch
-    thread count (one each when ``training.num_threads`` is ``auto`` and ``OMP_NUM_THREADS`` unset),
-    at most the units of work the search can run at once (``ProtocolSpec.search_concurrency``, repeats too).
-
-    One process per core because on the built-in benchmark two one-thread workers took 200 s where
-    one two-thread worker took 269 s (``python benchmarks/jobs.py src/dmlbench/configs/benchmark.yaml``
-    on a quiet 2-core machine): the small CNN's steps do not keep two threads busy.
-
-    On CUDA the same rule, with no GPU count in it: the workers spread over the GPUs, several to one
-    (``embed.worker_devices``), and each still needs a core for Python between the GPU's kernels and
-    for what stays on the CPU (sampling, images not held on the GPU, records), so the cores bound the
-    workers as on the CPU. How many workers keep a GPU busy, and how many fit in its memory, is not
-    measured."""
-    fixed = [int(plan.config.training.num_threads) for plan in plans.values() if plan.config.training.num_threads != threads.AUTO]
-    per_process = max(fixed, default=threads.pinned_threads() or 1)
-    searches = len(plans) + len(repeated_searches(plans, spec.protocol))
-    return max(1, min(threads.available_cores() // per_process, spec.protocol.search_concurrency(searches)))
-
-
-def resolve_storage(output_dir: Path, storage: str | None, jobs: int) -> str:
-    """``--storage``, else the storage an existing benchmark in ``output_dir`` records, else the
-    default for ``jobs`` workers (``storage.default_url``)."""
-    if storage:
-        storage_module.storage_for(storage)  # a supported kind, or one line
-        return storage
-    record = read_benchmark_if_any(output_dir)
-    if record is not None and record.storage:
-        return record.storage
-    return storage_module.default_url(output_dir, jobs)
 
 
 def _check_studies(prepared: Prepared) -> None:
