@@ -65,14 +65,7 @@ def load_report_data(output_dir: Path, storage: str | None = None) -> ReportData
     methods = list(benchmark.methods)
     url = storage or benchmark.storage
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        names = set(storage_module.study_names(url))
-        opened = storage_module.open_storage(url)
-    except UserInputError:
-        raise
-    except Exception as error:  # an unreachable or foreign storage
-        raise UserInputError(f"storage {storage_module.redact(url)} cannot be read: "
-                             f"{storage_module.scrub(str(error).splitlines()[0], url)}") from None
+    names, opened = storage_module.open_for_reading(url)
     trials = {method: _search_trials(opened, method) if method in names else [] for method in methods}
     if not any(trials.values()):
         raise UserInputError(f"{output_dir} holds no benchmark study (no trials in {storage_module.redact(url)})")

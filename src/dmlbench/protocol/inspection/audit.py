@@ -171,14 +171,7 @@ def _audit_budgets(benchmark: BenchmarkRecord, epochs: dict[str, set[int]], url:
     protocol = benchmark.protocol
     budgets: dict[str, tuple[Any, ...]] = {}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        names = set(storage_module.study_names(url))
-        storage = storage_module.open_storage(url)
-    except UserInputError:
-        raise
-    except Exception as error:  # an unreachable or foreign storage: one line, as the report says it
-        raise UserInputError(f"storage {storage_module.redact(url)} cannot be read: "
-                             f"{storage_module.scrub(str(error).splitlines()[0], url)}") from None
+    names, storage = storage_module.open_for_reading(url)
     for method in benchmark.methods:
         if method not in names:
             problems.append(f"method {method}: no study in {storage_module.redact(url)}")

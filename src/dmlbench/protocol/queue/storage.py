@@ -11,9 +11,8 @@ Three kinds of storage:
   URL into anything stored or printed: libpq reads ``PGPASSWORD`` or ``~/.pgpass`` itself.
 
 Each kind is a class behind one factory, ``storage_for(url)`` (as Optuna puts its backends behind
-``BaseStorage``): what differs between them (how a storage is opened, checked, listed and locked,
-how a dead worker is detected) is written once, in its class. Optuna's private attributes are read
-here only (``backend``, ``trial_id``).
+``BaseStorage``): what differs between them (opening, checking, listing, locking, finding a dead worker)
+is written once, in its class. Optuna's private attributes are read here only (``backend``, ``trial_id``).
 
 ``WorkLock`` serialises the short claim step of every worker (count what is done, decide, take one
 unit): a PostgreSQL session advisory lock, or ``flock`` on a file beside a file storage; both vanish
@@ -271,6 +270,16 @@ def open_storage(url: str, *, heartbeat: int | None = None) -> Any:
 
 def study_names(url: str) -> list[str]:
     return storage_for(url).study_names()
+
+
+def open_for_reading(url: str) -> tuple[set[str], Any]:
+    """The study names in ``url`` and its opened storage; one that cannot be read (unreachable, foreign) is one line."""
+    try:
+        return set(study_names(url)), open_storage(url)
+    except UserInputError:
+        raise
+    except Exception as error:
+        raise UserInputError(f"storage {redact(url)} cannot be read: {scrub(str(error).splitlines()[0], url)}") from None
 
 
 def backend(study: Any) -> Any:
