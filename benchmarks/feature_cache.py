@@ -22,9 +22,9 @@ import optuna
 import torch
 
 from dmlbench.protocol.design.benchmark import BenchmarkSpec, load_spec
-from dmlbench.protocol.units.feature_cache import FeatureCache
 from dmlbench.protocol.design.prepare import Prepared, prepare
 from dmlbench.protocol.run.schedule import run_search_stage
+from dmlbench.protocol.units.feature_cache import FeatureCache
 
 REPO = Path(__file__).resolve().parent.parent
 # The smoke config's 8-channel trunk on 16-pixel images costs about as much as the loss and miner,

@@ -10,15 +10,15 @@ from typing import Any
 import optuna
 import pytest
 
-from dmlbench.protocol.queue import work
 from dmlbench.protocol.design.benchmark import BenchmarkSpec
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord
 from dmlbench.protocol.design.prepare import Prepared, prepare
+from dmlbench.protocol.queue import work
+from dmlbench.protocol.queue.storage import default_url
+from dmlbench.protocol.run.schedule import context_of, drive, run_search_stage
 from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.results import MethodReproductions
-from dmlbench.protocol.run.schedule import context_of, drive, run_search_stage
 from dmlbench.protocol.units.search import MethodSearch, SearchResult
-from dmlbench.protocol.queue.storage import default_url
 
 
 def benchmark_spec(base: dict[str, Any], *methods: dict[str, Any], **protocol: Any) -> BenchmarkSpec:

@@ -21,13 +21,13 @@ from test_cli_process import console_script, run
 
 from dmlbench.cli.benchmark import SUMMARY_LINES, continue_command, report_summary
 from dmlbench.cli.common import process_started
-from dmlbench.protocol.dry_run import cost
 from dmlbench.protocol import layout
-from dmlbench.protocol.dry_run import timings
-from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.design.benchmark import DEFAULT_BENCHMARK, load_spec
 from dmlbench.protocol.design.prepare import prepare
+from dmlbench.protocol.dry_run import cost
+from dmlbench.protocol.dry_run import timings
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
+from dmlbench.protocol.queue import attempts
 from dmlbench.report import write_report
 
 IMPORTED = time.monotonic()  # after this process started, before any test ran

@@ -24,14 +24,14 @@ from protocol_fixtures import benchmark_spec, counting_claims, kill_9_once_writt
 from test_cli_process import console_script
 
 from dmlbench.errors import RunInterrupted
-from dmlbench.protocol.units import search
-from dmlbench.protocol.queue import attempts
-from dmlbench.protocol.units.fold_units import FoldRun
-from dmlbench.protocol.layout import fold_study
 from dmlbench.protocol.design.prepare import prepare
-from dmlbench.protocol.run.schedule import retry_failed_units, run_search_stage
-from dmlbench.protocol.units.search import TrialFailed
+from dmlbench.protocol.layout import fold_study
+from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.queue.storage import open_storage
+from dmlbench.protocol.run.schedule import retry_failed_units, run_search_stage
+from dmlbench.protocol.units import search
+from dmlbench.protocol.units.fold_units import FoldRun
+from dmlbench.protocol.units.search import TrialFailed
 
 optuna.logging.set_verbosity(logging.WARNING)
 

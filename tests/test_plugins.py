@@ -15,9 +15,9 @@ import torch
 from cli_runner import run_cli
 from test_cli_process import console_script
 
-import dmlbench
 from dmlbench import config as config_module
 from dmlbench import evaluation, losses, mining, plugins
+import dmlbench
 from dmlbench.catalog import components
 from dmlbench.cli import main
 from dmlbench.errors import UserInputError

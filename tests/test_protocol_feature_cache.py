@@ -14,13 +14,13 @@ import yaml
 from cli_runner import run_cli
 from dmlbench import config as config_module
 from dmlbench.errors import RunInterrupted, UserInputError
-from dmlbench.protocol.units import feature_cache
-from dmlbench.protocol.units import search as search_module
+from dmlbench.evaluation import evaluate
+from dmlbench.models.embedding import EmbeddingHead
 from dmlbench.protocol.design.benchmark import BenchmarkSpec, apply_spec_overrides, load_spec
 from dmlbench.protocol.design.folds import fold_layout
 from dmlbench.protocol.design.prepare import prepare
-from dmlbench.evaluation import evaluate
-from dmlbench.models.embedding import EmbeddingHead
+from dmlbench.protocol.units import feature_cache
+from dmlbench.protocol.units import search as search_module
 from dmlbench.training import TrainingDiverged, evaluate_run, loop, records, train, train_or_resume
 from dmlbench.training.features import FoldFeatures
 from dmlbench.training.setup import load_dataset

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.correlations import correlation, rank_agreement
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.statistics import compare_methods, compare_pairs, holm, mean_interval
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome

@@ -16,8 +16,8 @@ from dmlbench import config as config_module
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.training import runs, train
-from dmlbench.training.run_evaluation import evaluate_run
 from dmlbench.training.placement import STANDALONE, Placement
+from dmlbench.training.run_evaluation import evaluate_run
 from dmlbench.training.runs import Run, embed_run, embed_test_split, run_test_domains
 from protocol_fixtures import benchmark_spec, reproduce
 from training_fixtures import TINY

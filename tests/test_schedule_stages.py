@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from dmlbench.protocol.queue import work
 from dmlbench.protocol.run import schedule as schedule_module
 from dmlbench.protocol.run import stages as stages_module
-from dmlbench.protocol.queue import work
 
 
 class ScriptedUnit:

@@ -13,10 +13,10 @@ import optuna
 import pytest
 import torch
 
-from dmlbench.protocol.dry_run import cost
-from dmlbench.protocol.run import jobs
 from dmlbench.protocol.design.benchmark import load_spec
 from dmlbench.protocol.design.prepare import Prepared, prepare
+from dmlbench.protocol.dry_run import cost
+from dmlbench.protocol.run import jobs
 from dmlbench.training import placement as placement_module
 from dmlbench.training.placement import STANDALONE, Placement, resolve_device, worker_devices, worker_gpus
 

@@ -7,11 +7,11 @@ import math
 import torch
 from torch import Tensor
 
+from dmlbench.distances import check_batch
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.losses.npairs import npair_term
 from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
-from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dmlbench.distances import check_batch
 from dmlbench.distances import cosine_similarity
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.losses.pair_masks import pair_masks
-from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_positive_int
 

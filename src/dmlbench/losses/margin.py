@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dmlbench.distances import check_batch
 from dmlbench.distances import euclidean
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, check_labels, zero_loss
-from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples, all_pairs, to_pairs
 from dmlbench.validation import check_non_negative, check_positive_int
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dmlbench.distances import check_batch
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.losses.pair_masks import label_pairs, log1p_exp, pair_masks
-from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_non_negative, check_positive
 

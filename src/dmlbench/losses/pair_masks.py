@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dmlbench.errors import UserInputError
 from dmlbench.distances import label_masks
+from dmlbench.errors import UserInputError
 from dmlbench.mining.tuples import Tuples, to_pairs
 
 

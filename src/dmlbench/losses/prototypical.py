@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dmlbench.distances import check_batch
 from dmlbench.distances import same_label_mask, squared_euclidean
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
-from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples
 
 SPLITS = ("half", "leave_one_out")

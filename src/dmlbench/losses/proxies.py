@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dmlbench.distances import check_batch
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import MetricLoss, check_labels, zero_loss
-from dmlbench.distances import check_batch
 from dmlbench.mining.tuples import Tuples
 from dmlbench.validation import check_positive_int, check_seed
 

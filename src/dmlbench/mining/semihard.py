@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from dmlbench.distances import euclidean, squared_euclidean
-from dmlbench.errors import UserInputError
 from dmlbench.distances import label_masks
+from dmlbench.errors import UserInputError
 from dmlbench.mining.base import MINERS, Miner
 from dmlbench.mining.draw import draw_from_masks
 from dmlbench.mining.tuples import Triplets, all_triplets

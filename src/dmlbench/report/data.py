@@ -22,10 +22,10 @@ from dmlbench.analysis.correlations import mean_lag_one_autocorrelation
 from dmlbench.analysis.statistics import PairedComparison
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, read_benchmark
 from dmlbench.protocol.layout import BASELINES, SEARCH_REPEAT_MARK, reproduction_study
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.protocol.units.results import MethodReproductions, compared_modes, read_reproductions, stored_class_sums
 from dmlbench.protocol.units.search import failed_search_text
 from dmlbench.report.analysis import Claims, analyse

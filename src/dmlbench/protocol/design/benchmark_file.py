@@ -22,11 +22,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from dmlbench import files
-from dmlbench.errors import UserInputError
-from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.analysis.spec import AnalysisSpec
+from dmlbench.errors import UserInputError
 from dmlbench.protocol.design.benchmark import ProtocolSpec
 from dmlbench.protocol.layout import BENCHMARK_FILE, JOURNAL_FILE, SQLITE_FILE
+from dmlbench.protocol.queue import storage as storage_module
 
 # The format this version writes; it reads this one and the older ones. Raise it when a field changes
 # meaning or a new field must not be ignored by an older dmlbench.

@@ -13,11 +13,11 @@ from typing import Any
 
 from dmlbench import config as config_module
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.queue import work
 from dmlbench.protocol.design.benchmark import BenchmarkSpec, ProtocolSpec
 from dmlbench.protocol.design.folds import ClassFold, FoldLayout
-from dmlbench.protocol.layout import search_repeat_name
 from dmlbench.protocol.design.search_space import SearchSpace
+from dmlbench.protocol.layout import search_repeat_name
+from dmlbench.protocol.queue import work
 from dmlbench.training.placement import STANDALONE, Placement
 
 # Keys the protocol sets for every method alike; a search space may not search them.

@@ -19,12 +19,11 @@ import torch
 
 from dmlbench import config as config_module
 from dmlbench import plugins
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.models.trunks import pretrained_weights
 from dmlbench.protocol import layout as output_layout
-from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.protocol.design.benchmark import (
     LATER_ANALYSIS_DEFAULTS,
     LATER_PROTOCOL_DEFAULTS,
@@ -36,6 +35,7 @@ from dmlbench.protocol.design.folds import FoldLayout, fold_layout
 from dmlbench.protocol.design.method_checks import check_samplers, check_shared
 from dmlbench.protocol.design.plan import MethodPlan, ReproductionSettings, SearchSettings, search_repeats
 from dmlbench.protocol.design.workers import AUTO_JOBS, auto_jobs, resolve_storage
+from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.training import records
 from dmlbench.training.setup import build_model, check_input_channels, check_input_size, load_dataset
 

@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.protocol import layout
-from dmlbench.protocol.dry_run import timings
 from dmlbench.protocol.design.benchmark import ProtocolSpec
 from dmlbench.protocol.design.plan import repeated_searches
 from dmlbench.protocol.design.prepare import Prepared
-from dmlbench.protocol.run.record import ReportWriter
+from dmlbench.protocol.dry_run import timings
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
+from dmlbench.protocol.run.record import ReportWriter
 from dmlbench.training.placement import STANDALONE
 
 # The search repeats a dry run rehearses the report with; more are extrapolated (``_report_seconds``).

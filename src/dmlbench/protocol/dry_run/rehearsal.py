@@ -23,13 +23,13 @@ import numpy as np
 from dmlbench.analysis.class_bootstrap import class_sums
 from dmlbench.evaluation import COUNT_KEYS
 from dmlbench.protocol import layout
+from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.queue import storage
 from dmlbench.protocol.queue import work
-from dmlbench.protocol.units.baseline import Baseline
-from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.run.record import write_benchmark_file
-from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.run.schedule import Schedule, context_of, drive
+from dmlbench.protocol.units.baseline import Baseline
+from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.scoring import objective, score_modes
 from dmlbench.protocol.units.search import MethodSearch
 from dmlbench.protocol.units.unit import Attempt, Unit

@@ -27,8 +27,6 @@ import yaml
 
 from dmlbench import files, plugins
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, StoredFoldLayout, read_benchmark
 from dmlbench.protocol.layout import (
     BENCHMARK_FILE,
@@ -43,6 +41,8 @@ from dmlbench.protocol.layout import (
     trunk_run_dirs,
     trunks_dir,
 )
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.training import records
 
 

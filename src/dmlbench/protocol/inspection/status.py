@@ -16,10 +16,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, fold_study, reproduction_study
+from dmlbench.protocol.queue import attempts
+from dmlbench.protocol.queue import storage as storage_module
 
 RECENT_SECONDS = 300
 PREFIX = reproduction_study("")

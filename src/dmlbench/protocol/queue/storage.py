@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.queue.damaged_storage import open_journal, open_sqlite
 from dmlbench.protocol.layout import JOURNAL_FILE, SQLITE_FILE, WORK_LOCK_SUFFIX
+from dmlbench.protocol.queue.damaged_storage import open_journal, open_sqlite
 
 POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg")
 KINDS = "sqlite:///PATH, journal:///PATH or postgresql://USER@HOST/DB"

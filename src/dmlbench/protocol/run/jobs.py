@@ -23,8 +23,8 @@ from pathlib import Path
 from dmlbench import files, plugins
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
-from dmlbench.protocol.layout import RESULTS_FILE
 from dmlbench.protocol.design.prepare import Prepared
+from dmlbench.protocol.layout import RESULTS_FILE
 from dmlbench.protocol.run.record import BenchmarkOutcome, ReportWriter, write_benchmark_file
 from dmlbench.protocol.run.schedule import owned_output, run_benchmark
 from dmlbench.training.placement import Placement, worker_devices

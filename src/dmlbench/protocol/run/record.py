@@ -13,7 +13,6 @@ from typing import Any
 
 from dmlbench import files, provenance
 from dmlbench.protocol import layout as output_layout
-from dmlbench.protocol.units.baseline import Baseline
 from dmlbench.protocol.design.benchmark_file import (
     AnalysisChange,
     BenchmarkRecord,
@@ -26,6 +25,7 @@ from dmlbench.protocol.design.benchmark_file import (
     write_benchmark,
 )
 from dmlbench.protocol.design.prepare import Prepared, hashed_analysis, plugin_identity
+from dmlbench.protocol.units.baseline import Baseline
 from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.results import MethodReproductions
 from dmlbench.protocol.units.search import MethodSearch, SearchResult, failed_search_text

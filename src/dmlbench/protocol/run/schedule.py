@@ -23,16 +23,16 @@ import optuna
 from dmlbench import files, ownership, provenance
 from dmlbench.errors import RunInterrupted, StorageFailed
 from dmlbench.protocol import layout as output_layout
-from dmlbench.protocol.queue import storage as storage_module
-from dmlbench.protocol.queue import work
-from dmlbench.protocol.units.baseline import Baseline
 from dmlbench.protocol.design.plan import Context
 from dmlbench.protocol.design.prepare import Prepared
+from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.queue import work
 from dmlbench.protocol.run.record import (
     BenchmarkOutcome, ReportWriter, track_report, write_benchmark_file, write_search_summary, write_summaries)
+from dmlbench.protocol.run.stages import BaselineStage, ReproductionStage, SearchStage, Stage
+from dmlbench.protocol.units.baseline import Baseline
 from dmlbench.protocol.units.reproductions import MethodReproduction, complete_class_sums
 from dmlbench.protocol.units.search import MethodSearch, SearchResult
-from dmlbench.protocol.run.stages import BaselineStage, ReproductionStage, SearchStage, Stage
 from dmlbench.protocol.units.unit import Unit
 from dmlbench.training import records
 from dmlbench.training.placement import STANDALONE, Placement

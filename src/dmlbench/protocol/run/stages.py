@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from dmlbench.protocol.units.baseline import Baseline, recorded_reference
-from dmlbench.protocol.units.feature_cache import FeatureCache
 from dmlbench.protocol.design.plan import Context
 from dmlbench.protocol.design.prepare import Prepared
+from dmlbench.protocol.units.baseline import Baseline, recorded_reference
+from dmlbench.protocol.units.feature_cache import FeatureCache
 from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.search import MethodSearch, best_trial
 from dmlbench.protocol.units.unit import Unit

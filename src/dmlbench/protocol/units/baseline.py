@@ -13,8 +13,8 @@ import optuna
 
 from dmlbench import files, provenance
 from dmlbench.protocol import layout
-from dmlbench.protocol.queue import work
 from dmlbench.protocol.design.plan import Context, MethodPlan, ReproductionSettings
+from dmlbench.protocol.queue import work
 from dmlbench.protocol.units.results import MethodReproductions, read_reproductions
 from dmlbench.protocol.units.scoring import objective, record_test_access, score_modes
 from dmlbench.protocol.units.unit import Attempt, Unit, claim_reproduction, open_unit_study

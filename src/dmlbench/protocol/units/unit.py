@@ -15,8 +15,8 @@ from typing import Any
 import optuna
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.queue import work
 from dmlbench.protocol.design.plan import Context, ReproductionSettings
+from dmlbench.protocol.queue import work
 from dmlbench.training import records
 
 
