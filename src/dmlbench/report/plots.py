@@ -193,7 +193,7 @@ def space_figure(points: Sequence[SpacePoint], mode: str = "separated", methods:
                 axes.set_title(f"Pearson r = {np.corrcoef(x, y)[0, 1]:.2f} over {len(used)} reproductions", fontsize="medium")
         axes.set_xlabel({"rho": "rho (spectral decay, training classes)", "pi_ratio": "pi_ratio (training classes)"}[quantity])
         axes.set_ylabel(f"test P@1 (%), {mode}")
-    panels[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    panels[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return f"rho and pi_ratio against test P@1 ({mode})", SPACE_FIGURE, _png(figure, pyplot)
 
 
@@ -211,7 +211,7 @@ def _legend(axes: Any) -> None:
     matplotlib's warning about an empty legend."""
     entries = len(axes.get_legend_handles_labels()[0])
     if entries:
-        axes.legend(fontsize="x-small", ncol=1 if entries <= 8 else 2, loc="best")
+        axes.legend(fontsize="small", ncol=1 if entries <= 8 else 2, loc="best")
 
 
 def _png(figure: Any, pyplot: Any) -> bytes:
