@@ -62,6 +62,11 @@ def test_fetch_cub200_from_a_mirror_unpacks_what_the_reader_opens_and_data_check
     code, out, err = _fetch(server, root, capsys)
     assert code == 0, err
     folder = root / "CUB_200_2011"
+    # The replica's 30-px images at the default size: one warning, for the folder data.root names (it was printed
+    # twice, once naming the staging folder the fetch checks before moving it into place).
+    assert [line for line in err.splitlines() if "images are about" in line] == [
+        f"dmlbench: warning: dataset 'cub200' at {folder}: images are about 30 px but data.image_size is 224, so each "
+        "is upscaled 7.5x and training costs about 56x more; set data.image_size=30"]
     assert "warning: checking against the sums in" in out  # the test's sums never pass silently
     assert "cite: C. Wah" in out and "terms:" in out and "content hash" in out.lower()
     dataset = data_module.build("cub200", root=str(folder))

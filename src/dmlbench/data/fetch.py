@@ -137,12 +137,17 @@ def _unpack(source: Source, downloads: Path, root: Path, record: dict[str, Any])
         shutil.rmtree(staging, ignore_errors=True)
 
 
+LISTING_IMAGE_SIZE = 8  # ``_open_with_reader``'s: nothing is decoded at it
+
+
 def _open_with_reader(dataset: str, folder: Path) -> None:
     """The dataset's reader lists its images from ``folder`` (still hidden), or a user error."""
     from dmlbench.data.base import build
 
     try:
-        build(dataset, root=str(folder))
+        # Listing the files is the check. At the smallest image size the reader's upscaling warning stays quiet:
+        # the data check after the move gives it, once, for the folder the user names (it named the staging too).
+        build(dataset, root=str(folder), image_size=LISTING_IMAGE_SIZE)
     except UserInputError as error:
         raise UserInputError(f"the unpacked files are not the layout the {dataset} reader expects ({error})") from None
 
