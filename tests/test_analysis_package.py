@@ -114,11 +114,12 @@ def test_a_partial_runs_csv_is_refused_in_one_line_and_nothing_is_rewritten(stud
     verdicts = {path.name: path.read_text() for path in folder.glob("*comparisons.csv")}
     lines = (RESULTS / study / "runs.csv").read_text().splitlines(keepends=True)
     first_reproduction = lines[1].split(",")[0] + ",0,"
-    for partial, reason in ((lines[:1], "holds no scores of method"), (lines[:len(lines) // 2], "holds no scores of method"),
+    for partial, reason in ((lines[:1], "holds 0 of the"), (lines[:len(lines) // 2], "reproductions results.csv counts for"),
                             ([line for line in lines if not line.startswith(first_reproduction)],
                              "reproductions results.csv counts for"),
                             (lines[:-1], "reproductions results.csv counts for"),
-                            (lines[:-1], "though its others do")):  # the last: a copy without results.csv
+                            (lines[:-1], "though its others do"),  # from here on: a copy without results.csv
+                            (lines[:1], "holds no scores of method")):
         if reason == "though its others do":
             (folder / "results.csv").unlink()
         (folder / "runs.csv").write_text("".join(partial))
@@ -155,3 +156,15 @@ def test_the_built_in_benchmark_declares_the_search_sd_measured_on_its_own_confi
     rows = list(csv.DictReader((RESULTS / "search_luck_method_glyphs" / "search_variance.csv").open()))
     pooled = next(float(row["search_sd"]) for row in rows if row["method"] == "pooled")
     assert load_spec(DEFAULT_BENCHMARK).analysis.search_sd == round(pooled, 4)
+
+
+def test_a_method_that_scored_nothing_is_no_partial_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A method whose every reproduction failed has no rows in runs.csv nor in results.csv: the study is judged
+    without it, not refused as cut short."""
+    folder = tmp_path / "default"
+    shutil.copytree(RESULTS / "default", folder)
+    for name in ("runs.csv", "results.csv"):
+        lines = (folder / name).read_text().splitlines(keepends=True)
+        (folder / name).write_text("".join(line for line in lines if not line.startswith("triplet_semihard,")))
+    code, _, err = run_cli(["rejudge", str(folder)], capsys)
+    assert code in (0, 1) and "cut short" not in err, err

@@ -101,17 +101,19 @@ def verdict_texts(directory: Path) -> dict[str, str]:
 
 
 def check_complete(directory: Path, table: SearchTable, methods: list[str]) -> None:
-    """Refuse, in one line, a ``runs.csv`` that holds fewer scores than the study it was committed with: a
-    method of ``benchmark.json`` without scores, fewer first-search reproductions of an endpoint than
-    ``results.csv`` counts (``n``), or a reproduction that lacks an endpoint its method's others have.
+    """Refuse, in one line, a ``runs.csv`` that holds fewer scores than the study it was committed with: fewer
+    first-search reproductions of an endpoint than ``results.csv`` counts (``n``; without that file, a method of
+    ``benchmark.json`` without scores), or a reproduction that lacks an endpoint its method's others have.
     A file cut short (a partial copy, an interrupted download) would otherwise re-judge as a smaller study."""
     runs = directory / layout.RUNS_CSV
     remedy = f"{runs} looks cut short or partial: restore it (git checkout {runs}) before re-judging"
+    results = directory / layout.RESULTS_CSV
     scored = {method for methods_of in table.values() for method in methods_of}
-    missing = [method for method in methods if method not in scored]
+    # Without results.csv every method of benchmark.json must have scores; with it, the methods it lists (a method
+    # whose every reproduction failed has none, in either file).
+    missing = [method for method in methods if method not in scored] if not results.is_file() else []
     if missing:
         raise UserInputError(f"{runs} holds no scores of method {missing[0]!r} of {layout.BENCHMARK_FILE}; {remedy}")
-    results = directory / layout.RESULTS_CSV
     for row in csv.DictReader(results.read_text().splitlines()) if results.is_file() else []:
         counted = len(table.get((row["mode"], row["metric"]), {}).get(row["method"], {}).get(0, {}))
         if counted != int(row["n"]):
