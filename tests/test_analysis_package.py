@@ -168,3 +168,17 @@ def test_a_method_that_scored_nothing_is_no_partial_file(tmp_path: Path, capsys:
         (folder / name).write_text("".join(line for line in lines if not line.startswith("triplet_semihard,")))
     code, _, err = run_cli(["rejudge", str(folder)], capsys)
     assert code in (0, 1) and "cut short" not in err, err
+
+
+def test_a_damaged_results_csv_is_one_line_and_nothing_is_rewritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """results.csv, which the partial-file check counts against, cut short or with a row that is no result: one line,
+    exit 2 (it ended in a traceback)."""
+    folder = tmp_path / "default"
+    shutil.copytree(RESULTS / "default", folder)
+    verdicts = (folder / "comparisons.csv").read_text()
+    text = (RESULTS / "default" / "results.csv").read_text()
+    for damaged, reason in ((text[:300], "is truncated"), ("method,mode\nx,y\n", "line 2 is not a row of method, mode")):
+        (folder / "results.csv").write_text(damaged)
+        code, _, err = run_cli(["rejudge", str(folder), "--write"], capsys)
+        assert code == 2 and reason in err and err.strip().count("\n") == 0, err
+        assert (folder / "comparisons.csv").read_text() == verdicts

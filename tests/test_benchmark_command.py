@@ -24,8 +24,7 @@ from dmlbench.cli.common import process_started
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.benchmark import DEFAULT_BENCHMARK, load_spec
 from dmlbench.protocol.design.prepare import prepare
-from dmlbench.protocol.dry_run import cost
-from dmlbench.protocol.dry_run import timings
+from dmlbench.protocol.dry_run import cost, timings
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 from dmlbench.protocol.queue import attempts
 from dmlbench.report import write_report

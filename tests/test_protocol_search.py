@@ -18,8 +18,7 @@ from dmlbench.protocol.design.benchmark import ProtocolSpec, apply_spec_override
 from dmlbench.protocol.design.plan import SearchSettings, method_raw_config
 from dmlbench.protocol.design.prepare import prepare
 from dmlbench.protocol.design.workers import resolve_storage
-from dmlbench.protocol.queue import attempts
-from dmlbench.protocol.queue import work
+from dmlbench.protocol.queue import attempts, work
 from dmlbench.protocol.run.schedule import run_benchmark
 from dmlbench.protocol.units.search import make_sampler
 from dmlbench.training import loop as loop_module

@@ -7,7 +7,7 @@ them, and ``protocol.layout`` names them, so every function here takes a path or
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from dmlbench.errors import UserInputError
@@ -43,11 +43,8 @@ def read_search_table(path: Path) -> SearchTable:
     """Every score of a ``runs.csv`` at ``path`` (baselines included) by search, in the file's order; a
     damaged file (cut short: it is always written whole, ending in a newline; a row that is not a
     score) is a one-line ``UserInputError`` naming it, never a verdict from part of it."""
-    text = Path(path).read_text()
-    if not text.endswith("\n"):
-        raise UserInputError(f"{path} is truncated (it does not end with a whole row); restore it from a copy")
     table: SearchTable = {}
-    for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
+    for line, row in _whole_rows(path):
         try:
             by_method = table.setdefault((row["mode"], row["metric"]), {})
             by_search = by_method.setdefault(row["method"], {}).setdefault(int(row.get("search") or 0), {})
@@ -56,6 +53,27 @@ def read_search_table(path: Path) -> SearchTable:
             raise UserInputError(f"{path} line {line} is not a score row of {', '.join(RUNS_COLUMNS)}; "
                                  "restore the file from a copy") from None
     return table
+
+
+def read_result_counts(path: Path) -> dict[tuple[str, str, str], int]:
+    """``(method, mode, metric) -> n`` of a ``results.csv`` at ``path``: the reproductions each mean rests on;
+    a damaged file is a one-line ``UserInputError`` naming it, as ``read_search_table``'s."""
+    counts = {}
+    for line, row in _whole_rows(path):
+        try:
+            counts[(row["method"], row["mode"], row["metric"])] = int(row["n"])
+        except (KeyError, TypeError, ValueError):
+            raise UserInputError(f"{path} line {line} is not a row of method, mode, metric, ..., n; "
+                                 "restore the file from a copy") from None
+    return counts
+
+
+def _whole_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """``(line number, row)`` of a CSV file always written whole; one cut short is a one-line ``UserInputError``."""
+    text = Path(path).read_text()
+    if not text.endswith("\n"):
+        raise UserInputError(f"{path} is truncated (it does not end with a whole row); restore it from a copy")
+    return enumerate(csv.DictReader(text.splitlines()), start=2)
 
 
 def read_score_table(path: Path) -> ScoreTable:

@@ -277,7 +277,8 @@ def exact_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``x - y`` with the ties of exact arithmetic kept, for the signed-rank test: a score that is a fraction of
     queries (P@1 = hits / queries, a mean over fold models) is read as that fraction (the nearest one with a
     denominator up to ``EXACT_DENOMINATOR``, well within a float's error), so that equal differences computed
-    apart rank as ties, as they are (floating-point means broke 3 ties in the committed studies)."""
+    apart rank as ties, as they are (floating-point means broke such ties: W and p of the signed-rank test were
+    off in the committed studies)."""
     def exact(value: float) -> Fraction:
         return Fraction(value).limit_denominator(EXACT_DENOMINATOR)
 

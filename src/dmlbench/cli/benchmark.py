@@ -79,7 +79,8 @@ def benchmark_command(
     config_path, overrides = config_and_overrides(config_path, overrides)
     if config_path is not None:
         require_yaml(config_path, "benchmark config")
-    workers = _worker_options(jobs, heartbeat, db_retry)
+    _check_storage_options(heartbeat, db_retry)
+    workers = _jobs(jobs)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
@@ -199,7 +200,7 @@ def search_command(
     """
     config_path, overrides = config_and_overrides(config_path, overrides)
     require_yaml(config_path, "config")  # before optuna and torch are imported
-    _worker_options("1", heartbeat, db_retry)
+    _check_storage_options(heartbeat, db_retry)
     from dmlbench.protocol.design.benchmark import load_search_spec
     from dmlbench.protocol.design.prepare import prepare
     from dmlbench.protocol.run.schedule import run_search_stage
@@ -284,13 +285,16 @@ def _warn_if_oversubscribed(jobs: int) -> None:
               file=sys.stderr, flush=True)
 
 
-def _worker_options(jobs: str, heartbeat: int, db_retry: int) -> int | str:
-    """``--jobs`` (a positive number of worker processes, or ``auto``, returned as ``prepare`` takes it),
-    ``--heartbeat`` and ``--db-retry``, checked before anything is read."""
+def _check_storage_options(heartbeat: int, db_retry: int) -> None:
+    """``--heartbeat`` and ``--db-retry``, checked before anything is read."""
     if heartbeat < 1:
         raise UserInputError(f"--heartbeat must be a positive number of seconds, got {heartbeat}")
     if db_retry < 0:
         raise UserInputError(f"--db-retry must be a number of seconds >= 0, got {db_retry}")
+
+
+def _jobs(jobs: str) -> int | str:
+    """``--jobs``: a positive number of worker processes, or ``auto``, as ``prepare`` takes it."""
     if jobs == "auto":
         return jobs
     if jobs.isdigit() and int(jobs) >= 1:

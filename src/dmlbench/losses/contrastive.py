@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.distances import check_batch
-from dmlbench.distances import euclidean
+from dmlbench.distances import check_batch, euclidean
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.mining.tuples import Tuples, all_pairs, to_pairs
 from dmlbench.validation import check_positive

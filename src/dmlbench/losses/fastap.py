@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.distances import check_batch
-from dmlbench.distances import squared_euclidean
+from dmlbench.distances import check_batch, squared_euclidean
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.losses.pair_masks import pair_masks
 from dmlbench.mining.tuples import Tuples

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.distances import check_batch
-from dmlbench.distances import cosine_similarity
+from dmlbench.distances import check_batch, cosine_similarity
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.losses.pair_masks import pair_masks

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from dmlbench.distances import check_batch
-from dmlbench.distances import cosine_similarity
+from dmlbench.distances import check_batch, cosine_similarity
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.losses.pair_masks import log1p_exp, masked_logsumexp, pair_masks
 from dmlbench.mining.tuples import Tuples

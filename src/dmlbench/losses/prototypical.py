@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dmlbench.distances import check_batch
-from dmlbench.distances import same_label_mask, squared_euclidean
+from dmlbench.distances import check_batch, same_label_mask, squared_euclidean
 from dmlbench.errors import UserInputError
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.mining.tuples import Tuples

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.distances import check_batch
-from dmlbench.distances import euclidean, same_label_mask
+from dmlbench.distances import check_batch, euclidean, same_label_mask
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.mining.tuples import Tuples, all_triplets, to_triplets
 from dmlbench.validation import check_non_negative

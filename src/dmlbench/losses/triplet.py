@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from dmlbench.distances import check_batch
-from dmlbench.distances import euclidean
+from dmlbench.distances import check_batch, euclidean
 from dmlbench.losses.base import LOSSES, MetricLoss, zero_loss
 from dmlbench.mining.tuples import Tuples, all_triplets, to_triplets
 from dmlbench.validation import check_non_negative

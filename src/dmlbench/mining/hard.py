@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from dmlbench.distances import euclidean
-from dmlbench.distances import label_masks
+from dmlbench.distances import euclidean, label_masks
 from dmlbench.mining.base import MINERS, Miner
 from dmlbench.mining.tuples import Triplets
 

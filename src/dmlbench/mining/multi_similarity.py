@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.distances import cosine_similarity
-from dmlbench.distances import label_masks
+from dmlbench.distances import cosine_similarity, label_masks
 from dmlbench.mining.base import MINERS, Miner
 from dmlbench.mining.tuples import Pairs
 from dmlbench.validation import check_non_negative

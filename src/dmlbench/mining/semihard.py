@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.distances import euclidean, squared_euclidean
-from dmlbench.distances import label_masks
+from dmlbench.distances import euclidean, label_masks, squared_euclidean
 from dmlbench.errors import UserInputError
 from dmlbench.mining.base import MINERS, Miner
 from dmlbench.mining.draw import draw_from_masks

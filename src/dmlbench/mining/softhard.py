@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dmlbench.distances import euclidean
-from dmlbench.distances import label_masks
+from dmlbench.distances import euclidean, label_masks
 from dmlbench.mining.base import MINERS, Miner
 from dmlbench.mining.draw import draw_from_masks
 from dmlbench.mining.tuples import Triplets

@@ -16,7 +16,7 @@ import numpy as np
 
 from dmlbench import files
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, read_class_sums
-from dmlbench.analysis.endpoints import ALL_MODES, SearchTable, read_search_table
+from dmlbench.analysis.endpoints import ALL_MODES, SearchTable, read_result_counts, read_search_table
 from dmlbench.analysis.search_luck import (
     VarianceComponents,
     pooled_search_sd,
@@ -114,11 +114,11 @@ def check_complete(directory: Path, table: SearchTable, methods: list[str]) -> N
     missing = [method for method in methods if method not in scored] if not results.is_file() else []
     if missing:
         raise UserInputError(f"{runs} holds no scores of method {missing[0]!r} of {layout.BENCHMARK_FILE}; {remedy}")
-    for row in csv.DictReader(results.read_text().splitlines()) if results.is_file() else []:
-        counted = len(table.get((row["mode"], row["metric"]), {}).get(row["method"], {}).get(0, {}))
-        if counted != int(row["n"]):
-            raise UserInputError(f"{runs} holds {counted} of the {row['n']} reproductions {layout.RESULTS_CSV} counts for "
-                                 f"{row['method']} {row['mode']} {row['metric']}; {remedy}")
+    for (method, mode, metric), n in (read_result_counts(results) if results.is_file() else {}).items():
+        counted = len(table.get((mode, metric), {}).get(method, {}).get(0, {}))
+        if counted != n:
+            raise UserInputError(f"{runs} holds {counted} of the {n} reproductions {layout.RESULTS_CSV} counts for "
+                                 f"{method} {mode} {metric}; {remedy}")
     endpoints: dict[str, set[tuple[str, str]]] = {}
     for endpoint, methods_of in table.items():
         for method in methods_of:

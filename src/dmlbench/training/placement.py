@@ -23,9 +23,9 @@ from dmlbench.training.threads import AUTO, auto_threads
 @dataclass(frozen=True)
 class Placement:
     """One worker process's place on its machine: ``worker``, its index among the local workers of
-    ``benchmark --jobs`` (``None``: no such worker; 0: the process the user started); ``workers``, how many of
-    them share the cores;
-    ``recorded_threads``, the threads a benchmark recorded for ``auto`` (``None``: not recorded)."""
+    ``benchmark --jobs`` (``None``: no such worker; 0: the process the user started); ``workers``, how many
+    of them share the cores; ``recorded_threads``, the threads a benchmark recorded for ``auto`` (``None``:
+    not recorded)."""
 
     worker: int | None = None
     workers: int = 1

@@ -280,8 +280,7 @@ def _storage_seconds(prepared: Prepared, directory: Path) -> tuple[float, float,
     default to: one unit (claim it, record its start, heartbeat and end; the second of two), a look
     at a finished study (a claim that finds nothing left), opening a study, and creating the storage
     (its tables, with the first study, in the process's first call)."""
-    from dmlbench.protocol.queue import storage
-    from dmlbench.protocol.queue import work
+    from dmlbench.protocol.queue import storage, work
     from dmlbench.protocol.units.unit import claim_reproduction, open_unit_study
 
     started = time.perf_counter()

@@ -24,8 +24,7 @@ from dmlbench.analysis.class_bootstrap import class_sums
 from dmlbench.evaluation import COUNT_KEYS
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.prepare import Prepared
-from dmlbench.protocol.queue import storage
-from dmlbench.protocol.queue import work
+from dmlbench.protocol.queue import storage, work
 from dmlbench.protocol.run.record import write_benchmark_file
 from dmlbench.protocol.run.schedule import Schedule, context_of, drive
 from dmlbench.protocol.units.baseline import Baseline

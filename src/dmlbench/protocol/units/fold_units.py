@@ -37,8 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.folds import ClassFold
 from dmlbench.protocol.design.plan import Context, MethodPlan, SearchSettings
-from dmlbench.protocol.queue import attempts
-from dmlbench.protocol.queue import work
+from dmlbench.protocol.queue import attempts, work
 from dmlbench.protocol.units.unit import Attempt, Unit, open_unit_study
 
 Finished = Mapping[int, FrozenTrial]  # the done trial of every finished slot of a method's study

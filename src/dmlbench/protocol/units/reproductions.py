@@ -32,8 +32,7 @@ from dmlbench.evaluation import embedding_space
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.plan import Context, MethodPlan, ReproductionSettings
-from dmlbench.protocol.queue import attempts
-from dmlbench.protocol.queue import work
+from dmlbench.protocol.queue import attempts, work
 from dmlbench.protocol.units.results import COMPLETED_CLASS_SUMS, MethodReproductions, read_reproductions, stored_class_sums
 from dmlbench.protocol.units.scoring import objective, record_test_access, score_modes
 from dmlbench.protocol.units.unit import Attempt, Unit, claim_reproduction, open_unit_study, run_samples, validation_curves

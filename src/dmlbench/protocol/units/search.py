@@ -47,8 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.folds import ClassFold, FoldLayout
 from dmlbench.protocol.design.plan import Context, MethodPlan, SearchSettings
-from dmlbench.protocol.queue import attempts
-from dmlbench.protocol.queue import work
+from dmlbench.protocol.queue import attempts, work
 from dmlbench.protocol.queue.storage import redact
 from dmlbench.protocol.units.feature_cache import FeatureCache
 from dmlbench.protocol.units.fold_units import FoldRun, FoldRunner, FoldUnits
