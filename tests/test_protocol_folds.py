@@ -5,7 +5,7 @@ import pytest
 
 from dmlbench.data.splits import train_test_split
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.design.folds import FoldLayout, fold_layout, layout_hash
+from dmlbench.protocol.design.folds import FoldLayout, fold_layout, layout_hash, resplit
 
 
 def labels_of(num_classes: int, per_class: int = 3, offset: int = 10) -> np.ndarray:
@@ -89,3 +89,21 @@ def test_bad_k_is_a_user_error(k: object) -> None:
 def test_unknown_mode_is_a_user_error() -> None:
     with pytest.raises(UserInputError, match="fold mode"):
         fold_layout(labels_of(16), mode="random")
+
+
+def test_a_resplit_cuts_the_same_development_classes_afresh_and_keeps_the_test_classes():
+    """``folds.resplit`` (``protocol.resplit_per_search``): another partition of the development classes, drawn from
+    its seed alone, every class validated in exactly one fold, folds as even as the first layout's."""
+
+    labels = np.repeat(np.arange(40), 3)
+    first = fold_layout(labels, k=4)
+    again = resplit(first, 5)
+    assert again == resplit(first, 5) and again != resplit(first, 6) and again.folds != first.folds
+    assert again.test_classes == first.test_classes and again.development_classes == first.development_classes
+    validated = sorted(c for fold in again.folds for c in fold.val_classes)
+    assert validated == sorted(first.development_classes)
+    assert sorted(len(fold.val_classes) for fold in again.folds) == sorted(len(fold.val_classes) for fold in first.folds)
+    for fold in again.folds:
+        assert set(fold.train_classes) == set(first.development_classes) - set(fold.val_classes)
+    interleaved = resplit(fold_layout(labels, k=4, mode="interleaved"), 5)
+    assert sorted(c for fold in interleaved.folds for c in fold.val_classes) == sorted(first.development_classes)

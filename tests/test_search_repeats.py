@@ -99,10 +99,51 @@ def test_the_new_protocol_keys_enter_the_description_only_when_set(tmp_path: Pat
     assert plain.repeats == {} and "triplet_semihard@search1" not in plain.study_names()
     repeated = prepare(spec, tmp_path / "b", ["protocol.search_repeats=3", "protocol.class_bootstrap=0"])
     assert repeated.description()["protocol"]["search_repeats"] == 3 and repeated.config_hash != plain.config_hash
-    assert {name: settings.seed for name, (_, settings) in repeated.repeats.items()} == {
+    assert {name: repeat.search.seed for name, repeat in repeated.repeats.items()} == {
         "triplet_semihard@search1": 1, "normalized_softmax@search1": 1,
         "triplet_semihard@search2": 2, "normalized_softmax@search2": 2}
     assert "reproductions:normalized_softmax@search2" in repeated.study_names()
+    # Repeats drawn afresh (the default) describe it; searches on search 0's seeds and folds describe themselves as
+    # every benchmark before the keys existed did, so such a benchmark keeps its config hash.
+    assert {"search_seeds", "resplit_per_search"} <= set(repeated.description()["protocol"])
+    shared = prepare(spec, tmp_path / "c", ["protocol.search_repeats=3", "protocol.class_bootstrap=0",
+                                             "protocol.search_seeds=shared", "protocol.resplit_per_search=false"])
+    assert set(shared.description()["protocol"]) == set(repeated.description()["protocol"]) - {"search_seeds", "resplit_per_search"}
+    assert shared.config_hash != repeated.config_hash
+
+
+def test_every_search_draws_its_own_seeds_and_folds_the_same_for_every_method(tmp_path: Path) -> None:
+    """``protocol.search_seeds: fresh`` and ``resplit_per_search`` (both defaults once searches repeat): search ``k``
+    trains its trials with seed ``seed + k * 100000`` and reproduction ``r`` with ``first_seed + k * 100000 + r``,
+    no seed used twice, every method alike (paired); its folds are another cut of the development classes."""
+    from dmlbench.protocol.design.benchmark import SEARCH_SEED_STRIDE, load_spec
+    from dmlbench.protocol.design.prepare import prepare
+
+    prepared = prepare(load_spec(REPO / "configs" / "smoke.yaml"), tmp_path / "a", ["protocol.search_repeats=3"])
+    base = prepared.layout
+    seeds: dict[str, set[int]] = {}
+    for name, repeat in prepared.repeats.items():
+        method, search = name.split("@search")
+        offset = int(search) * SEARCH_SEED_STRIDE
+        assert repeat.plan.config.seed == prepared.plans[method].config.seed + offset
+        reproductions = {repeat.reproduction.first_seed + r for r in range(repeat.reproduction.reproductions)}
+        assert reproductions == {1000 + offset, 1001 + offset}
+        seeds.setdefault(method, set()).update({repeat.plan.config.seed, *reproductions})
+        assert repeat.layout.test_classes == base.test_classes
+        assert repeat.layout.development_classes == base.development_classes
+        assert repeat.layout.folds != base.folds
+        assert repeat.layout == prepared.repeats[f"normalized_softmax@search{search}"].layout  # methods paired by search
+    assert len(seeds["triplet_semihard"]) == 2 * 3 and seeds["triplet_semihard"] == seeds["normalized_softmax"]
+    kept = prepare(load_spec(REPO / "configs" / "smoke.yaml"), tmp_path / "b",
+                   ["protocol.search_repeats=2", "protocol.search_seeds=shared", "protocol.resplit_per_search=false"])
+    (repeat, *_) = kept.repeats.values()
+    assert repeat.reproduction.first_seed == 1000 and repeat.layout == kept.layout and repeat.plan.config.seed == 0
+
+
+def test_a_frozen_trunk_with_folds_cut_per_search_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["benchmark", str(REPO / "configs" / "smoke.yaml"), "-o", str(tmp_path / "out"), "--dry-run",
+                            "protocol.search_repeats=2", "protocol.frozen_trunk=true"], capsys)
+    assert code == 2 and "set resplit_per_search: false" in err and len(err.strip().splitlines()) == 1
 
 
 def test_every_search_is_in_runs_csv_and_the_methods_are_judged_over_their_searches(
@@ -119,6 +160,8 @@ def test_every_search_is_in_runs_csv_and_the_methods_are_judged_over_their_searc
     runs = list(csv.DictReader((out / "runs.csv").open()))
     assert {(row["method"], row["search"]) for row in runs} == {
         (method, search) for method in ("triplet_semihard", "normalized_softmax") for search in "01"} | {("untrained", "0")}
+    assert {(row["search"], row["reproduction"], row["seed"]) for row in runs} == {
+        ("0", "0", "1000"), ("0", "1", "1001"), ("1", "0", "101000"), ("1", "1", "101001")}
     endpoint = [row for row in runs if (row["mode"], row["metric"]) == ("concatenated", "map_at_r")]
     means = {method: {search: sum(float(r["value"]) for r in endpoint if (r["method"], r["search"]) == (method, str(search))) / 2
                       for search in (0, 1)} for method in ("triplet_semihard", "normalized_softmax")}

@@ -20,8 +20,10 @@ CROSS_DOMAIN_SUFFIX = "_cross_domain"
 RERANKED_SUFFIX = "_reranked"
 ALL_MODES = (*MODES, *(f"{mode}{CROSS_DOMAIN_SUFFIX}" for mode in MODES), *(f"{mode}{RERANKED_SUFFIX}" for mode in MODES))
 # ``search``: which of the method's searches the reproduction reproduced (0, then the repeats of
-# ``protocol.search_repeats``); a file written before the column existed holds search 0 only.
-RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value", "search")
+# ``protocol.search_repeats``); a file written before the column existed holds search 0 only. ``seed``: the seed
+# the reproduction trained with (``protocol.search_seeds``); a file written before it existed used
+# ``first_seed + reproduction`` in every search.
+RUNS_COLUMNS = ("method", "reproduction", "mode", "metric", "value", "search", "seed")
 
 # (mode, metric) -> method -> reproduction -> value
 ScoreTable = dict[tuple[str, str], dict[str, dict[int, float]]]

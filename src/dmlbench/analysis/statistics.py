@@ -80,6 +80,15 @@ class PairedComparison:
     # the verdict is about this draw of the searches): the t-test, TOST and interval then use
     # ``SE² = 2 search_sd² + s_d²/n`` (``analysis.search_luck``).
     search_sd: float = 0.0
+    # The test's degrees of freedom where they are not ``n - 1`` (``analysis.crossed``: NaN reads as ``n - 1``)
+    # and the model of the method-level comparison (``analysis.crossed``: its constants; "" for seeds paired).
+    df: float = math.nan
+    model: str = ""
+
+    @property
+    def degrees_of_freedom(self) -> float:
+        """The degrees of freedom of the t-test, TOST and intervals: ``df``, else ``n - 1``."""
+        return self.n - 1 if math.isnan(self.df) else self.df
 
     def swapped(self) -> "PairedComparison":
         """The same comparison read as ``b - a``: the same tests and p-values, the signs and the interval turned."""
@@ -321,7 +330,11 @@ def compare_pairs(scores: Mapping[str, Mapping[int, float]], pairs: Sequence[tup
         raise UserInputError(f"no scores for method {unknown[0]!r}")
     if not pairs:
         return []
-    raw = [paired_comparison(scores[a], scores[b], (a, b), margin, search_sd) for a, b in pairs]
+    return holm_family([paired_comparison(scores[a], scores[b], (a, b), margin, search_sd) for a, b in pairs])
+
+
+def holm_family(raw: Sequence[PairedComparison]) -> list[PairedComparison]:
+    """``raw`` comparisons as one family: each test's p-values Holm-adjusted across exactly these (``PAIRED_TESTS``)."""
     adjusted = {field: holm([getattr(comparison, field) for comparison in raw])
                 for field in (f"{test}_pvalue" for test in PAIRED_TESTS)}
     return [

@@ -22,12 +22,13 @@ import csv
 import io
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scipy import stats
 
 from dmlbench.analysis.endpoints import ALL_MODES, RERANKED_SUFFIX, ScoreTable, common_seeds, declared_comparisons
-from dmlbench.analysis.search_luck import search_sd_allowance
+from dmlbench.analysis.crossed import SEARCH_MEANS_MODEL, CrossedScores, compare_crossed
+from dmlbench.analysis.search_luck import search_means, search_sd_allowance
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.statistics import DEFAULT_ALPHA, PairedComparison, compare_pairs
 
@@ -90,6 +91,8 @@ CELLS: dict[str, Callable[[Row], str]] = {
     "equivalence_ci_low": lambda row: repr(equivalence_interval(row.comparison, row.alpha)[0]),
     "equivalence_ci_high": lambda row: repr(equivalence_interval(row.comparison, row.alpha)[1]),
     "assumed_search_sd": _stored("search_sd"),
+    "model": lambda row: row.comparison.model,
+    "df": lambda row: repr(float(row.comparison.degrees_of_freedom)),
 }
 # What one search per method means for a verdict (``search_luck``), at the end of every verdict file.
 SEARCH_COLUMNS = ("conditional_on_search", "search_sd_allowance", "equivalence_ci_low", "equivalence_ci_high",
@@ -98,6 +101,8 @@ COMPARISON_COLUMNS = ("mode", "metric", "a", "b", "n", "mean_difference", "t_sta
                       "wilcoxon_statistic", "wilcoxon_pvalue_holm", "cohen_dz", "difference_ci_low", "difference_ci_high",
                       "t_pvalue", "wilcoxon_pvalue", "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome",
                       "no_verdict", *SEARCH_COLUMNS)
+# ``method_comparisons.csv`` (searches repeated): the model the method-level test rests on and its degrees of freedom.
+METHOD_COLUMNS = (*COMPARISON_COLUMNS, "model", "df")
 CLAIM_COLUMNS = ("family", "mode", "metric", "a", "b", "n", "mean_difference", "difference_ci_low",
                  "difference_ci_high", "t_pvalue", "t_pvalue_holm", "wilcoxon_pvalue", "wilcoxon_pvalue_holm", "cohen_dz",
                  "tost_pvalue", "tost_pvalue_holm", "equivalence_margin", "outcome", "no_verdict", *SEARCH_COLUMNS)
@@ -112,17 +117,43 @@ def rows_csv(columns: Sequence[str], rows: Iterable[Row]) -> str:
     return stream.getvalue()
 
 
-def judge_methods(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]], analysis: AnalysisSpec,
-                  excluded: Collection[str] = ()) -> Families:
-    """Every endpoint's declared family judged on the methods, their searches included: ``means`` holds each
-    method's search means (``(mode, metric) -> method -> search -> mean``, ``search_luck.search_means``),
-    compared paired by search index; methods with fewer than two searches in common are left out."""
+def judge_methods(scores: Mapping[tuple[str, str], Mapping[str, CrossedScores]], analysis: AnalysisSpec,
+                  excluded: Collection[str] = (), shared_seeds: bool = False) -> Families:
+    """Every endpoint's declared family judged on the methods, their searches included: ``scores`` holds each
+    method's scores by search and reproduction (``(mode, metric) -> method -> search -> reproduction -> score``);
+    methods with fewer than two searches are left out. Fresh seeds in every search (``protocol.search_seeds:
+    fresh``): the search means are independent, compared paired by search index (``search_luck``); seeds shared
+    across searches: the crossed search x seed model (``crossed``)."""
+    families: Families = {}
+    for endpoint, by_method in sorted(scores.items()):
+        kept = {method: by_search for method, by_search in by_method.items()
+                if method not in excluded and len(by_search) >= 2}
+        if shared_seeds:
+            declared = declared_comparisons(analysis.references, analysis.pairs, list(kept))
+            families[endpoint] = compare_crossed(kept, declared, analysis.equivalence_margin) if declared else []
+            continue
+        paired = common_seeds(search_means(kept))
+        paired = {method: values for method, values in paired.items() if len(values) >= 2}
+        declared = declared_comparisons(analysis.references, analysis.pairs, list(paired))
+        families[endpoint] = ([replace(c, model=SEARCH_MEANS_MODEL) for c in compare_pairs(paired, declared, analysis.equivalence_margin)]
+                              if declared and len(paired) >= 2 else [])
+    return families
+
+
+def judge_search_means(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]], analysis: AnalysisSpec,
+                       excluded: Collection[str] = ()) -> Families:
+    """A study that kept only its search means (``search_repeats.csv``) of searches that shared their seeds:
+    the comparisons over the means, each without a verdict (their shared seed effects cannot be told from
+    the method without the per-seed scores, ``crossed``)."""
+    why = ("the searches shared their reproduction seeds and only their means were kept: a verdict about the "
+           "method needs the per-seed scores (crossed search x seed model)")
     families: Families = {}
     for endpoint, by_method in sorted(means.items()):
         paired = common_seeds({method: values for method, values in by_method.items() if method not in excluded})
         paired = {method: values for method, values in paired.items() if len(values) >= 2}
         declared = declared_comparisons(analysis.references, analysis.pairs, list(paired))
-        families[endpoint] = (compare_pairs(paired, declared, analysis.equivalence_margin)
+        families[endpoint] = ([replace(c, no_verdict=why, model=SEARCH_MEANS_MODEL)
+                               for c in compare_pairs(paired, declared, analysis.equivalence_margin)]
                               if declared and len(paired) >= 2 else [])
     return families
 
@@ -130,7 +161,7 @@ def judge_methods(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, floa
 def equivalence_interval(comparison: PairedComparison, alpha: float = DEFAULT_ALPHA) -> tuple[float, float]:
     """The ``1 - 2 alpha`` t-interval of the mean difference (90% at 5%): TOST at ``alpha`` declares equivalence
     exactly when it lies inside ``±margin`` (Schuirmann 1987); rescaled from the stored 95% interval."""
-    df = comparison.n - 1
+    df = comparison.degrees_of_freedom
     if df < 1:
         return math.nan, math.nan
     half = float((comparison.difference_high - comparison.difference_low) / 2 * stats.t.ppf(1 - alpha, df) / stats.t.ppf(0.975, df))
@@ -155,7 +186,7 @@ def comparison_csv(families: Sequence[tuple[str, str, Sequence[PairedComparison]
                    conditional: bool = True) -> str:
     """``comparisons.csv`` (``conditional``: one search per method) or ``method_comparisons.csv`` (searches
     repeated): one row per comparison of each ``(mode, metric, family)``."""
-    return rows_csv(COMPARISON_COLUMNS, (Row(mode, metric, c, conditional, alpha)
+    return rows_csv(COMPARISON_COLUMNS if conditional else METHOD_COLUMNS, (Row(mode, metric, c, conditional, alpha)
                                          for mode, metric, family in families for c in family))
 
 

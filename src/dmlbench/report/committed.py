@@ -24,9 +24,10 @@ from dmlbench.analysis.search_luck import (
     search_variance_from_means,
     variance_components,
 )
-from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv
+from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv, judge_search_means
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
+from dmlbench.protocol.design.benchmark import SHARED_SEEDS
 from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
@@ -36,7 +37,8 @@ from dmlbench.report.uncertainty import (
     class_bootstrap_csv,
     judged_bootstrap,
     judged_method_families,
-    repeated_search_means,
+    listed_families,
+    repeated_scores,
     search_variance_csv,
 )
 
@@ -85,7 +87,10 @@ def verdict_texts(directory: Path) -> dict[str, str]:
     texts = {layout.COMPARISONS_CSV: comparison_csv([f for f in families if not isinstance(f[2], str)], ALPHA)}
     if claims.references or claims.pairs or claims.reranking:
         texts[layout.CLAIM_COMPARISONS_CSV] = csv_text(CLAIM_COLUMNS, claim_rows(claims))
-    listed = judged_method_families(repeated_search_means(table) or _repeat_means(directory), analysis)
+    shared = record.protocol.search_seeds == SHARED_SEEDS
+    repeated = repeated_scores(table)
+    listed = (judged_method_families(repeated, analysis, shared) if repeated
+              else listed_families(judge_search_means(_repeat_means(directory), analysis, layout.BASELINES)))
     if listed:
         texts[layout.METHOD_COMPARISONS_CSV] = comparison_csv(listed, ALPHA, conditional=False)
     found = search_variances(directory, claims.primary)

@@ -14,6 +14,7 @@ from dmlbench.analysis.power import ComparisonPower
 from dmlbench.analysis.verdicts import CELLS, CLAIM_COLUMNS, Row, comparison_csv
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
+from dmlbench.protocol.design.benchmark import FRESH_SEEDS, SEARCH_SEED_STRIDE
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, StoredProtocol
 from dmlbench.protocol.layout import BASELINES, BENCHMARK_FILE
 from dmlbench.protocol.units.results import result_rows, scored_modes
@@ -267,8 +268,9 @@ def parameters(data: ReportData) -> list[tuple[str, str]]:
         ("search", (f"{search_sampler(protocol)}; seed {protocol.search_seed}; objective fold-mean "
                     f"validation MAP@R; pruning: {protocol.pruner}")),
         ("early stopping patience", patience_text(b)),
-        ("reproduction seeds", f"{protocol.first_seed}..{protocol.first_seed + protocol.reproductions - 1}"),
-        ("fold layout hash", b.fold_layout_hash),
+        ("reproduction seeds", f"{protocol.first_seed}..{protocol.first_seed + protocol.reproductions - 1}"
+                               + repeated_draws(protocol)),
+        ("fold layout hash", b.fold_layout_hash + (" (search 0's)" if protocol.search_repeats > 1 and protocol.resplits else "")),
         ("dataset", f"{b.dataset.name} (content hash {b.dataset.content_hash})"),
         ("git commit", str(b.git_commit)),
         ("overrides", " ".join(b.overrides) or "none"),
@@ -302,6 +304,16 @@ def search_sampler(protocol: StoredProtocol) -> str:
         return (f"random: {every} of Optuna's {protocol.sampler} sampler ({source} start-up trials), so no trial "
                 "was suggested by its model")
     return f"Optuna {protocol.sampler} sampler after {source} random start-up trials"
+
+
+def repeated_draws(protocol: StoredProtocol) -> str:
+    """What the repeated searches draw afresh (``protocol.search_seeds``, ``protocol.resplit_per_search``), as the
+    set-up table's seed row says it; "" for one search per method."""
+    if protocol.search_repeats < 2:
+        return ""
+    seeds = (f"; search k adds k x {SEARCH_SEED_STRIDE} to every training seed" if protocol.search_seeds == FRESH_SEEDS
+             else "; every search reuses these seeds (method-level verdicts: crossed search x seed model)")
+    return seeds + ("; search k >= 1 cuts its own folds" if protocol.resplits else "")
 
 
 def patience_text(benchmark: BenchmarkRecord) -> str:

@@ -17,13 +17,14 @@ import numpy as np
 from dmlbench.analysis.budget import budget_curve, expected_best
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap, class_sums_csv
 from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, SearchTable, cross_domain_mode
-from dmlbench.analysis.search_luck import VarianceComponents, pooled_search_sd, search_means, variance_components
+from dmlbench.analysis.search_luck import VarianceComponents, pooled_search_sd, variance_components
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.statistics import PairedComparison
-from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, judge_methods
+from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, Families, judge_methods
 from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.evaluation.per_query import PER_QUERY_METRICS
+from dmlbench.protocol.design.benchmark import SHARED_SEEDS
 from dmlbench.protocol.layout import (
     BASELINES,
     BUDGET_CSV,
@@ -282,23 +283,29 @@ def search_table(data: ReportData) -> SearchTable:
 
 def method_families(data: ReportData) -> list[tuple[str, str, list[PairedComparison]]]:
     """The declared families judged on the methods, their repeated searches included (``verdicts.judge_methods``
-    over every method's search means), for the leaderboard metrics; nothing without search repeats."""
+    under the design the study ran: fresh or shared seeds), for the leaderboard metrics; nothing without search repeats."""
     if not data.repeats:
         return []
-    return judged_method_families(repeated_search_means(search_table(data)), data.benchmark.analysis_spec())
+    return judged_method_families(repeated_scores(search_table(data)), data.benchmark.analysis_spec(),
+                                  data.benchmark.protocol.search_seeds == SHARED_SEEDS)
 
 
-def repeated_search_means(table: SearchTable) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
-    """Each endpoint's search means (``search_luck.search_means``) of the methods searched more than once."""
-    return {endpoint: search_means({method: by_search for method, by_search in methods.items() if len(by_search) >= 2})
+def repeated_scores(table: SearchTable) -> SearchTable:
+    """The endpoints' scores of the methods searched more than once (``verdicts.judge_methods`` judges them)."""
+    return {endpoint: {method: by_search for method, by_search in methods.items() if len(by_search) >= 2}
             for endpoint, methods in table.items() if any(len(by_search) >= 2 for by_search in methods.values())}
 
 
-def judged_method_families(means: Mapping[tuple[str, str], Mapping[str, Mapping[int, float]]],
-                           analysis: AnalysisSpec) -> list[tuple[str, str, list[PairedComparison]]]:
-    """``method_families`` from search means: the declared families judged over them, in the order
+def judged_method_families(scores: SearchTable, analysis: AnalysisSpec,
+                           shared_seeds: bool) -> list[tuple[str, str, list[PairedComparison]]]:
+    """``method_families`` from a study's scores by search: the declared families judged over them, in the order
     ``method_comparisons.csv`` lists them (a study re-judged from its files uses it too)."""
-    families = judge_methods(means, analysis, BASELINES)
+    return listed_families(judge_methods(scores, analysis, BASELINES, shared_seeds))
+
+
+def listed_families(families: Families) -> list[tuple[str, str, list[PairedComparison]]]:
+    """``families`` in the order the verdict files list them: modes in the report's order (re-ranked ones left
+    out), then the leaderboard metrics; empty families left out."""
     return [(mode, metric, families[(mode, metric)]) for mode in ALL_MODES if not mode.endswith(RERANKED_SUFFIX)
             for metric in LEADERBOARD_METRICS if families.get((mode, metric))]
 

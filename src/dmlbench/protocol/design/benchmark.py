@@ -21,6 +21,11 @@ DEFAULT_BENCHMARK = Path(__file__).resolve().parents[2] / "configs" / "benchmark
 # A 95% interval and a paired test need two reproductions (seeds) per method at least.
 MIN_REPRODUCTIONS = 2
 DEFAULT_CLASS_BOOTSTRAP = 1000
+# ``protocol.search_seeds``: every repeated search draws its own training seeds (``fresh``), or reuses search 0's
+# (``shared``, every study before the key existed; its method-level verdicts use ``analysis.crossed``).
+FRESH_SEEDS, SHARED_SEEDS = "fresh", "shared"
+# How far apart the seeds of two searches lie under fresh seeds (``plan.search_seed_offset``); reproductions fit below it.
+SEARCH_SEED_STRIDE = 100_000
 # Protocol keys left out of a benchmark's description (and config hash) while they keep these values, so
 # that benchmarks started before the keys existed keep their hash.
 # Analysis keys added after benchmarks were first run: at their defaults they stay out of the description
@@ -57,7 +62,13 @@ class ProtocolSpec(BaseModel):
     the reproductions still train full models; ``search_repeats``: the whole search (and the
     reproductions of its best trial) run this many times, repeat ``k`` with search seed
     ``search_seed + k``, for ``search_repeat_methods`` (empty: every method), so the report shows how
-    much the search's luck moves a method; ``class_bootstrap``: replicates of the paired bootstrap over
+    much the search's luck moves a method; ``search_seeds``: ``fresh`` (search ``k`` trains its trials
+    with the method's seed + ``k * SEARCH_SEED_STRIDE`` and reproduction ``r`` with ``first_seed + k *
+    SEARCH_SEED_STRIDE + r``: no seed of one search is another's, and every method uses the same ones, so
+    methods stay paired) or ``shared`` (every search reuses search 0's seeds, as before the key existed);
+    ``resplit_per_search``: search ``k`` >= 1 cuts the development classes into folds afresh
+    (``folds.resplit``; ``None``: whenever searches repeat; the test classes never change);
+    ``class_bootstrap``: replicates of the paired bootstrap over
     test classes of the report (0: none); ``baselines``: the rows scored beside the methods without
     training, ``untrained`` (the reference method's models as initialised) and ``raw_pixels`` (each
     test image's pixels, as the models see them, as its embedding)."""
@@ -79,6 +90,8 @@ class ProtocolSpec(BaseModel):
     frozen_trunk: StrictBool = False
     search_repeats: int = Field(1, ge=1)
     search_repeat_methods: list[str] = Field(default_factory=list)
+    search_seeds: Literal["fresh", "shared"] = FRESH_SEEDS
+    resplit_per_search: StrictBool | None = None
     class_bootstrap: int = Field(DEFAULT_CLASS_BOOTSTRAP, ge=0)
     baselines: list[Literal["untrained", "raw_pixels"]] = Field(default_factory=lambda: [layout.UNTRAINED])
 
@@ -89,7 +102,20 @@ class ProtocolSpec(BaseModel):
         if value < MIN_REPRODUCTIONS:
             raise ValueError(f"{value} is too few: intervals and paired tests need at least {MIN_REPRODUCTIONS} "
                              "reproductions")
+        if value > SEARCH_SEED_STRIDE:
+            raise ValueError(f"{value} is more than the {SEARCH_SEED_STRIDE} seeds one search may use")
         return value
+
+    @property
+    def resplits(self) -> bool:
+        """Whether searches after the first cut their own folds (``resplit_per_search``; unset: when searches repeat)."""
+        return self.search_repeats > 1 if self.resplit_per_search is None else self.resplit_per_search
+
+    @property
+    def fresh_draws(self) -> bool:
+        """Whether the repeated searches draw anything afresh (seeds or folds): ``False`` for a design that
+        repeats only the search's sampler (every study before ``search_seeds`` existed)."""
+        return self.search_repeats > 1 and (self.search_seeds == FRESH_SEEDS or self.resplits)
 
     def search_concurrency(self, searches: int) -> int:
         """The most units of work ``searches`` searches can run at once: a trial's folds hold one
@@ -101,6 +127,9 @@ class ProtocolSpec(BaseModel):
         if self.fold_units and self.pruner == "median":
             raise ValueError("fold_units: true runs a trial's folds at once, but pruner: median decides after each "
                              "fold from the folds before it; set pruner: none or fold_units: false")
+        if self.frozen_trunk and self.search_repeats > 1 and self.resplits:
+            raise ValueError("frozen_trunk caches one trunk per fold of one fold layout, but resplit_per_search gives "
+                             "every repeated search its own folds; set resplit_per_search: false")
         return self
 
     @field_validator("baselines")

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from dmlbench import files
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.design.benchmark import ProtocolSpec
+from dmlbench.protocol.design.benchmark import SHARED_SEEDS, ProtocolSpec
 from dmlbench.protocol.layout import BENCHMARK_FILE, JOURNAL_FILE, SQLITE_FILE
 from dmlbench.protocol.queue import storage as storage_module
 
@@ -56,9 +56,13 @@ class StoredSpec(_Stored):
 
 
 class StoredProtocol(ProtocolSpec):
-    """The protocol settings; a key a benchmark started before it existed reads as its default."""
+    """The protocol settings; a key a benchmark started before it existed reads as its default. A benchmark whose
+    description leaves out ``search_seeds`` and ``resplit_per_search`` (one search per method, or recorded before
+    they existed) ran every search on search 0's seeds and folds."""
 
     model_config = ConfigDict(extra="allow")
+    search_seeds: Literal["fresh", "shared"] = SHARED_SEEDS
+    resplit_per_search: StrictBool | None = False
 
     @field_validator("reproductions")
     @classmethod

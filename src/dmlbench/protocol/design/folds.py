@@ -9,6 +9,10 @@ partition is 12.5% of all classes). ``contiguous`` partitions follow the paper; 
 (class ``j`` of the sorted development classes goes to partition ``j mod k``) is an option for
 datasets whose class ids are ordered by something that matters (e.g. super-category).
 
+A repeated search may cut the development classes afresh (``protocol.resplit_per_search``): ``resplit``
+partitions a seeded permutation of them the same way, so each search's folds are another draw of the same
+design, with the same test classes.
+
 A layout is expressed in *class ids*, never image indices, so that it is independent of how a dataset
 orders its images; ``FoldLayout.hash`` (sha256 of its canonical JSON) identifies it in every record.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -98,18 +102,26 @@ def fold_layout(labels: LabelsLike, k: int = DEFAULT_K, mode: FoldMode | str = "
         raise UserInputError(
             f"{k} folds need at least {k} development classes, the dataset has {len(development)}"
         )
-    if mode == "contiguous":
-        partitions = np.array_split(development, k)
-    else:
-        partitions = [development[i::k] for i in range(k)]
-    folds = []
-    for index, partition in enumerate(partitions):
-        train = np.setdiff1d(development, partition)
-        folds.append(ClassFold(index, tuple(int(c) for c in train), tuple(int(c) for c in np.sort(partition))))
     return FoldLayout(
         k=k,
         mode=str(mode),
         development_classes=tuple(int(c) for c in development),
         test_classes=tuple(int(c) for c in test),
-        folds=tuple(folds),
+        folds=_cut(development, development, k, str(mode)),
     )
+
+
+def _cut(order: np.ndarray, development: np.ndarray, k: int, mode: str) -> tuple[ClassFold, ...]:
+    """The ``k`` folds of the classes in ``order``: ``contiguous`` partitions or ``interleaved`` (every ``k``-th)."""
+    partitions = np.array_split(order, k) if mode == "contiguous" else [order[i::k] for i in range(k)]
+    return tuple(ClassFold(index, tuple(int(c) for c in np.setdiff1d(development, partition)),
+                           tuple(int(c) for c in np.sort(partition))) for index, partition in enumerate(partitions))
+
+
+def resplit(layout: FoldLayout, seed: int) -> FoldLayout:
+    """``layout``'s development classes cut into its ``k`` folds afresh: a permutation drawn with
+    ``numpy.random.default_rng(seed)``, partitioned as ``layout.mode`` partitions the sorted classes (Bouthillier
+    et al., MLSys 2021: a benchmark's variance includes the data split). The test classes stay as they are."""
+    development = np.asarray(layout.development_classes)
+    shuffled = np.random.default_rng(seed).permutation(development)
+    return replace(layout, folds=_cut(shuffled, development, layout.k, layout.mode))

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.design.benchmark import BenchmarkSpec
+from dmlbench.protocol.design.benchmark import FRESH_SEEDS, BenchmarkSpec
 from dmlbench.protocol.design.folds import FoldLayout
-from dmlbench.protocol.design.plan import MethodPlan
+from dmlbench.protocol.design.plan import MethodPlan, search_seed_offset
 
 
 def check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
@@ -34,13 +34,21 @@ def check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
             raise UserInputError(f"method {name!r}: evaluation.rerank.kind is fixed for the benchmark; search "
                                  "evaluation.rerank.params.* instead")
     protocol = spec.protocol
-    search_seeds = {plan.config.seed for plan in plans.values()}
-    reproduction_seeds = set(range(protocol.first_seed, protocol.first_seed + protocol.reproductions))
-    if search_seeds & reproduction_seeds:
-        raise UserInputError(
-            f"reproduction seeds {protocol.first_seed}..{protocol.first_seed + protocol.reproductions - 1} include "
-            f"the search's training seed {min(search_seeds & reproduction_seeds)}: set protocol.first_seed"
-        )
+    for search in range(protocol.search_repeats):
+        offset = search_seed_offset(protocol, search)
+        first = protocol.first_seed + offset
+        reproduction_seeds = set(range(first, first + protocol.reproductions))
+        search_seeds = {plan.config.seed + offset for plan in plans.values()}
+        clash = search_seeds & reproduction_seeds
+        if clash:
+            raise UserInputError(f"reproduction seeds {first}..{first + protocol.reproductions - 1} of search {search} "
+                                 f"include the search's training seed {min(clash)}: set protocol.first_seed")
+        later = {plan.config.seed + search_seed_offset(protocol, other) for plan in plans.values()
+                 for other in range(search + 1, protocol.search_repeats)}
+        if protocol.search_seeds == FRESH_SEEDS and later & reproduction_seeds:
+            raise UserInputError(f"reproduction seeds {first}..{first + protocol.reproductions - 1} of search {search} "
+                                 f"include a later search's training seed {min(later & reproduction_seeds)}: set "
+                                 "protocol.first_seed so that no two searches share a seed")
     if protocol.frozen_trunk:
         _check_one_trunk(plans)
 

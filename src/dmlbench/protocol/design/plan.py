@@ -13,8 +13,8 @@ from typing import Any
 
 from dmlbench import config as config_module
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.design.benchmark import BenchmarkSpec, ProtocolSpec
-from dmlbench.protocol.design.folds import ClassFold, FoldLayout
+from dmlbench.protocol.design.benchmark import FRESH_SEEDS, SEARCH_SEED_STRIDE, BenchmarkSpec, ProtocolSpec
+from dmlbench.protocol.design.folds import ClassFold, FoldLayout, resplit
 from dmlbench.protocol.design.search_space import SearchSpace
 from dmlbench.protocol.layout import search_repeat_name
 from dmlbench.protocol.queue import work
@@ -111,6 +111,12 @@ class MethodPlan:
             raise UserInputError(f"method {name!r}: {error}") from None
         return cls(name, raw, budgeted, config, space)
 
+    def with_seed(self, seed: int) -> MethodPlan:
+        """This plan with its runs' training seed (``seed``) set to ``seed``."""
+        budgeted = config_module.assign(self.budgeted, {"seed": seed})
+        return replace(self, raw=config_module.assign(self.raw, {"seed": seed}), budgeted=budgeted,
+                       config=config_module.from_dict(copy.deepcopy(budgeted)))
+
     def run_config(self, assignment: Mapping[str, Any], fold: ClassFold, seed: int | None = None) -> config_module.Config:
         """The config of one fold run: the budgeted config, the search assignment (or the best
         parameters), the fold's classes and, for a reproduction, its seed."""
@@ -119,14 +125,39 @@ class MethodPlan:
         return config_module.from_dict(config_module.assign(self.budgeted, {**assignment, **fixed}))
 
 
-def search_repeats(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec,
-                   settings: SearchSettings) -> dict[str, tuple[MethodPlan, SearchSettings]]:
-    """The repeated searches of ``protocol.search_repeats``: for repeat ``k`` >= 1 of each method of
-    ``search_repeat_methods`` (empty: every method), the method's plan under the name
-    ``METHOD@searchK`` and the search settings with seed ``search_seed + k``; nothing else differs."""
-    return {search_repeat_name(name, repeat): (replace(plans[name], name=search_repeat_name(name, repeat)),
-                                               replace(settings, seed=settings.seed + repeat))
-            for name, repeat in repeated_searches(plans, protocol)}
+@dataclass(frozen=True)
+class RepeatedSearch:
+    """Search ``k`` >= 1 of a method (``protocol.search_repeats``): its plan under the name ``METHOD@searchK``, its
+    search settings (seed ``search_seed + k``), its reproductions' settings and its folds."""
+
+    plan: MethodPlan
+    search: SearchSettings
+    reproduction: ReproductionSettings
+    layout: FoldLayout
+
+
+def search_seed_offset(protocol: ProtocolSpec, search: int) -> int:
+    """What search ``search`` adds to every training seed of search 0: ``search * SEARCH_SEED_STRIDE`` under
+    ``protocol.search_seeds: fresh``, nothing under ``shared`` (``ProtocolSpec``'s docstring)."""
+    return search * SEARCH_SEED_STRIDE if protocol.search_seeds == FRESH_SEEDS else 0
+
+
+def search_repeats(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec, settings: SearchSettings,
+                   reproduction: ReproductionSettings, layout: FoldLayout) -> dict[str, RepeatedSearch]:
+    """The repeated searches of ``protocol.search_repeats``, ``METHOD@searchK -> RepeatedSearch`` for repeat ``k``
+    >= 1 of each method of ``search_repeat_methods`` (empty: every method): the sampler seed ``search_seed + k``,
+    the training seeds moved by ``search_seed_offset`` and, with ``protocol.resplits``, folds cut afresh with
+    seed ``search_seed + k`` (the same for every method, which keeps the methods paired by search)."""
+    repeated = {}
+    for name, repeat in repeated_searches(plans, protocol):
+        offset, plan = search_seed_offset(protocol, repeat), plans[name]
+        if offset:
+            plan = plan.with_seed(plan.config.seed + offset)
+        repeated[search_repeat_name(name, repeat)] = RepeatedSearch(
+            replace(plan, name=search_repeat_name(name, repeat)), replace(settings, seed=settings.seed + repeat),
+            replace(reproduction, first_seed=reproduction.first_seed + offset),
+            resplit(layout, settings.seed + repeat) if protocol.resplits else layout)
+    return repeated
 
 
 def repeated_searches(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec) -> list[tuple[str, int]]:

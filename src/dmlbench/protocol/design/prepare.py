@@ -33,7 +33,7 @@ from dmlbench.protocol.design.benchmark import (
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, read_benchmark_if_any
 from dmlbench.protocol.design.folds import FoldLayout, fold_layout
 from dmlbench.protocol.design.method_checks import check_samplers, check_shared
-from dmlbench.protocol.design.plan import MethodPlan, ReproductionSettings, SearchSettings, search_repeats
+from dmlbench.protocol.design.plan import MethodPlan, RepeatedSearch, ReproductionSettings, SearchSettings, search_repeats
 from dmlbench.protocol.design.workers import AUTO_JOBS, auto_jobs, resolve_storage
 from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.training import records
@@ -87,9 +87,9 @@ class Prepared:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
-    def repeats(self) -> dict[str, tuple[MethodPlan, SearchSettings]]:
-        """The repeated searches (``protocol.search_repeats``), ``METHOD@searchK -> (plan, settings)``."""
-        return search_repeats(self.plans, self.spec.protocol, self.search)
+    def repeats(self) -> dict[str, RepeatedSearch]:
+        """The repeated searches (``protocol.search_repeats``), ``METHOD@searchK -> RepeatedSearch``."""
+        return search_repeats(self.plans, self.spec.protocol, self.search, self.reproduction, self.layout)
 
     def study_names(self) -> list[str]:
         searched = [*self.plans, *self.repeats]
@@ -104,6 +104,8 @@ class Prepared:
         benchmarks started before those keys existed keep their description and config hash."""
         unset = {"startup_trials"} if self.spec.protocol.startup_trials is None else set()
         unset |= {key for key, default in LATER_PROTOCOL_DEFAULTS.items() if getattr(self.spec.protocol, key) == default}
+        if not self.spec.protocol.fresh_draws:  # one search, or searches on search 0's seeds and folds: as before the keys
+            unset |= {"search_seeds", "resplit_per_search"}
         first = next(iter(self.plans.values())).config
         return {
             "spec": _without_tracking(self.spec.model_dump(

@@ -11,6 +11,7 @@ moment what it waits for is done, and takes its place in the order then.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 
 from dmlbench.protocol.design.plan import Context
 from dmlbench.protocol.design.prepare import Prepared
@@ -43,9 +44,10 @@ class SearchStage(Stage):
         features = (FeatureCache(next(iter(plans.values())).budgeted, prepared.output_dir, prepared.dataset_hash,
                                  context.progress, context.placement) if prepared.search.frozen_trunk else None)
         self.searches = {name: MethodSearch(plan, prepared.search, context, features) for name, plan in plans.items()}
-        # The repeated searches after every method's first, each with its own seed and reproductions.
-        self.searches.update({name: MethodSearch(plan, settings, context, features)
-                              for name, (plan, settings) in prepared.repeats.items()})
+        # The repeated searches after every method's first, each with its own seeds, folds and reproductions.
+        self.repeats = prepared.repeats
+        self.searches.update({name: MethodSearch(repeat.plan, repeat.search, replace(context, layout=repeat.layout), features)
+                              for name, repeat in self.repeats.items()})
 
     @property
     def done(self) -> bool:
@@ -69,8 +71,10 @@ class ReproductionStage(Stage):
     def make_ready(self) -> None:
         for name, search in self.search.searches.items():
             if search.done and name not in self.reproductions and (best := best_trial(search.study)) is not None:
-                self.reproductions[name] = MethodReproduction(search.plan, dict(best.params),
-                                                              self.prepared.reproduction, self.context)
+                repeat = self.search.repeats.get(name)
+                settings, context = ((self.prepared.reproduction, self.context) if repeat is None
+                                     else (repeat.reproduction, replace(self.context, layout=repeat.layout)))
+                self.reproductions[name] = MethodReproduction(search.plan, dict(best.params), settings, context)
 
     def units(self) -> list[Unit]:
         return list(self.reproductions.values())

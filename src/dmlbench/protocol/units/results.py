@@ -111,7 +111,7 @@ def run_rows(results: Mapping[str, MethodReproductions],
                 for mode, metrics in (outcome.scores or {}).items():
                     for metric, value in metrics.items():
                         rows.append({"method": method, "reproduction": outcome.reproduction, "mode": mode,
-                                     "metric": metric, "value": value, "search": search})
+                                     "metric": metric, "value": value, "search": search, "seed": outcome.seed})
     return rows
 
 
