@@ -118,3 +118,31 @@ def test_the_committed_table_of_changed_verdicts_is_what_the_script_computes(tmp
     spec.loader.exec_module(module)
     assert module.main(["-o", str(tmp_path / "changed.csv")]) == 0
     assert (tmp_path / "changed.csv").read_text() == (script.parent / "crossed_rejudge.csv").read_text()
+
+
+def test_the_planned_power_of_a_design_is_what_the_design_as_run_achieves():
+    """``search_luck.design_power`` at one comparison's own search luck (two methods of unequal search SDs,
+    ``statistics.pair_search_sd``) against 2,000 simulated studies of that design with fresh seeds, judged by
+    ``judge_methods``: the t-test's power at a true difference of one margin, TOST's at a true difference of 0 (the
+    test's; the verdict "equivalent" also needs the t-test not to have found a difference)."""
+    from dmlbench.analysis.search_luck import design_power
+    from dmlbench.analysis.search_sd import pair_search_sd
+
+    searches, seeds, margin, studies = 8, 3, 0.01, 2000
+    search_sd = {"a": 0.006, "b": 0.002}
+    seed_sd = 0.008  # SD of one reproduction's paired difference
+    planned_t, planned_tost = design_power(searches, seeds, pair_search_sd(search_sd, "a", "b"), seed_sd, margin, 1)
+    rng = np.random.default_rng(11)
+
+    def judged(difference: float):
+        gap = (difference + rng.normal(0, search_sd["a"], (searches, 1)) - rng.normal(0, search_sd["b"], (searches, 1))
+               + rng.normal(0, seed_sd, (searches, seeds)))
+        table = {"a": {s: {r: 0.6 + float(gap[s, r]) for r in range(seeds)} for s in range(searches)},
+                 "b": {s: {r: 0.6 for r in range(seeds)} for s in range(searches)}}
+        analysis = AnalysisSpec(equivalence_margin=margin)
+        return judge_methods({ENDPOINT: table}, analysis)[ENDPOINT][0]
+
+    t_power = sum(judged(margin).outcome(ALPHA) == "better" for _ in range(studies)) / studies
+    tost_power = sum(judged(0.0).tost_pvalue_holm < ALPHA for _ in range(studies)) / studies
+    for planned, simulated in ((planned_t, t_power), (planned_tost, tost_power)):
+        assert abs(planned - simulated) <= 3 * math.sqrt(planned * (1 - planned) / studies) + 0.005

@@ -57,7 +57,7 @@ def test_benchmark_writes_the_report_and_records_every_run(finished: Path) -> No
     results = (finished / "results.csv").read_text().splitlines()
     assert results[0] == "method,mode,metric,mean,ci_low,ci_high,n"
     assert {line.split(",")[0] for line in results[1:]} == {"triplet", "contrastive", "untrained"}
-    assert (finished / "runs.csv").read_text().startswith("method,reproduction,mode,metric,value,search\n")
+    assert (finished / "runs.csv").read_text().startswith("method,reproduction,mode,metric,value,search,seed\n")
     report = (finished / "report.md").read_text()
     for text in ("| untrained |", "| triplet |", "Paired comparisons", "fold layout hash", "git commit", "content hash"):
         assert text in report

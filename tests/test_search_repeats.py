@@ -182,26 +182,31 @@ def test_every_search_is_in_runs_csv_and_the_methods_are_judged_over_their_searc
             f"undecided: {counts['inconclusive']} inconclusive") in summary
     assert "These verdicts are about the methods" in summary and "Each verdict rests on one search" not in summary
     assert counts["inconclusive"] == 1
-    pooled = next(float(row["search_sd"]) for row in csv.DictReader((out / "search_variance.csv").open()) if row["method"] == "pooled")
+    measured = {row["method"]: float(row["search_sd"]) for row in csv.DictReader((out / "search_variance.csv").open())
+                if row["method"] != "pooled"}
     seed_sd = next(float(row["sd_of_differences"]) for row in csv.DictReader((out / "power.csv").open())
                    if (row["mode"], row["metric"]) == ("concatenated", "map_at_r"))
-    design = search_luck.cheapest_design(pooled, seed_sd, 0.01, 1, 1, 2)
+    # Planned at this comparison's own search luck, each method's as these searches measured it.
+    from dmlbench.analysis.search_sd import pair_search_sd
+
+    luck = pair_search_sd(measured, "triplet_semihard", "normalized_softmax")
+    design = search_luck.cheapest_family_design([(luck, seed_sd)], 0.01, 1, 1, 2)
     assert design is not None and (f"{design.searches} searches x {design.reproductions} reproductions per method (the planner "
-                                   f"at the observed spread and {100 * pooled:.2f} points of search luck as these searches "
-                                   "measured it)") in summary
+                                   "at each comparison's observed spread and the search luck these searches measured, each "
+                                   "method its own)") in summary
     code, out_text, _ = run_cli(["rejudge", str(out), "--check"], capsys)
     assert code == 0, out_text
 
 
 def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys: pytest.CaptureFixture[str]) -> None:
-    """The committed search-luck study as pilot: its pooled search SD (search_repeats.csv's search means less
+    """The committed search-luck study as pilot: each method's search SD (search_repeats.csv's search means less
     the seed variance of search 0, recomputed here) and the cheapest design over searches and seeds (its
     minimality is tested in test_analysis_search_luck.py); a stated --search-sd plans the same way."""
     import math
 
     pilot = REPO / "results" / "search_luck_glyphs"
     runs = [row for row in csv.DictReader((pilot / "runs.csv").open()) if (row["mode"], row["metric"]) == ("concatenated", "map_at_r")]
-    variances = []
+    variances = {}
     for row_method in ("contrastive", "triplet_semihard", "margin", "multi_similarity", "normalized_softmax"):
         means = [float(r["test_concatenated_map_at_r"]) for r in csv.DictReader((pilot / "search_repeats.csv").open())
                  if r["method"] == row_method]
@@ -209,24 +214,28 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
         mean_of_means, mean_of_seeds = sum(means) / len(means), sum(seeds) / len(seeds)
         between = sum((m - mean_of_means) ** 2 for m in means) / (len(means) - 1)
         within = sum((s - mean_of_seeds) ** 2 for s in seeds) / (len(seeds) - 1)
-        variances.append(max(between - within / len(seeds), 0.0))
-    search_sd = math.sqrt(sum(variances) / len(variances))
+        variances[row_method] = max(between - within / len(seeds), 0.0)
+    search_sd = math.sqrt(sum(variances.values()) / len(variances))
     code, out, err = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--pilot", str(pilot)], capsys)
     assert code == 0, err
-    assert f"search SD {100 * search_sd:.2f} points (measured in {pilot}" in out
+    words = ", ".join(f"{method} {100 * math.sqrt(variance):.2f} points" for method, variance in variances.items())
+    assert f"search SD per method {words} (measured in {pilot} per method" in out
     assert "its verdicts are conditional on that search" in out
     line = next(text for text in out.splitlines() if "cheapest design" in text)
     searches, reproductions = int(line.split("search_repeats=")[1].split()[0]), int(line.split("reproductions=")[1].split()[0])
-    # The pilot's 5 searches per method bound the search SD too, and the plan at that bound costs more.
+    # The pilot's 5 searches per method bound each method's search SD too, and the plan at those bounds costs more.
     from dmlbench.analysis.search_luck import search_sd_upper_bound
     from dmlbench.report.committed import search_variances
 
-    bound = search_sd_upper_bound(search_variances(pilot, ("concatenated", "map_at_r")))
-    assert bound > search_sd
+    found = search_variances(pilot, ("concatenated", "map_at_r"))
+    bounds = {method: search_sd_upper_bound({method: components}) for method, components in found.items()}
+    assert all(bounds[method] > math.sqrt(variances[method]) for method in variances)
     bound_line = next(text for text in out.splitlines() if "search SD may be up to" in text)
-    assert f"search SD may be up to {100 * bound:.2f} points (80% upper bound" in bound_line
-    runs = int(line.split("(")[1].split()[0])
-    assert int(bound_line.split("cheapest design there: ")[1].split("(")[1].split()[0]) >= runs
+    assert "search SD may be up to per method " + ", ".join(f"{m} {100 * b:.2f} points" for m, b in bounds.items()) in bound_line
+    import re
+
+    runs = int(re.findall(r"\((\d+) training runs per method", line)[-1])
+    assert int(re.findall(r"\((\d+) training runs per method", bound_line)[-1]) >= runs
     code, out_sd, _ = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--sd", "0.008",
                                "--search-sd", f"{search_sd}"], capsys)
     assert code == 0 and "cheapest design" in out_sd
@@ -259,3 +268,40 @@ def test_plan_chooses_the_trials_per_search_from_search_sds_measured_at_each(cap
         assert code == 2 and reason in err and err.strip().count("\n") == 0 and out == "", err
     code, out, err = run_cli(["plan", config, "--sd", "0.008", "--search-sd-at", "1=0.01"], capsys)
     assert code == 2 and "--search-sd X or a --pilot" in err and out == ""  # refused before any line of the plan
+
+
+def test_a_search_sd_per_method_plans_and_tests_each_comparison_at_its_own_luck(capsys: pytest.CaptureFixture[str]) -> None:
+    """``analysis.search_sd`` as ``method -> SD``: a comparison carries sigma_a² + sigma_b² (a noisy method's
+    comparisons are not planned at a pooled SD); every method needs one, and only methods may be named."""
+    import math
+
+    from dmlbench.analysis.search_sd import pair_search_sd
+    from dmlbench.analysis.statistics import compare_pairs
+
+    scores = {"a": {0: 0.61, 1: 0.64, 2: 0.60}, "b": {0: 0.58, 1: 0.60, 2: 0.59}}
+    (per_method,) = compare_pairs(scores, [("a", "b")], search_sd={"a": 0.03, "b": 0.0})
+    (pooled,) = compare_pairs(scores, [("a", "b")], search_sd=math.sqrt(0.03**2 / 2))
+    assert per_method == pooled and pair_search_sd({"a": 0.03, "b": 0.04}, "a", "b") == pytest.approx(math.sqrt(0.00125))
+    config = str(REPO / "configs" / "smoke.yaml")
+    code, out, err = run_cli(["plan", config, "--sd", "0.01",
+                              "analysis.search_sd={triplet_semihard: 0.001, normalized_softmax: 0.03}"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["plan", config, "--sd", "0.01", "analysis.search_sd={triplet_semihard: 0.001}"], capsys)
+    assert code == 2 and "gives no search SD for method 'normalized_softmax'" in err
+    code, _, err = run_cli(["plan", config, "--sd", "0.01", "analysis.search_sd={triplet_semihard: 0.001, normalized_softmax: 0.03, "
+                            "arcface: 0.01}"], capsys)
+    assert code == 2 and "names 'arcface', which is not a method" in err
+
+
+def test_a_pilot_plans_each_comparison_at_its_methods_own_search_sd(capsys: pytest.CaptureFixture[str]) -> None:
+    """``dmlbench plan --pilot`` with repeated searches: each method's own search SD (search_variance.csv's), the pilot's
+    shared seeds named, and the comparisons no design within reach decides named rather than sinking the rest."""
+    pilot = REPO / "results" / "search_luck_method_glyphs"
+    measured = {row["method"]: float(row["search_sd"]) for row in csv.DictReader((pilot / "search_variance.csv").open())
+                if row["method"] != "pooled" and row["metric"] == "map_at_r"}
+    code, out, err = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--pilot", str(pilot)], capsys)
+    assert code == 0, err
+    assert f"normalized_softmax {100 * measured['normalized_softmax']:.2f} points" in out
+    assert f"contrastive {100 * measured['contrastive']:.2f} points" in out
+    assert "its searches shared their seeds, so these SDs are biased low" in out
+    assert "none within 100 searches for normalized_softmax vs contrastive, normalized_softmax vs triplet_semihard" in out

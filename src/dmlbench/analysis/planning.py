@@ -5,12 +5,13 @@ needed; the functions of ``analysis.power`` applied to a ``Family``."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dmlbench.analysis.endpoints import ScoreTable
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, SD_BOUND_CONFIDENCE, PilotSpread, comparison_power, paired_sd, sd_upper_bound
-from dmlbench.analysis.search_luck import MAX_SEARCHES, Design, cheapest_design, cheapest_over_trials, design_power
+from dmlbench.analysis.search_luck import MAX_SEARCHES, Design, cheapest_family_design, cheapest_over_trials, design_power
+from dmlbench.analysis.search_sd import pair_search_sd, search_sd_words
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def _at_upper_bound(pilot: PilotSpread, margin: float, comparisons: int, alpha: 
             f"which needs {_needed(needed)}")
 
 
-def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: float | None = None) -> str:
+def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: float | Mapping[str, float] | None = None) -> str:
     """What ``benchmark --dry-run`` prints about power: the plan at ``analysis.planning_sd`` (and over searches
     and seeds at ``analysis.planning_search_sd``), or how to get them."""
     if planning_sd is None:
@@ -106,45 +107,55 @@ def dry_run_plan(family: Family, planning_sd: float | None, planning_search_sd: 
     return text + "\n" + search_plan_text(family, sds, planning_search_sd, "analysis.planning_search_sd")
 
 
-def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | PilotSpread], search_sd: float, source: str,
-                     alpha: float = 0.05, search_sd_bound: float | None = None,
+def search_plan_text(family: Family, sds: Mapping[tuple[str, str], float | PilotSpread], search_sd: float | Mapping[str, float],
+                     source: str, alpha: float = 0.05, search_sd_bound: float | Mapping[str, float] | None = None,
                      other_trials: Mapping[int, float] | None = None) -> str:
     """Planning over searches and seeds (``analysis.search_luck``): for verdicts about the methods, the power of
     the family's design and the cheapest design (searches x reproductions, in training runs per method) at
     which every comparison's t-test and TOST reach 80% at the strictest Holm threshold, each comparison at its
-    seed SD and ``search_sd`` for every method; with ``search_sd_bound`` (a pilot's upper bound,
-    ``search_luck.search_sd_upper_bound``) also the cheapest design at that bound; with ``other_trials``
-    (trials per search -> the search SD measured at that many) the cheapest design over trials per search too
-    (``search_luck.cheapest_over_trials``)."""
+    own seed SD and search luck (``search_sd``: one SD for every method, or each method's: a comparison carries
+    ``sigma_a² + sigma_b²``, ``statistics.pair_search_sd``); with ``search_sd_bound`` (a pilot's upper bounds,
+    ``search_luck.search_sd_upper_bound``) also the cheapest design there; with ``other_trials`` (trials per
+    search -> the search SD measured at that many, one for every method) the cheapest design over trials per
+    search too (``search_luck.cheapest_over_trials``)."""
     m = len(family.comparisons)
-    lines = [f"searches and seeds (verdicts about the methods, their search included): search SD {100 * search_sd:.2f} "
-             f"points ({source}); {family.trials} trials of {family.folds} fold runs per search; designs priced in "
+    lines = [f"searches and seeds (verdicts about the methods, their search included): search SD {search_sd_words(search_sd)} "
+             f"({source}); {family.trials} trials of {family.folds} fold runs per search; designs priced in "
              f"training runs per method"]
     finite = spreads(sds)
     if not finite:
         return "\n".join([*lines, "  no SD of paired differences: nothing to plan"])
-    seed_sd = max(finite.values())  # the design must serve the noisiest comparison
+    compared = [pair for pair in family.comparisons if pair in finite]
     if family.searches >= 2:
-        t_power, tost = design_power(family.searches, max(family.reproductions, 2), search_sd, seed_sd, family.margin, m, alpha)
-        lines.append(f"  this config ({family.searches} searches x {family.reproductions} reproductions): t-test {t_power:.2f}, "
-                     f"TOST {tost:.2f} at the largest seed SD ({100 * seed_sd:.2f} points)")
+        for a, b in compared:
+            luck = pair_search_sd(search_sd, a, b)
+            t_power, tost = design_power(family.searches, max(family.reproductions, 2), luck, finite[(a, b)], family.margin, m, alpha)
+            lines.append(f"  this config ({family.searches} searches x {family.reproductions} reproductions), {a} vs {b} "
+                         f"(search SD {100 * luck:.2f}, seed SD {100 * finite[(a, b)]:.2f} points): t-test {t_power:.2f}, TOST {tost:.2f}")
     else:
         lines.append("  this config searches once per method: its verdicts are conditional on that search "
                      "(protocol.search_repeats >= 2 judges the methods)")
-    lines.append(f"  cheapest design: {_design_text(search_sd, seed_sd, family, m, alpha)}")
+    at_sd = [(pair_search_sd(search_sd, a, b), finite[(a, b)]) for a, b in compared]
+    lines.append(f"  cheapest design: {_design_text(at_sd, family, m, alpha, compared)}")
     if search_sd_bound is not None:
-        lines.append(f"  but from the pilot's searches the search SD may be up to {100 * search_sd_bound:.2f} points "
+        at_bound = [(pair_search_sd(search_sd_bound, a, b), finite[(a, b)]) for a, b in compared]
+        lines.append(f"  but from the pilot's searches the search SD may be up to {search_sd_words(search_sd_bound)} "
                      f"({100 * SD_BOUND_CONFIDENCE:.0f}% upper bound, chi-square, approximate; a long tail of unlucky "
-                     f"searches can exceed it): cheapest design there: {_design_text(search_sd_bound, seed_sd, family, m, alpha)}")
+                     f"searches can exceed it): cheapest design there: {_design_text(at_bound, family, m, alpha, compared)}")
     if other_trials:
-        lines.extend(_over_trials_lines({family.trials: search_sd, **other_trials}, seed_sd, family, m, alpha))
+        pooled = (math.sqrt(sum(sd**2 for sd in search_sd.values()) / len(search_sd)) if isinstance(search_sd, Mapping)
+                  else search_sd)  # the other trials' SDs are one for every method: compare like with like
+        trial_sds = {family.trials: pooled, **other_trials}
+        lines.extend(_over_trials_lines(trial_sds, [finite[pair] for pair in compared], family, m, alpha))
     return "\n".join(lines)
 
 
-def _over_trials_lines(search_sds: Mapping[int, float], seed_sd: float, family: Family, comparisons: int,
+def _over_trials_lines(search_sds: Mapping[int, float], seed_sds: Sequence[float], family: Family, comparisons: int,
                        alpha: float) -> list[str]:
-    """The cheapest design at each number of trials per search whose search SD is known, and over them."""
-    designs = {trials: cheapest_design(sd, seed_sd, family.margin, comparisons, trials, family.folds, alpha=alpha)
+    """The cheapest design at each number of trials per search whose search SD (one for every method) is known,
+    and over them."""
+    designs = {trials: cheapest_family_design([(sd, seed_sd) for seed_sd in seed_sds], family.margin, comparisons, trials,
+                                              family.folds, alpha=alpha)
                for trials, sd in sorted(search_sds.items())}
     lines = ["  trials per search (the search SD measured at each; Bouthillier et al. 2021):"]
     lines += [f"    {trials} trial(s), search SD {100 * search_sds[trials]:.2f} points: {_design_words(design)}"
@@ -159,8 +170,22 @@ def _over_trials_lines(search_sds: Mapping[int, float], seed_sd: float, family: 
     return lines
 
 
-def _design_text(search_sd: float, seed_sd: float, family: Family, comparisons: int, alpha: float) -> str:
-    return _design_words(cheapest_design(search_sd, seed_sd, family.margin, comparisons, family.trials, family.folds, alpha=alpha))
+def _design_text(spreads: Sequence[tuple[float, float]], family: Family, comparisons: int, alpha: float,
+                 pairs: Sequence[tuple[str, str]] = ()) -> str:
+    """The cheapest design for every comparison (``spreads``, in the order of ``pairs``); when none serves them all,
+    the cheapest for those that some design can serve, naming the ones no design within reach decides."""
+    design = cheapest_family_design(spreads, family.margin, comparisons, family.trials, family.folds, alpha=alpha)
+    if design is not None or not pairs:
+        return _design_words(design)
+    hopeless = [pair for pair, spread in zip(pairs, spreads)
+                if cheapest_family_design([spread], family.margin, comparisons, family.trials, family.folds, alpha=alpha) is None]
+    rest = [spread for pair, spread in zip(pairs, spreads) if pair not in hopeless]
+    named = ", ".join(f"{a} vs {b}" for a, b in hopeless)
+    if not rest:
+        return _design_words(None)
+    return (f"none within {MAX_SEARCHES} searches for {named} (their search luck alone exceeds what the margin allows); "
+            f"for the other {len(rest)}: "
+            + _design_words(cheapest_family_design(rest, family.margin, comparisons, family.trials, family.folds, alpha=alpha)))
 
 
 def _design_words(design: Design | None) -> str:

@@ -7,11 +7,15 @@
 two nested random effects (search, then seed within search) around the method's mean ``mu_m``, the
 quantity a verdict about the *method* is about (Bouthillier et al., MLSys 2021, "Accounting for variance
 in machine learning benchmarks", randomise the search like every other source of variation).
-Searches ``s = 0..k-1`` of every method use the same search seed ``search_seed + s``, and their
-reproductions the same seeds, so two methods pair by search and, within a search, by seed.
+Searches ``s = 0..k-1`` of every method use the same search seed ``search_seed + s`` and, within a search,
+the same training seeds and folds, so two methods pair by search and, within a search, by seed. Under
+``protocol.search_seeds: fresh`` (with ``protocol.resplit_per_search``) no search reuses another's seeds or
+folds, so ``u_ms`` also holds the fold split's luck and the seed effects ``e_msr`` are drawn anew in every
+search: that is what makes the search means independent below. A design whose searches shared their seeds
+(every study before the key existed) is judged by ``analysis.crossed`` instead.
 
-**Estimate and test.** For a balanced design (every method ``k`` searches of ``n`` scored seeds each),
-a method's search means ``ybar_ms`` are independent with variance ``sigma_s² + sigma_e²/n``, and the
+**Estimate and test.** For a balanced design with fresh seeds (every method ``k`` searches of ``n`` scored
+seeds each), a method's search means ``ybar_ms`` are independent with variance ``sigma_s² + sigma_e²/n``, and the
 differences of two methods' search means ``d_s = ybar_as - ybar_bs`` are independent with variance
 ``sigma_s,a² + sigma_s,b² + Var(ebar_a - ebar_b)``. The exact inference on ``mu_a - mu_b`` in this
 two-level model is therefore the one-sample t procedure on the ``k`` differences ``d_s`` (``k - 1``
@@ -30,7 +34,7 @@ comparison held fixed).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,13 +182,26 @@ def design_power(searches: int, reproductions: int, search_sd: float, seed_sd: f
 
 def cheapest_design(search_sd: float, seed_sd: float, margin: float, comparisons: int, trials: int, folds: int,
                     target: float = 0.8, alpha: float = DEFAULT_ALPHA) -> Design | None:
+    """``cheapest_family_design`` for one spread, ``search_sd`` per method and ``seed_sd`` of the paired seed differences."""
+    return cheapest_family_design([(search_sd, seed_sd)], margin, comparisons, trials, folds, target, alpha)
+
+
+def cheapest_family_design(spreads: Sequence[tuple[float, float]], margin: float, comparisons: int, trials: int,
+                           folds: int, target: float = 0.8, alpha: float = DEFAULT_ALPHA) -> Design | None:
     """The design of fewest training runs per method whose method-level t-test and TOST both reach ``target``
-    power (ties: fewer searches); ``None`` when none within ``MAX_SEARCHES`` searches does. A search's
-    cost (``trials`` trials of ``folds`` runs) is paid once per search, a reproduction's (``folds`` runs)
-    once per search and seed. For each number of searches the fewest seeds reaching the target are
-    found by bisection (power grows with seeds, towards its limit at the search luck alone)."""
+    power for every comparison of the family (``spreads``: each comparison's search SD per method,
+    ``statistics.pair_search_sd``, and the SD of its paired seed differences; ties: fewer searches); ``None``
+    when none within ``MAX_SEARCHES`` searches does. A search's cost (``trials`` trials of ``folds`` runs) is
+    paid once per search, a reproduction's (``folds`` runs) once per search and seed. For each number of
+    searches the fewest seeds reaching the target are found by bisection (power grows with seeds, towards its
+    limit at the search luck alone). The design's powers are its weakest comparison's."""
+    def powers(searches: int, reproductions: int) -> tuple[float, float]:
+        found = [design_power(searches, reproductions, search_sd, seed_sd, margin, comparisons, alpha)
+                 for search_sd, seed_sd in spreads]
+        return min(t for t, _ in found), min(tost for _, tost in found)
+
     def reaches(searches: int, reproductions: int) -> bool:
-        return min(design_power(searches, reproductions, search_sd, seed_sd, margin, comparisons, alpha)) >= target
+        return min(powers(searches, reproductions)) >= target
 
     best: Design | None = None
     for searches in range(MIN_VERDICT_PAIRS, MAX_SEARCHES + 1):  # fewer search pairs carry no verdict
@@ -198,7 +215,7 @@ def cheapest_design(search_sd: float, seed_sd: float, margin: float, comparisons
             low, high = (low, middle) if reaches(searches, middle) else (middle + 1, high)
         runs = searches * folds * (trials + low)
         if best is None or runs < best.runs_per_method:
-            best = Design(searches, low, runs, *design_power(searches, low, search_sd, seed_sd, margin, comparisons, alpha))
+            best = Design(searches, low, runs, *powers(searches, low))
     return best
 
 

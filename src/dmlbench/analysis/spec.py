@@ -6,11 +6,15 @@ every judging function of this package takes it typed."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dmlbench.analysis.statistics import DEFAULT_EQUIVALENCE_MARGIN
+
+
+# One method's search-luck SD, in score units.
+SearchSDValue = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class PrimaryEndpoint(BaseModel):
@@ -38,7 +42,9 @@ class AnalysisSpec(BaseModel):
     method's search luck (``analysis.search_luck``) with which the dry run also plans searches and seeds;
     ``search_sd``: the search-luck SD every method's one search is assumed to carry, measured beforehand by
     a study that repeated its searches: the paired tests of one search per method then include it
-    (``analysis.statistics.paired_comparison``), and the rows say so (``assumed_search_sd``)."""
+    (``analysis.statistics.paired_comparison``), and the rows say so (``assumed_search_sd``). Both search SDs are
+    one number for every method or a mapping ``method -> SD``: a comparison then carries ``sigma_a² + sigma_b²``
+    (``statistics.pair_search_sd``; a method whose search is noisier than another's is planned and tested so)."""
 
     model_config = ConfigDict(extra="forbid")
     primary: PrimaryEndpoint = Field(default_factory=PrimaryEndpoint)
@@ -48,8 +54,8 @@ class AnalysisSpec(BaseModel):
     equivalence_margin: float = Field(DEFAULT_EQUIVALENCE_MARGIN, gt=0.0, lt=1.0)
     margin_reason: str = ""
     planning_sd: float | None = Field(None, gt=0.0, lt=1.0)
-    planning_search_sd: float | None = Field(None, ge=0.0, lt=1.0)
-    search_sd: float | None = Field(None, ge=0.0, lt=1.0)
+    planning_search_sd: SearchSDValue | dict[str, SearchSDValue] | None = None
+    search_sd: SearchSDValue | dict[str, SearchSDValue] | None = None
 
     @classmethod
     def in_force(cls, stored: Mapping[str, Any]) -> AnalysisSpec:

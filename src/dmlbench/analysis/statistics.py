@@ -27,6 +27,7 @@ from fractions import Fraction
 import numpy as np
 from scipy import stats
 
+from dmlbench.analysis.search_sd import SearchSD, pair_search_sd, with_search_luck
 from dmlbench.errors import UserInputError
 
 DEFAULT_CONFIDENCE = 0.95
@@ -272,7 +273,7 @@ def paired_comparison(
     interval = mean_interval(differences)
     low, high = interval.low, interval.high
     if search_sd > 0.0 and not zero_spread(differences):
-        t_statistic, t_pvalue, tost, low, high = _with_search_luck(differences, search_sd, margin)
+        t_statistic, t_pvalue, tost, low, high = with_search_luck(differences, search_sd, margin)
     return PairedComparison(
         a=names[0], b=names[1], n=int(x.size), mean_difference=float(differences.mean()),
         t_statistic=t_statistic, t_pvalue=t_pvalue, wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
@@ -294,18 +295,6 @@ def exact_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.array([float(exact(a) - exact(b)) for a, b in zip(x.tolist(), y.tolist())])
 
 
-def _with_search_luck(differences: np.ndarray, search_sd: float, margin: float) -> tuple[float, float, float, float, float]:
-    """t statistic, two-sided p, TOST p and the 95% interval of the mean difference with both methods' search
-    luck (SD ``search_sd`` each) added to the seeds' standard error (``paired_comparison``)."""
-    n, mean = differences.size, float(differences.mean())
-    se = math.sqrt(2 * search_sd**2 + float(differences.var(ddof=1)) / n)
-    df = n - 1
-    statistic = mean / se
-    tost = max(float(stats.t.sf((mean + margin) / se, df)), float(stats.t.sf((margin - mean) / se, df)))
-    half = float(stats.t.ppf(0.975, df)) * se
-    return statistic, float(2 * stats.t.sf(abs(statistic), df)), tost, mean - half, mean + half
-
-
 def compare_methods(scores: Mapping[str, Mapping[int, float]], margin: float = DEFAULT_EQUIVALENCE_MARGIN) -> list[PairedComparison]:
     """Every pair of methods (in the mapping's order), each paired by seed, Holm-corrected per test.
 
@@ -320,17 +309,18 @@ def compare_methods(scores: Mapping[str, Mapping[int, float]], margin: float = D
 
 
 def compare_pairs(scores: Mapping[str, Mapping[int, float]], pairs: Sequence[tuple[str, str]],
-                  margin: float = DEFAULT_EQUIVALENCE_MARGIN, search_sd: float = 0.0) -> list[PairedComparison]:
+                  margin: float = DEFAULT_EQUIVALENCE_MARGIN, search_sd: SearchSD = 0.0) -> list[PairedComparison]:
     """The given ``(a, b)`` pairs of methods, each paired by seed; Holm's correction across exactly these
     pairs, separately for the t-test, for Wilcoxon and for the equivalence test within ``±margin``
     (a smaller family than ``compare_methods``'s, e.g. every method against one reference);
-    ``search_sd`` as for ``paired_comparison``."""
+    ``search_sd`` as for ``paired_comparison``, one for every method or one per method (``pair_search_sd``)."""
     unknown = sorted({name for pair in pairs for name in pair} - set(scores))
     if unknown:
         raise UserInputError(f"no scores for method {unknown[0]!r}")
     if not pairs:
         return []
-    return holm_family([paired_comparison(scores[a], scores[b], (a, b), margin, search_sd) for a, b in pairs])
+    return holm_family([paired_comparison(scores[a], scores[b], (a, b), margin, pair_search_sd(search_sd, a, b))
+                        for a, b in pairs])
 
 
 def holm_family(raw: Sequence[PairedComparison]) -> list[PairedComparison]:

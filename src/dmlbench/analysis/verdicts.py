@@ -172,12 +172,11 @@ def judge(scores: ScoreTable, analysis: AnalysisSpec, excluded: Collection[str] 
     """Every endpoint's declared family re-judged from ``scores`` (a ``runs.csv`` table) under the analysis
     in force (``references``, ``pairs``, ``equivalence_margin``); ``excluded`` methods (the baselines)
     are never compared. Endpoints in sorted order."""
-    search_sd = analysis.search_sd or 0.0
     families: Families = {}
     for endpoint, stored in sorted(scores.items()):
         paired = common_seeds({method: values for method, values in stored.items() if method not in excluded})
         declared = declared_comparisons(analysis.references, analysis.pairs, list(paired))
-        families[endpoint] = (compare_pairs(paired, declared, analysis.equivalence_margin, search_sd)
+        families[endpoint] = (compare_pairs(paired, declared, analysis.equivalence_margin, analysis.search_sd)
                               if declared and len(paired) >= 2 else [])
     return families
 

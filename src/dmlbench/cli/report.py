@@ -111,14 +111,15 @@ def plan_command(
         raise UserInputError(f"plan takes protocol.* and analysis.* overrides only; got {others[0]!r}")
     family = spec.planned_family()
     source, bound = "--search-sd", None
+    planned: float | dict[str, float] | None = search_sd  # one SD for every method, or a pilot's per method
     if search_sd is None and pilot is not None:
         from dmlbench.report.committed import pilot_search_sd
 
-        measured = pilot_search_sd(pilot, family.endpoint)
+        measured = pilot_search_sd(pilot, family.endpoint, [method.name for method in spec.methods])
         if measured is not None:
-            (search_sd, bound), source = measured, f"measured in {pilot}, pooled over its repeated methods"
+            planned, bound, source = measured
     # Refused before anything is printed: a plan cut off by its error would read as a whole one.
-    if other_trials and search_sd is None:
+    if other_trials and planned is None:
         raise UserInputError("--search-sd-at compares with the config's own trials per search, whose search SD is "
                              "--search-sd X or a --pilot that repeated its searches")
     if family.trials in other_trials:
@@ -130,8 +131,8 @@ def plan_command(
     else:
         sds = {pair: sd for pair in family.comparisons}
         typer.echo(planning.plan_text(family, sds, f"{100 * sd:.2f} points (--sd)"))
-    if search_sd is not None:
-        typer.echo(planning.search_plan_text(family, sds, search_sd, source, search_sd_bound=bound, other_trials=other_trials))
+    if planned is not None:
+        typer.echo(planning.search_plan_text(family, sds, planned, source, search_sd_bound=bound, other_trials=other_trials))
 
 def _search_sds_at(values: list[str]) -> dict[int, float]:
     """``--search-sd-at TRIALS=X`` values as trials per search -> search SD (score units)."""

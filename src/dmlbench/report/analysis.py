@@ -54,7 +54,14 @@ from dmlbench.analysis.correlations import Correlation, RankAgreement, correlati
 from dmlbench.analysis.endpoints import CROSS_DOMAIN_SUFFIX, MODES, declared_comparisons
 from dmlbench.analysis.power import ComparisonPower, comparison_power, paired_sd
 from dmlbench.analysis.spec import AnalysisSpec
-from dmlbench.analysis.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN, OUTCOMES, PairedComparison, compare_pairs
+from dmlbench.analysis.statistics import (
+    DEFAULT_ALPHA,
+    DEFAULT_EQUIVALENCE_MARGIN,
+    OUTCOMES,
+    PairedComparison,
+    compare_pairs,
+)
+from dmlbench.analysis.search_sd import pair_search_sd
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.layout import BASELINES
 from dmlbench.protocol.units.results import (
@@ -122,7 +129,8 @@ class Claims:
     domain_rankings: list[tuple[str, RankAgreement]] = field(default_factory=list)  # (metric, all vs cross-domain)
     notes: list[str] = field(default_factory=list)  # why a part could not be computed
     margin: float = DEFAULT_EQUIVALENCE_MARGIN  # the equivalence margin the comparisons used
-    search_sd: float = 0.0  # the search-luck SD the comparisons assumed (``analysis.search_sd``; 0: none)
+    # The search-luck SD the comparisons assumed, one for every method or one per method (``analysis.search_sd``; 0: none).
+    search_sd: float | dict[str, float] = 0.0
     primary: tuple[str, str] = ("concatenated", "map_at_r")  # (mode, metric) of the confirmatory comparisons
     families: dict[tuple[str, str], list[PairedComparison] | str] = field(default_factory=dict)  # or why not compared
     sensitivity: list[tuple[str, str, str, str, str]] = field(default_factory=list)  # a, b, verdicts at margin/2, margin, 2x
@@ -206,7 +214,8 @@ def _sensitivity_and_power(claims: Claims, scored: Mapping[str, MethodReproducti
         differences = [scores[c.a][seed] - scores[c.b][seed] for seed in scores[c.a]]
         sd = paired_sd(differences)
         if c.n >= 2 and math.isfinite(sd) and sd > 0.0:
-            claims.power.append(comparison_power(c.a, c.b, c.n, sd, claims.margin, len(family), ALPHA, claims.search_sd))
+            claims.power.append(comparison_power(c.a, c.b, c.n, sd, claims.margin, len(family), ALPHA,
+                                                 pair_search_sd(claims.search_sd, c.a, c.b)))
 
 
 def _reranking(scored: Mapping[str, MethodReproductions], computed: Sequence[str], claims: Claims

@@ -194,9 +194,23 @@ def search_variances(directory: Path, endpoint: tuple[str, str]) -> dict[str, Va
     return found
 
 
-def pilot_search_sd(directory: Path, endpoint: tuple[str, str]) -> tuple[float, float] | None:
-    """The search SD of a pilot with repeated searches (``search_luck.pooled_search_sd``) and its approximate
-    upper bound (``search_luck.search_sd_upper_bound``); ``None`` when no method's search was repeated."""
+def pilot_search_sd(directory: Path, endpoint: tuple[str, str],
+                    methods: list[str]) -> tuple[dict[str, float], dict[str, float], str] | None:
+    """Each of ``methods``' search SD in a pilot with repeated searches and its approximate upper bound
+    (``search_luck.search_sd_upper_bound`` of that method alone), a method the pilot did not repeat at the SD
+    pooled over those it did (``search_luck.pooled_search_sd``), and a note saying which were pooled and whether
+    the pilot's searches shared their seeds (its search SDs then miss the seed effect every search shared:
+    biased low); ``None`` when no method's search was repeated."""
     found = search_variances(directory, endpoint)
-    return (pooled_search_sd(found), search_sd_upper_bound(found)) if found else None
-
+    if not found:
+        return None
+    pooled, pooled_bound = pooled_search_sd(found), search_sd_upper_bound(found)
+    sds = {method: found[method].search_sd if method in found else pooled for method in methods}
+    bounds = {method: search_sd_upper_bound({method: found[method]}) if method in found else pooled_bound for method in methods}
+    notes = [f"measured in {directory} per method"]
+    missing = [method for method in methods if method not in found]
+    if missing:
+        notes.append(f"pooled for {', '.join(missing)}, which it did not repeat")
+    if read_benchmark(directory).protocol.search_seeds == SHARED_SEEDS:
+        notes.append("its searches shared their seeds, so these SDs are biased low")
+    return sds, bounds, "; ".join(notes)

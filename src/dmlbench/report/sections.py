@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 
 from dmlbench.analysis.correlations import Correlation, RankAgreement
+from dmlbench.analysis.crossed import CROSSED_MODEL
 from dmlbench.analysis.power import MAX_REPRODUCTIONS, TARGET_POWER
-from dmlbench.analysis.search_luck import cheapest_design, pooled_search_sd
+from dmlbench.analysis.search_luck import cheapest_family_design
+from dmlbench.analysis.search_sd import pair_search_sd, search_sd_words
 from dmlbench.analysis.statistics import OUTCOMES, PairedComparison
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol.design.benchmark import BUILT_IN, MIN_REPRODUCTIONS
@@ -165,24 +167,27 @@ def _difference(c: PairedComparison) -> str:
     return f"{100 * c.mean_difference:+.2f}{interval}"
 
 
-def _outcome_rule(claims: Claims, searches: int | None = None) -> str:
+def _outcome_rule(claims: Claims, searches: int | None = None, crossed: bool = False) -> str:
     """How a verdict is reached and what it is about: with ``searches`` (repeated searches), the methods over
-    that many searches each; without, the one search per method the reproductions belong to."""
+    that many searches each (``crossed``: searches that shared their seeds, judged by ``analysis.crossed``);
+    without, the one search per method the reproductions belong to."""
     points = f"{100 * claims.margin:g} percentage point{'s' if claims.margin != 0.01 else ''}"
     rule = (f"*better* / *worse*: Holm-adjusted paired t-test p < {ALPHA}; *equivalent*: not better or worse and the "
             f"two one-sided tests (TOST) put the mean difference within ±{points} (`analysis.equivalence_margin`), "
             f"Holm-adjusted p < {ALPHA}; *inconclusive*: neither, so the data can tell the methods neither apart "
             "nor alike. Equivalence is read off the 90% interval (what TOST at 5% tests), a difference off the 95% one. ")
     if searches is not None:
-        return rule + (f"These verdicts are about the methods, their search included: each pairs two methods' means over "
-                       f"their {searches} searches by search index (`{METHOD_COMPARISONS_CSV}`, `conditional_on_search` "
-                       "false). The sections below that pair reproductions by seed judge search 0 alone, conditional on "
+        how = (f"the crossed search x seed model over their {searches} searches (the searches shared their reproduction "
+               "seeds, so the test's degrees of freedom are those of the fewer of searches and seeds)" if crossed else
+               f"each pairs two methods' means over their {searches} searches by search index")
+        return rule + (f"These verdicts are about the methods, their search included: {how} (`{METHOD_COMPARISONS_CSV}`, "
+                       "`conditional_on_search` false). The sections below that pair reproductions by seed judge search 0 alone, conditional on "
                        f"that one search (`{COMPARISONS_CSV}`, `{CLAIM_COMPARISONS_CSV}`).")
     return (rule +
             "Each verdict rests on one search per method (`conditional_on_search` in the CSV files): another search "
             "may move a method more than the seeds do; `search_sd_allowance` is the largest search SD that would leave "
             "the verdict standing, and repeated searches (`protocol.search_repeats`) give verdicts about the methods."
-            + (f" These tests include search luck of SD {100 * claims.search_sd:.2f} points per method "
+            + (f" These tests include search luck of SD {search_sd_words(claims.search_sd)} "
                "(`analysis.search_sd`, measured beforehand with repeated searches; `assumed_search_sd` in the CSV "
                "files): each verdict allows for another search of either method moving it by luck of that size." if claims.search_sd else ""))
 
@@ -254,7 +259,8 @@ def summary_section(data: ReportData) -> Section | None:
     bullets = [_against_sentence(reference, compared) for reference, compared in against if compared]
     leaders = [f"{metric_title(metric)}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
     searches = min(c.n for c in about_methods) if about_methods else None
-    paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims, searches)
+    crossed = bool(about_methods) and about_methods[0].model == CROSSED_MODEL
+    paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims, searches, crossed)
                       + " The other modes and metrics, the treated-control pairs and every p-value follow below and in "
                       f"`{CLAIM_COMPARISONS_CSV}`; they are secondary endpoints, each its own Holm family, not corrected "
                       "across endpoints.")
@@ -287,19 +293,24 @@ def _method_primary_sentence(data: ReportData, family: list[PairedComparison]) -
                    f"`{COMPARISONS_CSV}`), decided {sum(c.outcome(ALPHA) != 'inconclusive' for c in one_search)} of them."
                    if one_search and not isinstance(one_search, str) else "")
     return (f"Primary endpoint {uncertainty.endpoint_title(data.claims.primary)}: {len(family)} declared comparison(s) in "
-            f"one Holm family, judged about the methods over {min(c.n for c in family)} searches per method (each "
-            f"search's mean over its reproductions, paired by search index) — {_tally(family)}.{search_zero}")
+            f"one Holm family, judged about the methods over {min(c.n for c in family)} searches per method ("
+            + ("the crossed search x seed model: the searches shared their seeds" if family[0].model == CROSSED_MODEL else
+               "each search's mean over its reproductions, paired by search index")
+            + f") — {_tally(family)}.{search_zero}")
 
 
 def _method_design_sentence(data: ReportData, family: list[PairedComparison]) -> str | None:
     """``_design_sentence`` for verdicts about the methods: the planner's cheapest searches x reproductions at
-    the search SD these searches measured (pooled over the methods, as ``dmlbench plan --pilot`` takes it)."""
+    each undecided comparison's own search luck (the two methods' search SDs these searches measured,
+    ``statistics.pair_search_sd``) and seed spread."""
     undecided = {(c.a, c.b) for c in family if c.outcome(ALPHA) == "inconclusive"}
-    seed_sds = [p.sd for p in data.claims.power if (p.a, p.b) in undecided]
     variances = uncertainty.repeated_variances(data)
-    if not undecided or not seed_sds or not variances:
+    measured = {method: components.search_sd for method, components in variances.items()}
+    spreads = [(pair_search_sd(measured, p.a, p.b), p.sd) for p in data.claims.power
+               if (p.a, p.b) in undecided and p.a in measured and p.b in measured]
+    if not spreads:
         return None
-    return _search_design_sentence(data, len(undecided), max(seed_sds), pooled_search_sd(variances), measured=True)
+    return _search_design_sentence(data, len(undecided), spreads, "the search luck these searches measured, each method its own")
 
 
 def _baseline_sentence(data: ReportData) -> str | None:
@@ -345,8 +356,8 @@ def _design_sentence(data: ReportData) -> str | None:
     if not undecided or not planned:
         return None
     if claims.search_sd:
-        return _search_design_sentence(data, len(undecided), max(p.sd for p in claims.power if (p.a, p.b) in undecided),
-                                       claims.search_sd)
+        spreads = [(pair_search_sd(claims.search_sd, p.a, p.b), p.sd) for p in claims.power if (p.a, p.b) in undecided]
+        return _search_design_sentence(data, len(undecided), spreads, f"{search_sd_words(claims.search_sd)} of search luck")
     if any(needed is None for needed in planned):
         return (f"No number of reproductions up to {MAX_REPRODUCTIONS} gives the undecided comparisons 80% power at the "
                 "observed spread: a wider `analysis.equivalence_margin` or a less noisy protocol (longer training, "
@@ -358,21 +369,21 @@ def _design_sentence(data: ReportData) -> str | None:
             f"`{_benchmark_command(data, f'protocol.reproductions={needed}')}`.")
 
 
-def _search_design_sentence(data: ReportData, undecided: int, seed_sd: float, search_sd: float, measured: bool = False) -> str:
-    """``_design_sentence`` when the verdicts are about the methods (searches repeated, ``measured``: the search SD
-    is theirs) or allow for declared search luck (``analysis.search_sd``): more reproductions cannot beat it, so
-    the planner's cheapest searches x reproductions (``search_luck.cheapest_design``)."""
+def _search_design_sentence(data: ReportData, undecided: int, spreads: list[tuple[float, float]], luck: str) -> str:
+    """``_design_sentence`` when the verdicts are about the methods (searches repeated) or allow for declared
+    search luck (``analysis.search_sd``): more reproductions cannot beat it, so the planner's cheapest searches x
+    reproductions at which every undecided comparison, at its own search luck and seed spread (``spreads``),
+    reaches 80% (``search_luck.cheapest_family_design``); ``luck`` says where the search luck comes from."""
     claims, protocol = data.claims, data.benchmark.protocol
     comparisons = len(claims.families[claims.primary])
-    design = cheapest_design(search_sd, seed_sd, claims.margin, comparisons, protocol.trials, protocol.folds, alpha=ALPHA)
+    design = cheapest_family_design(spreads, claims.margin, comparisons, protocol.trials, protocol.folds, alpha=ALPHA)
     if design is None:
         return ("No design of searches and reproductions gives the undecided comparisons 80% power: the search luck "
-                f"({100 * search_sd:.2f} points per method) exceeds what the ±{100 * claims.margin:g}-point margin allows.")
+                f"({luck}) exceeds what the ±{100 * claims.margin:g}-point margin allows.")
     duration = _duration(_seconds_at(data, design.reproductions, design.searches))
-    luck = f"{100 * search_sd:.2f} points of search luck" + (" as these searches measured it" if measured else "")
     return (f"To decide the {undecided} undecided comparison(s) about the methods, search luck included: "
-            f"{design.searches} searches x {design.reproductions} reproductions per method (the planner at the observed "
-            f"spread and {luck}), about {duration} on this machine at this "
+            f"{design.searches} searches x {design.reproductions} reproductions per method (the planner at each "
+            f"comparison's observed spread and {luck}), about {duration} on this machine at this "
             f"run's cost: `{_benchmark_command(data, f'protocol.search_repeats={design.searches}', f'protocol.reproductions={design.reproductions}')}`.")
 
 
@@ -509,7 +520,7 @@ def _power_section(claims: Claims) -> Section:
                     f"unadjusted / at the strictest Holm threshold ({ALPHA}/{m}); the minimal detectable difference "
                     "(80% t-test power at that threshold) and the reproductions both tests need for 80% there "
                     "(`dmlbench plan`). An inconclusive verdict with low power says little either way."
-                    + (f" The tests include {100 * claims.search_sd:.2f} points of search luck per method "
+                    + (f" The tests include search luck of {search_sd_words(claims.search_sd)} "
                        "(`analysis.search_sd`), which more reproductions do not shrink; the power folds it into the SD "
                        "(an approximation, conservative like the tests)." if claims.search_sd else "")],
                    tables=[(["comparison", "n", "SD of differences (%)", "t-test power", "TOST power",

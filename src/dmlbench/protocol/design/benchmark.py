@@ -240,6 +240,17 @@ def _check_analysis(analysis: AnalysisSpec, names: list[str]) -> None:
     unknown = [name for name in mentioned if name not in names]
     if unknown:
         raise UserInputError(f"benchmark analysis names {unknown[0]!r}, which is not a method; methods: {', '.join(names)}")
+    for key in ("search_sd", "planning_search_sd"):
+        per_method = getattr(analysis, key)
+        if isinstance(per_method, dict):
+            strangers = [name for name in per_method if name not in names]
+            if strangers:
+                raise UserInputError(f"benchmark analysis.{key} names {strangers[0]!r}, which is not a method; methods: "
+                                     f"{', '.join(names)}")
+            lacking = [name for name in names if name not in per_method]
+            if lacking:
+                raise UserInputError(f"benchmark analysis.{key} gives no search SD for method {lacking[0]!r}: give every "
+                                     "method one, or one number for all")
     same = [pair for pair in analysis.pairs if pair[0] == pair[1]]
     if same:
         raise UserInputError(f"benchmark analysis pair [{same[0][0]}, {same[0][1]}] compares a method with itself")
