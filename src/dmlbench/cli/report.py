@@ -133,6 +133,11 @@ def plan_command(
         typer.echo(planning.plan_text(family, sds, f"{100 * sd:.2f} points (--sd)"))
     if planned is not None:
         typer.echo(planning.search_plan_text(family, sds, planned, source, search_sd_bound=bound, other_trials=other_trials))
+    if pilot is not None:
+        from dmlbench.report.committed import pilot_range_notes
+
+        for note in pilot_range_notes(pilot):
+            typer.echo(f"search ranges: {note}")
 
 def _search_sds_at(values: list[str]) -> dict[int, float]:
     """``--search-sd-at TRIALS=X`` values as trials per search -> search SD (score units)."""

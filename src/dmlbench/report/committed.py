@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from dmlbench.analysis.search_luck import (
     search_variance_from_means,
     variance_components,
 )
+from dmlbench.analysis.search_ranges import edge_counts, edge_words, same_models
 from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv, judge_search_means
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
@@ -214,3 +216,40 @@ def pilot_search_sd(directory: Path, endpoint: tuple[str, str],
     if read_benchmark(directory).protocol.search_seeds == SHARED_SEEDS:
         notes.append("its searches shared their seeds, so these SDs are biased low")
     return sds, bounds, "; ".join(notes)
+
+
+def pilot_range_notes(directory: Path) -> list[str]:
+    """What a committed pilot with repeated searches says about its search ranges (``search_ranges``): parameters
+    chosen at one edge of their range in a share of a method's searches (``search_repeats.csv``'s best parameters),
+    and, where the searches shared their seeds, searches whose chosen parameters differ but whose reproductions
+    scored identically on every endpoint and seed (``runs.csv``): they trained the same models."""
+    path = directory / layout.SEARCH_REPEATS_CSV
+    if not path.is_file():
+        return []
+    chosen: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in csv.DictReader(path.read_text().splitlines()):
+        params = dict(item.split("=", 1) for item in row["best_params"].split(";") if item)
+        chosen.setdefault(row["method"], {})[int(row["search"])] = {key: _number(value) for key, value in params.items()}
+    spaces = {method.name: method.search for method in read_benchmark(directory).spec.methods}
+    notes = [edge_words(edge_counts(spaces, {method: list(by_search.values()) for method, by_search in chosen.items()}))]
+    if read_benchmark(directory).protocol.search_seeds == SHARED_SEEDS:
+        table = read_search_table(directory / layout.RUNS_CSV)
+        scored = {method: {search: repr(sorted((endpoint, sorted(table[endpoint][method][search].items()))
+                                               for endpoint in table if search in table[endpoint].get(method, {})))
+                           for search in by_search} for method, by_search in chosen.items()}
+        same = same_models({method: [(chosen[method][search], digest) for search, digest in by_search.items()]
+                            for method, by_search in scored.items()})
+        if same:
+            notes.append("Searches whose chosen parameters differ but whose reproductions scored identically on every "
+                         "endpoint and seed (the searches shared their seeds, so these are the same models): "
+                         + "; ".join(f"{group.method}: " + " = ".join(", ".join(f"{key}={value:.4g}" for key, value in params)
+                                                                      for params in group.params) for group in same) + ".")
+    return [note for note in notes if note]
+
+
+def _number(text: str) -> Any:
+    """A parameter value as ``search_repeats.csv`` writes it (``repr``): a number where it is one."""
+    try:
+        return float(text) if any(mark in text for mark in ".e") else int(text)
+    except ValueError:
+        return text

@@ -18,6 +18,7 @@ from dmlbench.analysis.budget import budget_curve, expected_best
 from dmlbench.analysis.class_bootstrap import ClassBootstrap, class_bootstrap, class_sums_csv
 from dmlbench.analysis.endpoints import ALL_MODES, CROSS_DOMAIN_SUFFIX, RERANKED_SUFFIX, SearchTable, cross_domain_mode
 from dmlbench.analysis.search_luck import VarianceComponents, pooled_search_sd, variance_components
+from dmlbench.analysis.search_ranges import EDGE_FRACTION, edge_counts, edge_position, edge_words, same_model_words, same_models
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.statistics import PairedComparison
 from dmlbench.analysis.verdicts import LEADERBOARD_METRICS, Families, judge_methods
@@ -34,15 +35,17 @@ from dmlbench.protocol.layout import (
     METHOD_COMPARISONS_CSV,
     SEARCH_REPEATS_CSV,
     SEARCH_VARIANCE_CSV,
+    fold_dir,
+    trial_dir,
 )
 from dmlbench.protocol.units.results import MethodReproductions, result_rows, run_rows
 from dmlbench.report.analysis import Claims, scored_methods
 from dmlbench.report.data import ReportData
 from dmlbench.report.tables import csv_text
+from dmlbench.training.records import model_digest
 
 Table = tuple[list[str], list[list[str]]]
 Part = tuple[str, list[str], list[Table]]  # title, paragraphs, tables
-EDGE_FRACTION = 0.05  # a best value this close to a bound (as a fraction of the range) is flagged
 
 
 def endpoint_title(endpoint: tuple[str, str]) -> str:
@@ -211,34 +214,26 @@ def search_repeat_part(data: ReportData) -> Part | None:
           f"test {endpoint} (%)"], detail)])
 
 
-def edge_position(bounds: dict[str, Any], value: Any) -> float | None:
-    """Where ``value`` lies in its search range, 0 at ``low`` and 1 at ``high``, on the log scale when the
-    range is searched on it; ``None`` for a categorical or non-numeric entry."""
-    if not isinstance(bounds, dict) or "low" not in bounds or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    low, high = float(bounds["low"]), float(bounds["high"])
-    if bounds.get("log"):
-        return (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
-    return (value - low) / (high - low)
-
-
 def range_edge_text(data: ReportData) -> str:
-    """One sentence naming every best value within the outer ``EDGE_FRACTION`` of its search range."""
+    """One sentence naming every best value within the outer ``EDGE_FRACTION`` of its search range, then (searches
+    repeated) each parameter whose chosen values sit at one edge in a share of a method's searches (``search_ranges``)."""
     spaces = {m.name: m.search for m in data.benchmark.spec.methods}
-    flagged = []
+    flagged, chosen = [], {}
     for method in data.methods:
         for name in [method, *data.repeats.get(method, [])]:
             best = _best(data.trials.get(name, []))
+            chosen.setdefault(method, []).append((best or {}).get("params", {}))
             for key, value in (best or {}).get("params", {}).items():
                 position = edge_position(spaces.get(method, {}).get(key), value)
                 if position is not None and min(position, 1.0 - position) <= EDGE_FRACTION:
                     side = "low" if position < 0.5 else "high"
                     flagged.append(f"`{name}` {key}={value:.4g} ({side} end, {100 * position:.0f}% of the range)")
     share = f"{100 * EDGE_FRACTION:g}%"
+    shares = edge_words(edge_counts(spaces, {m: c for m, c in chosen.items() if len(c) >= 2}))
     if not flagged:
         return f"No best value lies within the outer {share} of its search range."
     return (f"Best values within the outer {share} of their search range (on the log scale where searched on it), where "
-            f"the optimum may lie outside the range: {'; '.join(flagged)}.")
+            f"the optimum may lie outside the range: {'; '.join(flagged)}." + (f" {shares}" if shares else ""))
 
 
 def uncertainty_csvs(data: ReportData) -> dict[str, str]:
@@ -379,22 +374,29 @@ def budget_text(data: ReportData) -> str:
 
 
 def identical_trials_text(data: ReportData) -> str:
-    """Names a vacuous search dimension: completed trials of one search whose parameters differ but whose
-    validation scores are identical to the last digit trained the same model, so the parameters that
-    differ had no effect (e.g. a loss margin beyond a miner's fixed window)."""
+    """Names a vacuous search dimension: completed trials of one search (same seed, same folds) whose parameters
+    differ but whose first fold trained bit-identical weights (``records.model_digest``), or, where this machine
+    holds no checkpoints of the search (another worker's), whose validation scores are identical to the last digit."""
+    by_digest: dict[str, list[tuple[dict[str, Any], str]]] = {}
     flagged = []
     for method in data.methods:
         for name in [method, *data.repeats.get(method, [])]:
+            complete = [trial for trial in data.trials.get(name, []) if trial["state"] == "COMPLETE"]
+            digests = [model_digest(fold_dir(trial_dir(data.output_dir, name, trial["number"]), 0)) for trial in complete]
+            if complete and all(digest is not None for digest in digests):
+                by_digest[name] = [(trial["params"], digest) for trial, digest in zip(complete, digests)]
+                continue
             groups: dict[float, list[dict[str, Any]]] = {}
-            for trial in data.trials.get(name, []):
-                if trial["state"] == "COMPLETE":
-                    groups.setdefault(trial["value"], []).append(trial["params"])
+            for trial in complete:
+                groups.setdefault(trial["value"], []).append(trial["params"])
             for value, params in groups.items():
                 differing = sorted({key for first in params for other in params for key in first if first[key] != other.get(key)})
                 if len(params) >= 2 and differing:
                     flagged.append(f"`{name}`: {len(params)} trials with different {', '.join(differing)} scored exactly "
                                    f"{100 * value:.4f}")
-    if not flagged:
-        return ""
-    return ("Trials with different parameters gave identical validation scores, so they trained the same model and "
-            "that dimension of the search did nothing: " + "; ".join(flagged) + ".")
+    text = same_model_words(same_models(by_digest))
+    if flagged:
+        text += (" " if text else "") + ("Trials with different parameters gave identical validation scores, so they "
+                                         "trained the same model and that dimension of the search did nothing: "
+                                         + "; ".join(flagged) + ".")
+    return text

@@ -15,6 +15,7 @@ atomically (``dmlbench.files``), provenance comes from ``dmlbench.provenance``::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.errors import UserInputError
-from dmlbench.files import atomic_write_text, file_sha256, read_json, signals_deferred
+from dmlbench.files import atomic_write_text, file_sha256, load_checkpoint, read_json, signals_deferred
 from dmlbench.ownership import owned
 
 CONFIG_FILE = "config.yaml"
@@ -108,6 +109,24 @@ def write_error_log(run_dir: Path, error: BaseException) -> Path:
 def run_hashes(run_dir: Path) -> dict[str, str]:
     """What identifies a trained model: sha256 of its validation-selected checkpoint and of its config file."""
     return {"model_sha256": file_sha256(run_dir / BEST_CHECKPOINT), "config_sha256": file_sha256(run_dir / CONFIG_FILE)}
+
+
+def model_digest(run_dir: Path) -> str | None:
+    """sha256 of the validation-selected model's weights (each tensor's name, dtype, shape and bytes, in the
+    state's order), or ``None`` without that checkpoint: equal for two runs that trained the same model, whatever
+    else the checkpoint records."""
+    path = run_dir / BEST_CHECKPOINT
+    if not path.is_file():
+        return None
+    import torch
+
+    state = load_checkpoint(path, "train the run again or restore the file from a backup", map_location="cpu")["model"]
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        value = torch.as_tensor(tensor).detach().contiguous()
+        digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return digest.hexdigest()
 
 
 def require_run_dir(run_dir: Path) -> dict[str, Any]:
