@@ -146,3 +146,18 @@ def test_the_planned_power_of_a_design_is_what_the_design_as_run_achieves():
     tost_power = sum(judged(0.0).tost_pvalue_holm < ALPHA for _ in range(studies)) / studies
     for planned, simulated in ((planned_t, t_power), (planned_tost, tost_power)):
         assert abs(planned - simulated) <= 3 * math.sqrt(planned * (1 - planned) / studies) + 0.005
+
+
+@pytest.mark.slow
+def test_the_committed_error_rates_are_what_the_simulation_gives(tmp_path):
+    """``results/crossed_model_simulation.csv`` (quoted by analysis/crossed.py and docs/protocol.md) recomputes, to the
+    last digit, from its seeded script (about 5 minutes on 2 cores: ``pytest -m slow tests/test_crossed_model.py``)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "results" / "crossed_model_simulation.py"
+    spec = importlib.util.spec_from_file_location("crossed_model_simulation", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["-o", str(tmp_path / "rates.csv")]) == 0
+    assert (tmp_path / "rates.csv").read_text() == (script.parent / "crossed_model_simulation.csv").read_text()

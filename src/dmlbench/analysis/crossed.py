@@ -19,11 +19,11 @@ in the tests); ``Var(dbar)`` is estimated by ``(MS_A + MS_B - MS_E)/(kn)``, neve
 
 **Test.** ``t = dbar / SE`` against Student's t with ``min(k, n) - 1`` degrees of freedom, the containment
 degrees of freedom of the smaller random factor. Satterthwaite's degrees of freedom, the usual choice, let
-the 5 % test reject a true null in 6 to 7.5 % of simulated 29 x 3 studies with a seed x method effect (the
-seed term rests on 2 degrees of freedom); the containment choice keeps the error at or below alpha
-(conservative: about 1 to 4 % at 3 x 3 and 29 x 3, ``tests/test_crossed_model.py``). TOST and the
-intervals use the same SE and degrees of freedom. With three seeds, a design that shared them cannot decide
-much about the method: that is what it measured.
+the 5 % test reject a true null in 6.2 % of 2,000 simulated 29 x 3 studies with a seed x method effect (the
+seed term rests on 2 degrees of freedom; its 95 % interval covered 92.5 %); the containment choice keeps the
+error at or below alpha (conservative: 1.9 % at 3 x 3, 0.3 % at 29 x 3; ``results/crossed_model_simulation.csv``,
+``tests/test_crossed_model.py``). TOST and the intervals use the same SE and degrees of freedom. With three
+seeds, a design that shared them cannot decide much about the method: that is what it measured.
 """
 
 from __future__ import annotations
