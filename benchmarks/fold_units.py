@@ -34,8 +34,12 @@ def one_method(config: Path, method: str | None) -> dict[str, Any]:
     if not chosen:
         raise SystemExit(f"{config} has no method {method!r}")
     plugins = [str((config.parent / name).resolve()) if name.endswith(".py") else name for name in spec.get("plugins", [])]
-    # The comparisons it declares name the other methods: one method is compared with nothing.
+    # The comparisons it declares name the other methods: one method is compared with nothing; a search SD given
+    # per method keeps this method's.
     analysis = {key: value for key, value in (spec.get("analysis") or {}).items() if key not in ("references", "pairs")}
+    for key in ("search_sd", "planning_search_sd"):
+        if isinstance(analysis.get(key), dict):
+            analysis[key] = {name: sd for name, sd in analysis[key].items() if name in {entry["name"] for entry in chosen}}
     return {**spec, "methods": chosen, "analysis": analysis, **({"plugins": plugins} if plugins else {})}
 
 

@@ -1,6 +1,7 @@
 """The expected best score after n trials (Dodge et al. 2019) against brute-force enumeration in float64."""
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,7 +42,9 @@ def test_the_report_flags_a_search_dimension_that_trained_identical_models() -> 
     def trial(number: int, value: float, margin: float) -> dict:
         return {"number": number, "state": "COMPLETE", "value": value, "params": {"loss.params.margin": margin}}
 
-    data = SimpleNamespace(methods=["triplet", "contrastive"], repeats={"triplet": ["triplet@search1"]}, trials={
+    # No checkpoints in output_dir: the trials are told apart by their validation scores.
+    data = SimpleNamespace(methods=["triplet", "contrastive"], repeats={"triplet": ["triplet@search1"]},
+                           output_dir=Path("/nonexistent"), trials={
         "triplet": [trial(0, 0.3654, 0.25), trial(1, 0.3654, 0.44), trial(2, 0.31, 0.1)],
         "triplet@search1": [trial(0, 0.35, 0.3), trial(1, 0.36, 0.4)],
         "contrastive": [trial(0, 0.40, 1.0), trial(1, 0.40, 1.0)],

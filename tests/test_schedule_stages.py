@@ -104,7 +104,7 @@ def _generator_units(scenario: Scenario, searches: dict[str, ScriptedUnit]) -> A
 def _staged(scenario: Scenario, monkeypatch: pytest.MonkeyPatch, search_only: bool = False) -> schedule_module.Schedule:
     def search_stage(prepared: Any, context: Any) -> stages_module.SearchStage:
         stage = stages_module.SearchStage.__new__(stages_module.SearchStage)
-        stage.searches = scenario.searches()
+        stage.searches, stage.repeats = scenario.searches(), {}  # the repeats' own settings do not change the order
         return stage
 
     monkeypatch.setattr(schedule_module, "SearchStage", search_stage)
