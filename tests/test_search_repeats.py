@@ -219,8 +219,8 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
     search_sd = math.sqrt(sum(variances.values()) / len(variances))
     code, out, err = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--pilot", str(pilot)], capsys)
     assert code == 0, err
-    words = ", ".join(f"{method} {100 * math.sqrt(variance):.2f} points" for method, variance in variances.items())
-    assert f"search SD per method {words} (measured in {pilot} per method" in out
+    words = ", ".join(f"{method} {100 * math.sqrt(variance):.2f}" for method, variance in variances.items())
+    assert f"search SD {words} points (each method its own) (measured in {pilot} per method" in out
     assert "its verdicts are conditional on that search" in out
     line = next(text for text in out.splitlines() if "cheapest design" in text)
     searches, reproductions = int(line.split("search_repeats=")[1].split()[0]), int(line.split("reproductions=")[1].split()[0])
@@ -232,7 +232,7 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
     bounds = {method: search_sd_upper_bound({method: components}) for method, components in found.items()}
     assert all(bounds[method] > math.sqrt(variances[method]) for method in variances)
     bound_line = next(text for text in out.splitlines() if "search SD may be up to" in text)
-    assert "search SD may be up to per method " + ", ".join(f"{m} {100 * b:.2f} points" for m, b in bounds.items()) in bound_line
+    assert "search SD may be up to " + ", ".join(f"{m} {100 * b:.2f}" for m, b in bounds.items()) + " points" in bound_line
     import re
 
     runs = int(re.findall(r"\((\d+) training runs per method", line)[-1])
@@ -302,7 +302,7 @@ def test_a_pilot_plans_each_comparison_at_its_methods_own_search_sd(capsys: pyte
                 if row["method"] != "pooled" and row["metric"] == "map_at_r"}
     code, out, err = run_cli(["plan", str(REPO / "src" / "dmlbench" / "configs" / "benchmark.yaml"), "--pilot", str(pilot)], capsys)
     assert code == 0, err
-    assert f"normalized_softmax {100 * measured['normalized_softmax']:.2f} points" in out
-    assert f"contrastive {100 * measured['contrastive']:.2f} points" in out
+    assert f"normalized_softmax {100 * measured['normalized_softmax']:.2f} points (each method its own)" in out
+    assert f"search SD contrastive {100 * measured['contrastive']:.2f}, " in out
     assert "its searches shared their seeds, so these SDs are biased low" in out
     assert "none within 100 searches for normalized_softmax vs contrastive, normalized_softmax vs triplet_semihard" in out

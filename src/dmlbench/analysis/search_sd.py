@@ -31,9 +31,10 @@ def pair_search_sd(search_sd: SearchSD, a: str, b: str) -> float:
 
 
 def search_sd_words(search_sd: float | Mapping[str, float]) -> str:
-    """A search SD (``analysis.search_sd``) in words: "1.46 points per method", or each method's."""
+    """A search SD (``analysis.search_sd``) in words: "1.46 points per method", or "a 1.31, b 0.75 points (each method
+    its own)"."""
     if isinstance(search_sd, Mapping):
-        return "per method " + ", ".join(f"{name} {100 * sd:.2f} points" for name, sd in search_sd.items())
+        return ", ".join(f"{name} {100 * sd:.2f}" for name, sd in search_sd.items()) + " points (each method its own)"
     return f"{100 * search_sd:.2f} points per method"
 
 

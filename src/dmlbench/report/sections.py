@@ -357,7 +357,7 @@ def _design_sentence(data: ReportData) -> str | None:
         return None
     if claims.search_sd:
         spreads = [(pair_search_sd(claims.search_sd, p.a, p.b), p.sd) for p in claims.power if (p.a, p.b) in undecided]
-        return _search_design_sentence(data, len(undecided), spreads, f"{search_sd_words(claims.search_sd)} of search luck")
+        return _search_design_sentence(data, len(undecided), spreads, f"search luck of SD {search_sd_words(claims.search_sd)}")
     if any(needed is None for needed in planned):
         return (f"No number of reproductions up to {MAX_REPRODUCTIONS} gives the undecided comparisons 80% power at the "
                 "observed spread: a wider `analysis.equivalence_margin` or a less noisy protocol (longer training, "
@@ -520,7 +520,7 @@ def _power_section(claims: Claims) -> Section:
                     f"unadjusted / at the strictest Holm threshold ({ALPHA}/{m}); the minimal detectable difference "
                     "(80% t-test power at that threshold) and the reproductions both tests need for 80% there "
                     "(`dmlbench plan`). An inconclusive verdict with low power says little either way."
-                    + (f" The tests include search luck of {search_sd_words(claims.search_sd)} "
+                    + (f" The tests include search luck of SD {search_sd_words(claims.search_sd)} "
                        "(`analysis.search_sd`), which more reproductions do not shrink; the power folds it into the SD "
                        "(an approximation, conservative like the tests)." if claims.search_sd else "")],
                    tables=[(["comparison", "n", "SD of differences (%)", "t-test power", "TOST power",
