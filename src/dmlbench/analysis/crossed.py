@@ -41,6 +41,7 @@ from dmlbench.analysis.statistics import (
     PairedComparison,
     exact_differences,
     holm_family,
+    tests_at_se,
     zero_spread,
 )
 from dmlbench.errors import UserInputError
@@ -102,33 +103,32 @@ def crossed_comparison(a: CrossedScores, b: CrossedScores, names: tuple[str, str
                              f"common seeds, got {len(searches)} and {len(seeds)}")
     x = np.array([[a[s][r] for r in seeds] for s in searches], dtype=np.float64)
     y = np.array([[b[s][r] for r in seeds] for s in searches], dtype=np.float64)
-    fit = crossed_fit(x - y)
-    by_search = (x - y).mean(axis=1)
+    differences = x - y
+    fit = crossed_fit(differences)
     w_statistic, w_pvalue = 0.0, 1.0
     exact = exact_differences(x.mean(axis=1), y.mean(axis=1))
     if exact.any():
         result = stats.wilcoxon(exact)
         w_statistic, w_pvalue = float(result.statistic), float(result.pvalue)
-    flat = (x - y).ravel()
+    flat = differences.ravel()
     note = ""
     if zero_spread(flat):
         note = f"the {flat.size} paired differences are {'all zero' if not flat.any() else 'identical'}; a spread of zero gives no test"
     elif fit.df + 1 < MIN_VERDICT_PAIRS:
         note = (f"{len(searches)} searches x {len(seeds)} shared seeds: the crossed model's test rests on {fit.df} degree "
                 f"of freedom; a verdict needs at least {MIN_VERDICT_PAIRS} of each")
+    half = float(stats.t.ppf(0.975, fit.df)) * fit.se
+    low, high = fit.mean - half, fit.mean + half
     if note or fit.se == 0.0:
         t_statistic, t_pvalue, tost = (0.0 if not flat.any() else math.nan), 1.0, 1.0
     else:
-        t_statistic = fit.mean / fit.se
-        t_pvalue = float(2 * stats.t.sf(abs(t_statistic), fit.df))
-        tost = max(float(stats.t.sf((fit.mean + margin) / fit.se, fit.df)), float(stats.t.sf((margin - fit.mean) / fit.se, fit.df)))
-    half = float(stats.t.ppf(0.975, fit.df)) * fit.se
-    spread = float(by_search.std(ddof=1))
+        t_statistic, t_pvalue, tost, low, high = tests_at_se(fit.mean, fit.se, fit.df, margin)
+    spread = float(differences.mean(axis=1).std(ddof=1))
     return PairedComparison(
         a=names[0], b=names[1], n=len(searches), mean_difference=fit.mean, t_statistic=t_statistic, t_pvalue=t_pvalue,
         wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
         cohen_dz=fit.mean / spread if spread > 0 else (0.0 if fit.mean == 0 else math.nan), t_pvalue_holm=t_pvalue,
-        wilcoxon_pvalue_holm=w_pvalue, difference_low=fit.mean - half, difference_high=fit.mean + half, margin=margin,
+        wilcoxon_pvalue_holm=w_pvalue, difference_low=low, difference_high=high, margin=margin,
         tost_pvalue=tost, tost_pvalue_holm=tost, no_verdict=note, df=fit.df, model=CROSSED_MODEL)
 
 

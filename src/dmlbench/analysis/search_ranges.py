@@ -102,12 +102,16 @@ def same_models(trials: Mapping[str, Sequence[tuple[Mapping[str, Any], str]]]) -
     return found
 
 
+def same_model_groups(found: Sequence[SameModel], quoted: bool = True) -> str:
+    """The groups as a list: ``method: k=v = k=v; ...`` (the method in backticks when ``quoted``)."""
+    return "; ".join((f"`{group.method}`" if quoted else group.method) + ": "
+                     + " = ".join(", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+                                            for key, value in params) for params in group.params) for group in found)
+
+
 def same_model_words(found: Sequence[SameModel]) -> str:
     """The groups in one sentence, or "" for none."""
     if not found:
         return ""
-    groups = "; ".join(f"`{group.method}`: " + " = ".join(", ".join(f"{key}={value:.4g}" if isinstance(value, float)
-                                                                  else f"{key}={value}" for key, value in params)
-                                                        for params in group.params) for group in found)
     return (f"Different parameter values that trained bit-identical models (the same checkpoint under the same seed and "
-            f"fold), so a range spends trials on one model: {groups}.")
+            f"fold), so a range spends trials on one model: {same_model_groups(found)}.")

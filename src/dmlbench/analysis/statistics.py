@@ -27,7 +27,7 @@ from fractions import Fraction
 import numpy as np
 from scipy import stats
 
-from dmlbench.analysis.search_sd import SearchSD, pair_search_sd, with_search_luck
+from dmlbench.analysis.search_sd import SearchSD, pair_search_sd, se_with_search_luck
 from dmlbench.errors import UserInputError
 
 DEFAULT_CONFIDENCE = 0.95
@@ -273,7 +273,8 @@ def paired_comparison(
     interval = mean_interval(differences)
     low, high = interval.low, interval.high
     if search_sd > 0.0 and not zero_spread(differences):
-        t_statistic, t_pvalue, tost, low, high = with_search_luck(differences, search_sd, margin)
+        t_statistic, t_pvalue, tost, low, high = tests_at_se(float(differences.mean()), se_with_search_luck(differences, search_sd),
+                                                             differences.size - 1, margin)
     return PairedComparison(
         a=names[0], b=names[1], n=int(x.size), mean_difference=float(differences.mean()),
         t_statistic=t_statistic, t_pvalue=t_pvalue, wilcoxon_statistic=w_statistic, wilcoxon_pvalue=w_pvalue,
@@ -281,6 +282,15 @@ def paired_comparison(
         difference_low=low, difference_high=high, margin=margin, tost_pvalue=tost, tost_pvalue_holm=tost,
         no_verdict=spread_note(differences), search_sd=search_sd,
     )
+
+
+def tests_at_se(mean: float, se: float, df: float, margin: float) -> tuple[float, float, float, float, float]:
+    """t statistic, two-sided p, TOST p within ``±margin`` and the 95% interval of a mean difference whose standard
+    error ``se`` and degrees of freedom ``df`` a model gives (search luck added, ``search_sd``; ``analysis.crossed``)."""
+    statistic = mean / se
+    tost = max(float(stats.t.sf((mean + margin) / se, df)), float(stats.t.sf((margin - mean) / se, df)))
+    half = float(stats.t.ppf(0.975, df)) * se
+    return statistic, float(2 * stats.t.sf(abs(statistic), df)), tost, mean - half, mean + half
 
 
 def exact_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:

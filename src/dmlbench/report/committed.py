@@ -25,7 +25,7 @@ from dmlbench.analysis.search_luck import (
     search_variance_from_means,
     variance_components,
 )
-from dmlbench.analysis.search_ranges import edge_counts, edge_words, same_models
+from dmlbench.analysis.search_ranges import edge_counts, edge_words, same_model_groups, same_models
 from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv, judge_search_means
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
@@ -230,9 +230,10 @@ def pilot_range_notes(directory: Path) -> list[str]:
     for row in csv.DictReader(path.read_text().splitlines()):
         params = dict(item.split("=", 1) for item in row["best_params"].split(";") if item)
         chosen.setdefault(row["method"], {})[int(row["search"])] = {key: _number(value) for key, value in params.items()}
-    spaces = {method.name: method.search for method in read_benchmark(directory).spec.methods}
+    record = read_benchmark(directory)
+    spaces = {method.name: method.search for method in record.spec.methods}
     notes = [edge_words(edge_counts(spaces, {method: list(by_search.values()) for method, by_search in chosen.items()}))]
-    if read_benchmark(directory).protocol.search_seeds == SHARED_SEEDS:
+    if record.protocol.search_seeds == SHARED_SEEDS:
         table = read_search_table(directory / layout.RUNS_CSV)
         scored = {method: {search: repr(sorted((endpoint, sorted(table[endpoint][method][search].items()))
                                                for endpoint in table if search in table[endpoint].get(method, {})))
@@ -242,8 +243,7 @@ def pilot_range_notes(directory: Path) -> list[str]:
         if same:
             notes.append("Searches whose chosen parameters differ but whose reproductions scored identically on every "
                          "endpoint and seed (the searches shared their seeds, so these are the same models): "
-                         + "; ".join(f"{group.method}: " + " = ".join(", ".join(f"{key}={value:.4g}" for key, value in params)
-                                                                      for params in group.params) for group in same) + ".")
+                         + same_model_groups(same, quoted=False) + ".")
     return [note for note in notes if note]
 
 
