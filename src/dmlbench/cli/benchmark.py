@@ -16,6 +16,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from dmlbench.cli import cluster
 from dmlbench.cli.common import COMMAND_STARTED, OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.protocol import layout
@@ -64,6 +65,13 @@ def benchmark_command(
     accept_plugin_changes: Annotated[bool, typer.Option("--accept-plugin-changes", help=ACCEPT_HELP)] = False,
     accept_analysis_change: Annotated[bool, typer.Option("--accept-analysis-change", help=ACCEPT_ANALYSIS_HELP)] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help=RETRY_FAILED_HELP)] = False,
+    slurm: Annotated[bool, typer.Option("--slurm", help=cluster.SLURM_HELP)] = False,
+    partition: Annotated[Optional[str], typer.Option("--partition", metavar="NAME", help=cluster.PARTITION_HELP, show_default=False)] = None,
+    time_limit: Annotated[str, typer.Option("--time", metavar="LIMIT", help=cluster.TIME_HELP)] = cluster.DEFAULT_TIME,
+    cpus_per_worker: Annotated[int, typer.Option("--cpus-per-worker", metavar="N", help=cluster.CPUS_HELP)] = 1,
+    gpus_per_worker: Annotated[int, typer.Option("--gpus-per-worker", metavar="N", help=cluster.GPUS_HELP)] = 0,
+    sbatch: Annotated[Optional[list[str]], typer.Option("--sbatch", metavar="OPTION", help=cluster.SBATCH_HELP, show_default=False)] = None,
+    wait: Annotated[bool, typer.Option("--wait", help=cluster.WAIT_HELP)] = False,
 ) -> None:
     """Run the whole protocol: search, reproductions on new seeds, untrained baseline, paired tests, report.
 
@@ -72,7 +80,7 @@ def benchmark_command(
     finds nothing left says so and exits 0. Exit codes: 0 every method completed, 1 some method
     failed (named on stderr) or a write failed for lack of space (the same command continues), 2 bad
     input, 130 interrupted by Ctrl-C and 143 by SIGTERM (the message prints the command that continues
-    it; finished trials and runs are kept).
+    it; finished trials and runs are kept). With --slurm: 0 once submitted (with --wait, as above).
     """
     # The dry run counts the command's start in its estimate: the process's, when it runs this one command.
     started = ctx.obj.get(COMMAND_STARTED, time.monotonic()) if isinstance(ctx.obj, dict) else time.monotonic()
@@ -81,6 +89,7 @@ def benchmark_command(
         require_yaml(config_path, "benchmark config")
     _check_storage_options(heartbeat, db_retry)
     workers = _jobs(jobs)
+    cluster_options = cluster.slurm_options(slurm, partition, time_limit, cpus_per_worker, gpus_per_worker, sbatch, wait, jobs)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
@@ -95,16 +104,16 @@ def benchmark_command(
         prepared = prepare(spec, output_dir, overrides, storage, jobs=workers,
                            heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes,
                            accept_analysis_change=accept_analysis_change)
+        if cluster_options is not None:
+            if cluster.run_on_slurm(prepared, config_path, overrides, cluster_options, dry_run=dry_run, wait=wait,
+                                    retry_failed=retry_failed, report=write_report, quiet=quiet):
+                _print_finished(output_dir, config_path, overrides, quiet)
+            return
         if jobs != str(prepared.jobs) and not quiet:
             typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
         _warn_if_oversubscribed(prepared.jobs)
         if dry_run:
-            from dmlbench.analysis.planning import dry_run_plan
-            from dmlbench.protocol.dry_run.cost import dry_run as estimate
-
-            typer.echo(estimate(prepared, started, report=write_report))  # the real run's report writer, timed
-            typer.echo(dry_run_plan(prepared.spec.planned_family(), prepared.spec.analysis.planning_sd,
-                                     prepared.spec.analysis.planning_search_sd))
+            _print_dry_run(prepared, started, write_report)
             return
         if not quiet:
             typer.echo(f"output: {output_dir} ({layout.REPORT_FILE} and {layout.REPORT_HTML} at the end)", err=True)
@@ -118,11 +127,28 @@ def benchmark_command(
                    f"(`dmlbench report {output_dir}` rebuilds it from the storage)")
         _exit_on_failures(_recorded_failures(output_dir))
         return
+    _print_finished(output_dir, config_path, overrides, quiet, outcome.failed)
+
+
+def _print_dry_run(prepared: Any, started: float, write_report: Any) -> None:
+    """The dry run's estimate (with the real run's report writer, timed) and the power of its design."""
+    from dmlbench.analysis.planning import dry_run_plan
+    from dmlbench.protocol.dry_run.cost import dry_run as estimate
+
+    typer.echo(estimate(prepared, started, report=write_report))
+    typer.echo(dry_run_plan(prepared.spec.planned_family(), prepared.spec.analysis.planning_sd,
+                             prepared.spec.analysis.planning_search_sd))
+
+
+def _print_finished(output_dir: Path, config_path: Path | None, overrides: list[str], quiet: bool,
+                    failed: dict[str, str] | None = None) -> None:
+    """What a benchmark whose report is written prints: the report's summary and files, then each failed
+    method (exit 1): ``failed``, or those ``results.json`` records (the workers ran elsewhere: SLURM tasks)."""
     if not quiet:
         typer.echo(report_summary((output_dir / layout.REPORT_FILE).read_text(), config_path, overrides))
     typer.echo(f"report: {output_dir / layout.REPORT_FILE} {output_dir / layout.REPORT_HTML}; "
                f"results: {output_dir / layout.RESULTS_CSV}")
-    _exit_on_failures(outcome.failed)
+    _exit_on_failures(_recorded_failures(output_dir) if failed is None else failed)
 
 
 def _recorded_failures(output_dir: Path) -> dict[str, str]:

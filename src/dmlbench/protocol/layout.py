@@ -17,6 +17,7 @@ no other module spells them)::
       report.md, report.html, comparisons.csv, results.tex, the claim and uncertainty CSVs, the figures
                                the report (``report.build.write_report``)
       trunks/fold_K, features/fold_K.pt, features/.lock the frozen-trunk feature cache
+      slurm.json, slurm/       the SLURM jobs of ``--slurm`` and their scripts and logs
       METHOD/trial_SSSS/fold_K                         search runs (slot SSSS)
       METHOD/reproduction_RR/fold_K                    reproduction runs; test_metrics.json beside them
       METHOD@searchK/...                               search repeat K of a method (protocol.search_repeats)
@@ -77,7 +78,11 @@ RAW_PIXELS = "raw_pixels"
 BASELINES = (UNTRAINED, RAW_PIXELS)
 TRUNKS_DIR = "trunks"
 FEATURES_DIR = "features"
-RESERVED_METHOD_NAMES = (*BASELINES, TRUNKS_DIR, FEATURES_DIR)
+# ``benchmark --slurm``: submitit's scripts, pickles and each task's log, and the record of every
+# submission (``protocol.run.slurm``), which ``dmlbench status`` reads.
+SLURM_DIR = "slurm"
+SLURM_FILE = "slurm.json"
+RESERVED_METHOD_NAMES = (*BASELINES, TRUNKS_DIR, FEATURES_DIR, SLURM_DIR)
 # Joins a method's name and the number of a repeat of its search; not allowed in a method's name.
 SEARCH_REPEAT_MARK = "@search"
 

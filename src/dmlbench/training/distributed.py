@@ -49,6 +49,15 @@ def current() -> ProcessGroup:
     return ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
 
 
+def launch_record(group: ProcessGroup) -> dict[str, Any]:
+    """How this run's processes were started, for ``run.json``: the collective ``backend`` (``nccl``,
+    ``gloo``; ``None`` for one process), the ``world_size`` and, in a SLURM job, its ``slurm_job_id``."""
+    record: dict[str, Any] = {"backend": str(dist.get_backend()) if group.enabled else None, "world_size": group.world_size}
+    if "SLURM_JOB_ID" in os.environ:
+        record["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    return record
+
+
 def init_from_environment(device: str) -> bool:
     """Join the job ``torchrun`` describes in the environment (``WORLD_SIZE`` > 1): NCCL when the run
     trains on CUDA, gloo otherwise. Returns whether a process group was created here."""

@@ -508,6 +508,7 @@ def _start_record(
             "world_size": group.world_size,
             "batch_per_process": config.training.batch_size // group.world_size,
         },
+        "launch": distributed.launch_record(group),
         "started": record.get("started", provenance.now()),
     })
     record.setdefault("resumed", [])

@@ -191,7 +191,8 @@ def load_spec(path: Path | None) -> BenchmarkSpec:
                              "the repeats of a search")
     reserved = [name for name in layout.RESERVED_METHOD_NAMES if name in names]
     if reserved:
-        what = "a baseline row" if reserved[0] in layout.BASELINES else "the frozen-trunk feature cache"
+        what = ("a baseline row" if reserved[0] in layout.BASELINES else "the SLURM jobs' folder"
+                if reserved[0] == layout.SLURM_DIR else "the frozen-trunk feature cache")
         raise UserInputError(f"benchmark method name {reserved[0]!r} is reserved for {what}")
     _check_analysis(spec.analysis, names)
     _check_repeats(spec.protocol, names)

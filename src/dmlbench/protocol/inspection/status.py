@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.design.benchmark_file import read_benchmark
-from dmlbench.protocol.layout import BASELINES, fold_study, reproduction_study
+from dmlbench.protocol.layout import BASELINES, SLURM_FILE, fold_study, reproduction_study
 from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.queue import storage as storage_module
 
@@ -37,6 +37,8 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         storage, planned = record.storage, record.spec.protocol.get("reproductions")
     storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
+    if not names and directory is not None and (Path(directory) / SLURM_FILE).is_file():  # its tasks have not started
+        return [f"storage {storage_module.redact(storage)}: no unit started yet", *slurm_lines(Path(directory))]
     if not names:
         raise UserInputError(f"storage {storage_module.redact(storage)} holds no study")
     backend = storage_module.open_storage(storage)
@@ -105,6 +107,22 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
                      f"{sum(durations) / len(durations):.1f} s per finished unit / {max(len(recent), 1)} worker(s){uncounted})")
     else:
         lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
+    return lines + (slurm_lines(Path(directory)) if directory is not None else [])
+
+
+def slurm_lines(directory: Path) -> list[str]:
+    """The SLURM jobs of ``benchmark --slurm`` (``slurm.json``): the last one, and any earlier one with
+    a task still queued or running, each task's state as SLURM reports it now."""
+    if not (directory / SLURM_FILE).is_file():
+        return []
+    from dmlbench.protocol.run import slurm
+
+    jobs = slurm.recorded_jobs(directory)
+    lines = []
+    for index, job in enumerate(jobs):
+        tasks = slurm.states(directory, job)
+        if index == len(jobs) - 1 or any(task.live for task in tasks):
+            lines.append(slurm.describe(job, tasks))
     return lines
 
 

@@ -39,6 +39,10 @@ from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.protocol.queue.attempts import RETRY_OF_FAILED, done, done_trial, finished, fixed_params, slots
 
 WAIT, DONE = "wait", "done"
+# Seconds between a running unit's heartbeats when --heartbeat does not say; a worker that missed
+# STALE_BEATS of them is taken for dead (Optuna's grace period for database servers is the same).
+DEFAULT_BEAT_SECONDS = 30
+STALE_BEATS = 3
 
 
 class UnitFailed(RuntimeError):
@@ -115,8 +119,10 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
     """Fail the RUNNING trials whose worker is gone (under the work lock).
 
     Database servers: Optuna's heartbeat (``fail_stale_trials``; its callback enqueues the retry).
-    File storages, used on one machine only: a RUNNING trial whose process no longer exists, or one
-    of this process that it is not running now. Any storage: a RUNNING trial that no worker stamped."""
+    File storages: a RUNNING trial of this machine whose process no longer exists, or one of this process
+    that it is not running now; a journal file that the nodes of a cluster share (SLURM tasks): a RUNNING
+    trial of another machine whose heartbeat attribute is ``STALE_BEATS`` beats old (the machines' clocks
+    must agree to well within that). Any storage: a RUNNING trial that no worker stamped."""
     if worker.beats:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -129,10 +135,19 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
             _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: the claim broke off")
             continue
         if owner.get("host") != worker.host:
+            if worker.kind.processes_of_one_machine and _silent(trial, worker):
+                _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: its worker on another machine stopped beating")
             continue
         mine_but_idle = owner.get("pid") == worker.pid and storage_module.trial_id(trial) not in _ACTIVE
         if mine_but_idle or (worker.kind.processes_of_one_machine and not process_exists(int(owner.get("pid", -1)))):
             _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: the worker process stopped")
+
+
+def _silent(trial: FrozenTrial, worker: Worker) -> bool:
+    """Whether ``trial``'s worker missed ``STALE_BEATS`` heartbeats (``Beating`` writes one every interval)."""
+    owner = trial.user_attrs["worker"]
+    last = float(trial.user_attrs.get("heartbeat", owner.get("last_seen", time.time())))
+    return time.time() - last > STALE_BEATS * (worker.heartbeat or DEFAULT_BEAT_SECONDS)
 
 
 def _mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
@@ -248,7 +263,7 @@ class Beating:
         _ACTIVE.discard(storage_module.trial_id(self.trial))
 
     def _beat(self) -> None:
-        interval = self.worker.heartbeat or 30
+        interval = self.worker.heartbeat or DEFAULT_BEAT_SECONDS
         backend, trial_id = storage_module.backend(self.study), storage_module.trial_id(self.trial)
         while True:
             try:

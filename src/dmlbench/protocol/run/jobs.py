@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from dmlbench import files, plugins
@@ -57,12 +58,9 @@ def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str]
     placement = Placement(worker=0, workers=prepared.jobs)
     write_benchmark_file(prepared, placement)
     context = multiprocessing.get_context("spawn")
-    workers = [
-        context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(
-            index, config_path, list(overrides), str(prepared.output_dir), prepared.storage, prepared.jobs,
-            prepared.heartbeat, prepared.retry_seconds, progress, report, plugins.command_line(), bool(prepared.plugin_changes)))
-        for index in range(1, prepared.jobs)
-    ]
+    task = WorkerTask.of(prepared, config_path, overrides, progress=progress, report=report)
+    workers = [context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(index, task))
+               for index in range(1, prepared.jobs)]
     for process in workers:
         process.start()
     try:
@@ -88,36 +86,66 @@ def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str]
     return outcome
 
 
-def _worker(index: int, config_path: Path | None, overrides: list[str], output_dir: str, storage: str, jobs: int,
-            heartbeat: int, retry_seconds: int, progress: bool, report: ReportWriter | None,
-            plugin_specs: list[str], accept_plugin_changes: bool) -> None:
-    """Spawned worker ``index``: the same checks and the same loop as the parent (its plugins imported
-    first, as the parent's were) on its share of the GPUs; exit codes as the CLI's."""
-    import logging
+@dataclass(frozen=True)
+class WorkerTask:
+    """What a worker started elsewhere (a spawned process, a SLURM task) needs to join a benchmark: the
+    command's config, overrides and options, the storage URL, the report writer, the plugins the user
+    loaded (imported first, as the user's process did)."""
 
-    import optuna
+    config_path: Path | None
+    overrides: tuple[str, ...]
+    output_dir: str
+    storage: str
+    jobs: int
+    heartbeat: int
+    retry_seconds: int
+    progress: bool
+    report: ReportWriter | None
+    plugin_specs: tuple[str, ...]
+    accept_plugin_changes: bool
 
-    from dmlbench.protocol.design.benchmark import load_spec
-    from dmlbench.protocol.design.prepare import prepare
+    @classmethod
+    def of(cls, prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
+           report: ReportWriter | None, storage: str | None = None) -> WorkerTask:
+        """The task of a worker of ``prepared`` (``storage``: the URL it connects with, if not ``prepared``'s)."""
+        return cls(config_path, tuple(overrides), str(prepared.output_dir), storage or prepared.storage, prepared.jobs,
+                   prepared.heartbeat, prepared.retry_seconds, progress, report, tuple(plugins.command_line()),
+                   bool(prepared.plugin_changes))
 
-    optuna.logging.set_verbosity(logging.WARNING)
-    install_stop_handlers()
-    try:
-        plugins.load_from_command_line(plugin_specs)
-        prepared = prepare(load_spec(config_path), Path(output_dir), overrides, storage, jobs=jobs, heartbeat=heartbeat,
-                           retry_seconds=retry_seconds, accept_plugin_changes=accept_plugin_changes)
-        run_benchmark(prepared, progress=progress, report=report, placement=Placement(worker=index, workers=jobs))
-    except UserInputError as error:
-        print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except (RunInterrupted, KeyboardInterrupt):
-        sys.exit(128 + received_signal())
-    except StorageFailed as error:
-        print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except Exception as error:
-        full = storage_error(error)
-        if full is None:
-            raise
-        print(f"dmlbench: error: {describe(full)}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    def run(self, placement: Placement) -> None:
+        """Prepare the benchmark as the user's process did and work on it at ``placement``; exit codes as
+        the CLI's (2 bad input, 1 a storage failure or a full disk, 128 + the signal when stopped)."""
+        import logging
+
+        import optuna
+
+        from dmlbench.protocol.design.benchmark import load_spec
+        from dmlbench.protocol.design.prepare import prepare
+
+        optuna.logging.set_verbosity(logging.WARNING)
+        install_stop_handlers()
+        try:
+            plugins.load_from_command_line(list(self.plugin_specs))
+            prepared = prepare(load_spec(self.config_path), Path(self.output_dir), list(self.overrides), self.storage,
+                               jobs=self.jobs, heartbeat=self.heartbeat, retry_seconds=self.retry_seconds,
+                               accept_plugin_changes=self.accept_plugin_changes)
+            run_benchmark(prepared, progress=self.progress, report=self.report, placement=placement)
+        except UserInputError as error:
+            print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        except (RunInterrupted, KeyboardInterrupt):
+            sys.exit(128 + received_signal())
+        except StorageFailed as error:
+            print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        except Exception as error:
+            full = storage_error(error)
+            if full is None:
+                raise
+            print(f"dmlbench: error: {describe(full)}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+
+def _worker(index: int, task: WorkerTask) -> None:
+    """Spawned worker ``index``: the same checks and the same loop as the parent on its share of the GPUs."""
+    task.run(Placement(worker=index, workers=task.jobs))

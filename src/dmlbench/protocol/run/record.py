@@ -51,22 +51,25 @@ def _device(prepared: Prepared, placement: Placement) -> str:
     return str(placement.device(next(iter(prepared.plans.values())).config.training.device))
 
 
-def _threads_per_worker(prepared: Prepared) -> int:
-    """The torch threads a run trains with: ``auto``'s share for this worker where a method leaves
-    ``training.num_threads`` at ``auto``, else the largest number the methods set."""
+def _threads_per_worker(prepared: Prepared, cores_per_worker: int | None = None) -> int:
+    """The torch threads a run trains with: where a method leaves ``training.num_threads`` at ``auto``,
+    the cores each worker is given (``cores_per_worker``, SLURM's ``--cpus-per-task``) or else ``auto``'s
+    share of this machine for this worker; else the largest number the methods set."""
     settings = {plan.config.training.num_threads for plan in prepared.plans.values()}
     if threads.AUTO in settings:
-        return threads.auto_threads(prepared.jobs)
+        return cores_per_worker or threads.auto_threads(prepared.jobs)
     return max(int(setting) for setting in settings)
 
 
-def write_benchmark_file(prepared: Prepared, placement: Placement = STANDALONE) -> BenchmarkRecord:
+def write_benchmark_file(prepared: Prepared, placement: Placement = STANDALONE, *,
+                         threads_per_worker: int | None = None) -> BenchmarkRecord:
     """Create the output directory and ``benchmark.json`` (the description, the analysis, the storage
     redacted, the config hash, the commit, the start time, the machine, the data's source and the
     threads of an ``auto`` run); for a benchmark already started, record in it what this worker accepted
     on purpose (an analysis or plugin change) and, for one started before the analysis was fixed or the
     data's source or the threads were recorded, the analysis of this spec, the data's source and this
-    worker's threads. Returns the record as stored."""
+    worker's threads. ``threads_per_worker``: the cores each worker is given, where they are not this
+    machine's share (SLURM tasks). Returns the record as stored."""
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
     analysis = hashed_analysis(prepared.spec.analysis.model_dump(mode="json"))
     stored = read_benchmark_if_any(prepared.output_dir)
@@ -76,7 +79,7 @@ def write_benchmark_file(prepared: Prepared, placement: Placement = STANDALONE) 
             "config_hash": prepared.config_hash, "git_commit": provenance.git_commit(), "created": provenance.now(),
             # the machine of the worker that started it (each run.json has its own)
             "environment": provenance.environment(_device(prepared, placement)), "data_source": prepared.data_source,
-            "threads_per_worker": _threads_per_worker(prepared),
+            "threads_per_worker": _threads_per_worker(prepared, threads_per_worker),
             **({"config_file": prepared.spec.config_file, "command_overrides": prepared.given_overrides}
                if prepared.spec.config_file is not None else {}),
             **({"pretrained_weights": prepared.weights} if prepared.weights else {})})
@@ -84,7 +87,7 @@ def write_benchmark_file(prepared: Prepared, placement: Placement = STANDALONE) 
         return record
     changed = False
     if stored.threads_per_worker is None:  # started before they were recorded (each run.json holds its own)
-        stored.threads_per_worker, changed = _threads_per_worker(prepared), True
+        stored.threads_per_worker, changed = _threads_per_worker(prepared, threads_per_worker), True
     if stored.data_source is None and prepared.data_source:  # started before it was recorded; the same data (hash checked)
         stored.data_source, changed = prepared.data_source, True
     if stored.pretrained_weights is None and prepared.weights:  # started before they were recorded

@@ -1,0 +1,43 @@
+"""One training run in every process of a job: a single process, the ranks ``torchrun`` starts, or the
+tasks of a SLURM job (``training.slurm``). Each joins the process group its environment describes,
+takes rank 0's run directory and trains; rank 0 writes the directory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from dmlbench.config import Config
+from dmlbench.training import distributed
+from dmlbench.training.loop import train
+from dmlbench.training.step import TrainingDiverged, TrainResult
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """What one process of the job ends with: its ``group``, the ``run_dir`` every rank trained, and the
+    run's ``result`` (``None`` when the run diverged: ``diverged`` says how; the run is marked failed)."""
+
+    group: distributed.ProcessGroup
+    run_dir: Path
+    result: TrainResult | None
+    diverged: str = ""
+
+
+def train_ranks(config: Config, output: Path | None, *, resume: bool, progress: bool) -> RankOutcome:
+    """Train ``config`` in this process's place of the job. ``output``: the run directory (default:
+    ``runs/<loss>-<time>`` by rank 0's clock, which may differ from the other ranks')."""
+    started_group = distributed.init_from_environment(config.training.device)
+    try:
+        group = distributed.current()
+        run_dir = distributed.broadcast(output or Path("runs") / f"{config.loss.name}-{datetime.now():%Y%m%d-%H%M%S}", group)
+        try:
+            return RankOutcome(group, run_dir, train(config, run_dir, resume=resume, progress=progress))
+        except TrainingDiverged as error:
+            return RankOutcome(group, run_dir, None, str(error))
+    finally:
+        if started_group:
+            import torch.distributed
+
+            torch.distributed.destroy_process_group()
