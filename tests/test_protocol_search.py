@@ -373,7 +373,7 @@ def test_a_claim_broken_off_before_its_unit_suggested_anything_is_retried_with_i
     assert again.trial.user_attrs["params"] == {"loss.params.temperature": 0.034}
     assert again.trial.suggest_float("temperature", 0.02, 0.2, log=True) == 0.034
     # The studies of units draw nothing themselves: a parameter no slot fixed is an error, not a draw.
-    loud = optuna.create_study(study_name="units", sampler=work.EnqueuedOnly())
+    loud = optuna.create_study(study_name="units", sampler=attempts.EnqueuedOnly())
     loud.enqueue_trial({"temperature": 0.034})
     assert loud.ask().suggest_float("temperature", 0.02, 0.2, log=True) == 0.034
     with pytest.raises(RuntimeError, match="units trial 1: parameter 'temperature' was not fixed when its slot was enqueued"):

@@ -23,6 +23,7 @@ from dmlbench import slurm
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.layout import BENCHMARK_FILE, JOURNAL_FILE, RESULTS_CSV, RUNS_CSV, SLURM_DIR, SLURM_FILE
 from dmlbench.protocol.queue import storage as storage_module
+from test_protocol_workers import new_database, postgres_url  # noqa: F401  fixtures: a fresh PostgreSQL database
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -265,6 +266,36 @@ def test_the_same_command_follows_a_job_still_running_instead_of_submitting_anot
     assert code == 0, err
     assert f"SLURM job {job} of {output} is still queued or running: nothing submitted" in err
     assert len(json.loads((output / SLURM_FILE).read_text())["jobs"]) == 1
+
+
+def test_on_postgresql_a_task_killed_outright_leaves_its_unit_to_the_heartbeat(
+        on_cluster: dict[str, str], postgres_url: str, local_jobs_2: Path, tmp_path: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL as the storage, its password written in the URL (the tasks get the URL without it and the
+    password through ``PGPASSWORD``); one task killed with SIGKILL inside a unit: the other task takes the
+    unit up after three missed heartbeats, and the results are those of an undisturbed run."""
+    secret = os.environ["PGPASSWORD"]
+    monkeypatch.delenv("PGPASSWORD")
+    with_password = postgres_url.replace("postgres@", f"postgres:{secret}@", 1)
+    output = tmp_path / "slurm"
+    code, _, err = run_cli(["benchmark", str(SMOKE), "-o", str(output), "--slurm", "--jobs", "2", "--storage", with_password,
+                            "--heartbeat", "2"], capsys)
+    assert code == 0, err
+    assert secret not in (output / BENCHMARK_FILE).read_text() + (output / SLURM_FILE).read_text()
+    assert os.environ["PGPASSWORD"] == secret  # how the tasks get it (sbatch exports this process's environment)
+    job = recorded_job(output)
+    wait_for(lambda: holds_a_unit(output, f"{job}_1"), "task 1 to hold a unit")
+    subprocess.run(["scontrol", "suspend", f"{job}_1"], check=True)
+    (victim,) = task_pids(f"{job}_1") & set(running_owners(output))
+    os.kill(victim, signal.SIGKILL)
+    subprocess.run(["scontrol", "resume", f"{job}_1"], check=True)
+    wait_for(lambda: job_ended(job, 2, output), "the job to end")
+    assert_same_results(local_jobs_2, output)
+    backend = storage_module.open_storage(postgres_url)
+    stale = [trial for name in storage_module.study_names(postgres_url)
+             for trial in optuna.load_study(study_name=name, storage=backend).get_trials(deepcopy=False)
+             if trial.user_attrs.get("worker", {}).get("pid") == victim and trial.state == optuna.trial.TrialState.FAIL]
+    assert len(stale) == 1 and not stale[0].user_attrs.get("interrupted")  # failed by the heartbeat, not by a stop
 
 
 @pytest.mark.slow

@@ -37,10 +37,8 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
         storage, planned = record.storage, record.spec.protocol.get("reproductions")
     storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
-    if not names and directory is not None and (Path(directory) / SLURM_FILE).is_file():  # its tasks have not started
-        return [f"storage {storage_module.redact(storage)}: no unit started yet", *slurm_lines(Path(directory))]
     if not names:
-        raise UserInputError(f"storage {storage_module.redact(storage)} holds no study")
+        return _nothing_stored(storage, directory)
     backend = storage_module.open_storage(storage)
     studies = {name: optuna.load_study(study_name=name, storage=backend) for name in names}
     lines = [f"storage {storage_module.redact(storage)}"]
@@ -108,6 +106,14 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     else:
         lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
     return lines + (slurm_lines(Path(directory)) if directory is not None else [])
+
+
+def _nothing_stored(storage: str, directory: Path | None) -> list[str]:
+    """A storage without a study: a benchmark submitted to SLURM whose tasks have not started (its tasks'
+    states), else no benchmark (a one-line ``UserInputError``)."""
+    if directory is not None and (Path(directory) / SLURM_FILE).is_file():
+        return [f"storage {storage_module.redact(storage)}: no unit started yet", *slurm_lines(Path(directory))]
+    raise UserInputError(f"storage {storage_module.redact(storage)} holds no study")
 
 
 def slurm_lines(directory: Path) -> list[str]:

@@ -56,3 +56,19 @@ def counted(study: optuna.Study) -> list[FrozenTrial]:
     """One trial per done slot, in slot order: what the budget, the report and the audit count."""
     chosen = (done_trial(attempts) for _, attempts in sorted(slots(study.get_trials(deepcopy=False)).items()))
     return [trial for trial in chosen if trial is not None]
+
+
+class EnqueuedOnly(optuna.samplers.BaseSampler):
+    """The sampler of a study of units: it hands out the parameters each slot was enqueued with and
+    never draws one. A unit asking for a parameter its slot was not enqueued with is a bug of the work
+    queue (a retry that lost its parameters once took a fresh random draw here, silently): it fails."""
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: Any) -> Any:
+        raise RuntimeError(f"{study.study_name} trial {trial.number}: parameter {param_name!r} was not fixed when its "
+                           "slot was enqueued (units never sample; a dmlbench bug)")

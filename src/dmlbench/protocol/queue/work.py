@@ -172,22 +172,6 @@ def repair_interrupted(study: optuna.Study) -> None:
         study.enqueue_trial(fixed_params(last), user_attrs={**attributes, "retry_of": last.number})
 
 
-class EnqueuedOnly(optuna.samplers.BaseSampler):
-    """The sampler of a study of units: it hands out the parameters each slot was enqueued with and
-    never draws one. A unit asking for a parameter its slot was not enqueued with is a bug of the work
-    queue (a retry that lost its parameters once took a fresh random draw here, silently): it fails."""
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        return {}
-
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: Any) -> Any:
-        raise RuntimeError(f"{study.study_name} trial {trial.number}: parameter {param_name!r} was not fixed when its "
-                           "slot was enqueued (units never sample; a dmlbench bug)")
-
-
 @dataclass
 class Claim:
     """A unit this worker took: the live trial and its slot."""

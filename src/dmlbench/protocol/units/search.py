@@ -151,7 +151,7 @@ class MethodSearch(Unit):
             # never samples, it only hands out the enqueued parameters.
             self.study = optuna.create_study(
                 storage=context.worker.storage, study_name=plan.name, direction="maximize",
-                sampler=work.EnqueuedOnly(), pruner=make_pruner(settings), load_if_exists=True,
+                sampler=attempts.EnqueuedOnly(), pruner=make_pruner(settings), load_if_exists=True,
             )
             _check_or_record_settings(self.study, plan, settings, context.layout, context.config_hash)
             if self.study.user_attrs.get("trials") != settings.trials:

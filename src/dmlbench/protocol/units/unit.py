@@ -16,7 +16,7 @@ import optuna
 
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.design.plan import Context, ReproductionSettings
-from dmlbench.protocol.queue import work
+from dmlbench.protocol.queue import attempts, work
 from dmlbench.training import records
 
 
@@ -75,7 +75,7 @@ def open_unit_study(worker: work.Worker, name: str, recorded: Mapping[str, Any])
     """Create or load a study of fixed units; refuse one that was made for other work."""
     with worker.lock.held():
         study = optuna.create_study(storage=worker.storage, study_name=name, direction="maximize",
-                                    sampler=work.EnqueuedOnly(), load_if_exists=True)
+                                    sampler=attempts.EnqueuedOnly(), load_if_exists=True)
         work.record_or_check(study, recorded)
     return study
 
