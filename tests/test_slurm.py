@@ -167,6 +167,19 @@ def test_slurm_options_without_slurm_are_refused(flag: list[str], tmp_path: Path
     assert not (tmp_path / "b").exists()
 
 
+def test_train_options_of_slurm_without_slurm_and_impossible_requests_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    glyphs = str(REPO / "configs" / "glyphs.yaml")
+    code, _, err = run_cli(["train", glyphs, "-o", str(tmp_path / "r"), "--nodes", "2"], capsys)
+    assert code == 2 and "--nodes is an option of --slurm" in err
+    code, _, err = run_cli(["train", glyphs, "-o", str(tmp_path / "r"), "--slurm", "--cpus-per-task", "0"], capsys)
+    assert code == 2 and err.strip() == "dmlbench: error: CPUs per SLURM task must be at least 1, got 0"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    code, _, err = run_cli(["train", glyphs, "-o", str(tmp_path / "r"), "--slurm", "--tasks-per-node", "2"], capsys)
+    assert code == 2 and "SLURM is not installed here" in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_jobs_auto_with_slurm_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["benchmark", str(SMOKE), "-o", str(tmp_path / "b"), "--slurm", "--jobs", "auto"], capsys)
     assert code == 2

@@ -55,11 +55,11 @@ class SlurmOptions:
 
     def __post_init__(self) -> None:
         if self.time_minutes < 1:
-            raise UserInputError(f"--time must be at least one minute, got {self.time_minutes} minute(s)")
+            raise UserInputError(f"a SLURM time limit must be at least one minute, got {self.time_minutes} minute(s)")
         if self.cpus_per_task < 1:
-            raise UserInputError(f"--cpus-per-worker must be at least 1, got {self.cpus_per_task}")
+            raise UserInputError(f"CPUs per SLURM task must be at least 1, got {self.cpus_per_task}")
         if self.gpus_per_node < 0:
-            raise UserInputError(f"--gpus-per-worker must be 0 or more, got {self.gpus_per_node}")
+            raise UserInputError(f"GPUs per SLURM task must be 0 or more, got {self.gpus_per_node}")
 
     def parameters(self) -> dict[str, Any]:
         """These options as submitit's ``SlurmExecutor.update_parameters`` takes them."""

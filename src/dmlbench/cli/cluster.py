@@ -28,38 +28,36 @@ SLURM_ONLY = ("--partition", "--time", "--cpus-per-worker", "--gpus-per-worker",
 
 def slurm_options(slurm: bool, partition: str | None, time_limit: str, cpus: int, gpus: int, sbatch: list[str] | None,
                   wait: bool, jobs: str) -> Any:
-    """The job's ``dmlbench.slurm.SlurmOptions`` with ``--slurm`` (``None`` without it), checked against
-    the cluster: one line and exit 2 before anything is submitted."""
-    from dmlbench import slurm as slurm_module
-
+    """``dmlbench benchmark``'s ``SlurmOptions`` with ``--slurm`` (``None`` without it), checked against the
+    cluster: one line and exit 2 before anything is submitted."""
     given = [flag for flag, value in zip(SLURM_ONLY, (partition, time_limit != DEFAULT_TIME, cpus != 1, gpus != 0, sbatch, wait))
              if value]
-    if not slurm:
-        if given:
-            raise UserInputError(f"{given[0]} is an option of --slurm; add --slurm or leave it out")
-        return None
-    if jobs == "auto":
+    if slurm and jobs == "auto":
         raise UserInputError("--jobs auto counts this machine's cores; with --slurm give the number of workers (--jobs N)")
-    options = slurm_module.SlurmOptions(partition, slurm_module.parse_time(time_limit), cpus, gpus,
-                                        slurm_module.parse_sbatch_options(sbatch or []))
-    slurm_module.require_cluster(partition)
-    return options
+    return _checked_options(slurm, given, partition, time_limit, cpus, gpus, sbatch)
 
 
 def train_options(slurm: bool, *, nodes: int, gpus: int, tasks: int | None, partition: str | None, time_limit: str,
                   cpus: int, sbatch: list[str] | None, wait: bool) -> Any:
     """``dmlbench train``'s ``SlurmOptions`` with ``--slurm`` (``None`` without it), checked against the cluster."""
-    from dmlbench import slurm as slurm_module
-
     given = [flag for flag, value in (("--nodes", nodes != 1), ("--gpus-per-node", gpus != 0), ("--tasks-per-node", tasks),
                                       ("--partition", partition), ("--time", time_limit != DEFAULT_TIME),
                                       ("--cpus-per-task", cpus != 1), ("--sbatch", sbatch), ("--wait", wait)) if value]
+    if slurm and (nodes < 1 or (tasks is not None and tasks < 1)):
+        raise UserInputError(f"--nodes and --tasks-per-node must be at least 1, got {nodes} and {tasks}")
+    return _checked_options(slurm, given, partition, time_limit, cpus, gpus, sbatch)
+
+
+def _checked_options(slurm: bool, given: list[str], partition: str | None, time_limit: str, cpus: int, gpus: int,
+                     sbatch: list[str] | None) -> Any:
+    """The ``SlurmOptions`` (``None`` without ``--slurm``, where ``given`` SLURM options are refused), checked
+    against the cluster."""
+    from dmlbench import slurm as slurm_module
+
     if not slurm:
         if given:
             raise UserInputError(f"{given[0]} is an option of --slurm; add --slurm or leave it out")
         return None
-    if nodes < 1 or (tasks is not None and tasks < 1):
-        raise UserInputError(f"--nodes and --tasks-per-node must be at least 1, got {nodes} and {tasks}")
     options = slurm_module.SlurmOptions(partition, slurm_module.parse_time(time_limit), cpus, gpus,
                                         slurm_module.parse_sbatch_options(sbatch or []))
     slurm_module.require_cluster(partition)
