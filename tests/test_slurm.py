@@ -142,6 +142,18 @@ def test_a_follower_asks_often_while_states_change_and_rarely_while_tasks_run_on
     assert [next(pauses) for _ in range(9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
 
 
+def test_tasks_the_controller_forgot_are_told_by_their_result_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``MinJobAge`` neither scontrol nor squeue knows a job: submitit's result file of each task says
+    how it ended, and a task without one ended without a result (stopped or cancelled)."""
+    from submitit.core.utils import cloudpickle_dump
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no controller to ask
+    cloudpickle_dump(("success", None), tmp_path / "41_0_0_result.pkl")
+    cloudpickle_dump(("error", "Traceback ..."), tmp_path / "41_1_0_result.pkl")
+    assert [(task.state, task.live) for task in slurm.task_states("41", 3, tmp_path)] == [
+        ("COMPLETED", False), ("FAILED", False), ("ENDED", False)]
+
+
 def test_task_lists_of_slurm_arrays() -> None:
     assert slurm._task_ids("[0-2,5%2]") == [0, 1, 2, 5]
     assert slurm._task_ids("3") == [3]
