@@ -60,3 +60,21 @@ def test_fold_units_sides_agree_on_one_method_of_a_benchmark_that_declares_compa
                 "protocol.trials=2", "protocol.reproductions=2", "protocol.epochs=1")
     assert lines[-2] == "results.csv and runs.csv: identical"
     assert lines[-1].startswith("wall-time ratio fold_units / sequential: ") and float(lines[-1].rsplit(" ", 1)[1]) > 0
+
+
+def test_tost_power_sides_agree_bit_for_bit_and_the_ratio_comes_last() -> None:
+    lines = run("tost_power.py")
+    assert lines[0] == "120 designs; values that differ: 0"
+    assert lines[-1].startswith("ratio (scipy public) / (dmlbench): ")
+
+
+@pytest.mark.slow
+def test_slurm_overhead_runs_both_ways_on_a_cluster_and_their_results_agree() -> None:
+    """Starts the tests' one-node SLURM (root and Debian's packages) when SLURM_CONF names none."""
+    import slurm_cluster
+
+    if slurm_cluster.missing_reason() is not None:
+        pytest.skip(slurm_cluster.missing_reason())
+    lines = run("slurm_overhead.py", "--rounds", "1")
+    assert "round 0: results.csv and runs.csv identical: True" in lines
+    assert lines[-1].startswith("ratio (--slurm) / (local): ")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import integrate, optimize, stats
+from scipy import integrate, optimize, special, stats
 
 from dmlbench.analysis.statistics import MIN_VERDICT_PAIRS, zero_spread
 from dmlbench.errors import UserInputError
@@ -73,8 +73,8 @@ def tost_power(n: int, difference: float, margin: float, sd: float, alpha: float
 
     def conditional(u: float) -> float:
         half_width = margin - critical * sd * math.sqrt(u / freedom) / math.sqrt(n)
-        inside = stats.norm.cdf((half_width - difference) / standard_error) - stats.norm.cdf((-half_width - difference) / standard_error)
-        return float(inside * stats.chi2.pdf(u, freedom))
+        inside = _normal_cdf((half_width - difference) / standard_error) - _normal_cdf((-half_width - difference) / standard_error)
+        return float(inside * _chi2_density(u, freedom))
 
     # Only where the chi² density has mass: with many reproductions it is a narrow peak quad would step over.
     low, high = float(stats.chi2.ppf(1e-15, freedom)), min(upper, float(stats.chi2.isf(1e-15, freedom)))
@@ -82,6 +82,19 @@ def tost_power(n: int, difference: float, margin: float, sd: float, alpha: float
         return 0.0
     value, _ = integrate.quad(conditional, low, high, limit=200, epsabs=1e-12, epsrel=1e-9)
     return float(min(max(value, 0.0), 1.0))
+
+
+# scipy.stats' normal cdf and chi² density, computed as scipy computes them (the same special functions on
+# one-element arrays, so the same bits) without the argument checks of its public methods: the quadrature of
+# tost_power calls them hundreds of times per power, and `dmlbench plan` asks for thousands of powers.
+def _normal_cdf(x: float) -> float:
+    return float(special.ndtr(np.array([x]))[0])
+
+
+def _chi2_density(u: float, freedom: int) -> float:
+    values, degrees = np.array([u]), np.array([float(freedom)])
+    log_density = special.xlogy(degrees / 2.0 - 1, values) - values / 2.0 - special.gammaln(degrees / 2.0) - (np.log(2) * degrees) / 2.0
+    return float(np.exp(log_density)[0])
 
 
 def holm_strictest_alpha(alpha: float, comparisons: int) -> float:
