@@ -231,6 +231,21 @@ def test_a_partition_that_does_not_exist_is_one_line_before_anything_is_submitte
     assert subprocess.run(["squeue", "--noheader"], capture_output=True, text=True).stdout.strip() == ""
 
 
+def test_a_job_sbatch_refuses_is_one_line_and_exit_2(on_cluster: dict[str, str], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """More memory than any node has: sbatch's own reasons in one line; no job recorded."""
+    output = tmp_path / "b"
+    code, _, err = run_cli(["benchmark", str(SMOKE), "-o", str(output), "--slurm", "--jobs", "2", "--sbatch=--mem=99999999"],
+                           capsys)
+    assert code == 2
+    assert err.strip().splitlines() == ["dmlbench: error: sbatch refused the job: Memory specification can not be satisfied; "
+                                        "Batch job submission failed: Requested node configuration is not available"]
+    assert not (output / SLURM_FILE).exists()
+    code, _, err = run_cli(["train", str(REPO / "configs" / "glyphs.yaml"), "-o", str(tmp_path / "run"), "--slurm",
+                            "--sbatch=--mem=99999999"], capsys)
+    assert code == 2 and err.strip().startswith("dmlbench: error: sbatch refused the job: ") and "\n" not in err.strip()
+
+
 def test_a_two_task_array_gives_the_bytes_of_local_jobs_2_and_the_script_the_dry_run_printed(
         on_cluster: dict[str, str], local_jobs_2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "slurm"

@@ -13,11 +13,14 @@ result file of each task; accounting (``sacct``, slurmdbd) is not needed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +150,20 @@ def executor(folder: Path, options: SlurmOptions, *, name: str, nodes: int = 1, 
     job = submitit.SlurmExecutor(folder=folder)
     job.update_parameters(job_name=name, nodes=nodes, ntasks_per_node=tasks_per_node, **options.parameters())
     return job
+
+
+@contextmanager
+def refusal_in_one_line() -> Iterator[None]:
+    """sbatch's refusal of a job (a resource no node has, an account or QOS it does not know) as one
+    ``UserInputError`` line, instead of submitit's echo of sbatch's output and its exception."""
+    from submitit.core.utils import FailedJobError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's errors before raising them
+            yield
+    except FailedJobError as error:
+        reasons = [line.strip().removeprefix("sbatch: error: ") for line in str(error).splitlines() if line.strip()]
+        raise UserInputError(f"sbatch refused the job: {'; '.join(reasons) or 'no reason given'}") from None
 
 
 def script(job: Any, *, array: int | None = None) -> str:

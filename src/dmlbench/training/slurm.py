@@ -89,5 +89,6 @@ def submit_training(config: Config, run_dir: Path, options: slurm.SlurmOptions, 
     folder = run_dir.with_name(run_dir.name + ".slurm")
     job = slurm.executor(folder, options, name=f"dmlbench-train-{run_dir.name}", nodes=nodes, tasks_per_node=tasks_per_node)
     folder.mkdir(parents=True, exist_ok=True)
-    submitted = job.submit(SlurmTraining(config, run_dir, resume))
+    with slurm.refusal_in_one_line():
+        submitted = job.submit(SlurmTraining(config, run_dir, resume))
     return TrainingJob(str(submitted.job_id), nodes * tasks_per_node, run_dir, folder)

@@ -53,7 +53,7 @@ def submit_workers(prepared: Prepared, config_path: Path | None, overrides: list
     if secret is not None:  # the tasks connect with the redacted URL; libpq takes the password from here
         os.environ["PGPASSWORD"] = secret
     task = WorkerTask.of(prepared, config_path, overrides, progress=False, report=report, storage=redact(prepared.storage))
-    with job.batch():
+    with slurm.refusal_in_one_line(), job.batch():
         submitted = [job.submit(SlurmWorker(task)) for _ in range(prepared.jobs)]
     submission = Submission(str(submitted[0].job_id).split("_", 1)[0], prepared.jobs)
     _record(prepared.output_dir, submission, options)
