@@ -192,6 +192,15 @@ def test_train_options_of_slurm_without_slurm_and_impossible_requests_are_refuse
     assert not (tmp_path / "r").exists()
 
 
+def test_the_command_that_continues_a_slurm_benchmark_submits_or_follows_it_again() -> None:
+    from dmlbench.cli.benchmark import continue_command
+
+    options = slurm.SlurmOptions("gpu", 90, 4, 1, {"qos": "high", "exclusive": True})
+    assert continue_command("benchmark", Path("c.yaml"), ["protocol.trials=3"], Path("d"), None, jobs="2", slurm=options) == (
+        "dmlbench benchmark c.yaml protocol.trials=3 -o d --jobs 2 --slurm --wait --time 90 --partition gpu "
+        "--cpus-per-worker 4 --gpus-per-worker 1 --sbatch=--qos=high --sbatch=--exclusive")
+
+
 def test_jobs_auto_with_slurm_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["benchmark", str(SMOKE), "-o", str(tmp_path / "b"), "--slurm", "--jobs", "auto"], capsys)
     assert code == 2
@@ -294,6 +303,23 @@ def test_a_task_cancelled_mid_unit_leaves_the_unit_to_the_other_task(
     assert interrupted_attempts(output) >= 1
     states = [task.state for task in slurm.task_states(job, 2, output / SLURM_DIR)]
     assert states == ["COMPLETED", "CANCELLED"]
+
+
+def test_sigterm_to_a_waiting_command_stops_the_following_not_the_job(on_cluster: dict[str, str], local_jobs_2: Path,
+                                                                       tmp_path: Path) -> None:
+    output = tmp_path / "slurm"
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    follower = subprocess.Popen([sys.executable, "-m", "dmlbench", "benchmark", str(SMOKE), "-o", str(output), "--slurm",
+                                 "--jobs", "2", "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    wait_for(lambda: (output / SLURM_FILE).is_file(), "the submission")
+    job = recorded_job(output)
+    follower.send_signal(signal.SIGTERM)
+    _, err = follower.communicate(timeout=60)
+    assert follower.returncode == 143
+    assert (f"dmlbench: stopped following SLURM job {job}; its tasks run on: follow them with `dmlbench status {output}`, "
+            f"cancel them with `scancel {job}`") in err
+    wait_for(lambda: job_ended(job, 2, output), "the job to end")
+    assert_same_results(local_jobs_2, output)
 
 
 def test_the_same_command_follows_a_job_still_running_instead_of_submitting_another(

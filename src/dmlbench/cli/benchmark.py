@@ -92,8 +92,8 @@ def benchmark_command(
     cluster_options = cluster.slurm_options(slurm, partition, time_limit, cpus_per_worker, gpus_per_worker, sbatch, wait, jobs)
     output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
-    again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None,
-                             jobs=jobs, heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run)
+    again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None, jobs=jobs,
+                             heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run, slurm=cluster_options)
     with stops_explained(f"benchmark {output_dir}", again, dry_run=dry_run):
         from dmlbench.protocol.design.benchmark import load_spec
         from dmlbench.protocol.design.prepare import prepare
@@ -254,10 +254,11 @@ def search_command(
 
 def continue_command(command: str, config_path: Path | None, overrides: list[str], output_dir: Path,
                      storage: str | None, *, jobs: str = DEFAULT_JOBS, heartbeat: int = 30,
-                     db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False, dry_run: bool = False) -> str:
+                     db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False, dry_run: bool = False,
+                     slurm: Any = None) -> str:
     """The command line that continues this benchmark: the same config and overrides, with ``-o``
     (a run without it would start a new directory) and the storage without its password; a stopped
-    ``--dry-run`` is repeated as one."""
+    ``--dry-run`` is repeated as one; with ``slurm`` (its ``SlurmOptions``), submitted again or followed."""
     from dmlbench import plugins
 
     words = ["dmlbench", command, *([str(config_path)] if config_path else []), *overrides, "-o", str(output_dir)]
@@ -275,6 +276,8 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
         words.append("-q")
     if dry_run:
         words.append("--dry-run")
+    if slurm is not None:
+        words += cluster.command_words(slurm)
     return shlex.join(words)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import typer
 
-from dmlbench.errors import UserInputError
+from dmlbench.errors import RunInterrupted, UserInputError
+from dmlbench.files import received_signal
 from dmlbench.protocol.layout import SLURM_DIR
 
 SLURM_HELP = ("Submit the workers (--jobs N of them) as one SLURM job array through submitit (the slurm extra) "
@@ -46,6 +47,16 @@ def train_options(slurm: bool, *, nodes: int, gpus: int, tasks: int | None, part
     if slurm and (nodes < 1 or (tasks is not None and tasks < 1)):
         raise UserInputError(f"--nodes and --tasks-per-node must be at least 1, got {nodes} and {tasks}")
     return _checked_options(slurm, given, partition, time_limit, cpus, gpus, sbatch)
+
+
+def command_words(options: Any) -> list[str]:
+    """The ``--slurm`` flags that ask for ``options`` again, with ``--wait`` (the command that continues a
+    benchmark follows the job it submitted while that job is queued or running)."""
+    words = ["--slurm", "--wait", "--time", str(options.time_minutes)]
+    words += ["--partition", options.partition] if options.partition is not None else []
+    words += ["--cpus-per-worker", str(options.cpus_per_task)] if options.cpus_per_task != 1 else []
+    words += ["--gpus-per-worker", str(options.gpus_per_node)] if options.gpus_per_node else []
+    return words + [f"--sbatch=--{name}" + ("" if value is True else f"={value}") for name, value in options.sbatch.items()]
 
 
 def _checked_options(slurm: bool, given: list[str], partition: str | None, time_limit: str, cpus: int, gpus: int,
@@ -105,7 +116,12 @@ def run_on_slurm(prepared: Any, config_path: Path | None, overrides: list[str], 
     if not wait:
         typer.echo(f"follow it with: dmlbench status {output_dir}")
         return False
-    written = slurm.follow(output_dir, job, progress=not quiet)
+    try:
+        written = slurm.follow(output_dir, job, progress=not quiet)
+    except (RunInterrupted, KeyboardInterrupt):
+        print(f"dmlbench: stopped following SLURM job {job.job_id}; its tasks run on: follow them with "
+              f"`dmlbench status {output_dir}`, cancel them with `scancel {job.job_id}`", file=sys.stderr)
+        raise typer.Exit(128 + received_signal()) from None
     if not written:
         print(f"dmlbench: error: the tasks of SLURM job {job.job_id} ended before the benchmark was done; their logs "
               f"are in {output_dir / SLURM_DIR}; the same command submits workers for the work left", file=sys.stderr)
