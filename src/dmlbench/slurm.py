@@ -20,7 +20,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,7 +151,7 @@ def executor(folder: Path, options: SlurmOptions, *, name: str, nodes: int = 1, 
     return job
 
 
-@contextmanager
+@contextlib.contextmanager
 def refusal_in_one_line() -> Iterator[None]:
     """sbatch's refusal of a job (a resource no node has, an account or QOS it does not know) as one
     ``UserInputError`` line, instead of submitit's echo of sbatch's output and its exception."""
