@@ -322,6 +322,20 @@ def test_sigterm_to_a_waiting_command_stops_the_following_not_the_job(on_cluster
     assert_same_results(local_jobs_2, output)
 
 
+@pytest.mark.parametrize("damage", [b"{\"jobs\": [{\"job_id\": \"1", b"\xff\xfe", b"[]"])
+def test_a_damaged_slurm_record_is_one_line_and_is_never_overwritten(damage: bytes, on_cluster: dict[str, str],
+                                                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "slurm"
+    output.mkdir()
+    (output / SLURM_FILE).write_bytes(damage)
+    code, _, err = run_cli(["benchmark", str(SMOKE), "-o", str(output), "--slurm", "--jobs", "2"], capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith(f"dmlbench: error: {output / SLURM_FILE} is damaged (")
+    assert (output / SLURM_FILE).read_bytes() == damage
+    assert subprocess.run(["squeue", "--noheader"], capture_output=True, text=True).stdout.strip() == ""
+
+
 def test_the_same_command_follows_a_job_still_running_instead_of_submitting_another(
         on_cluster: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "slurm"

@@ -19,7 +19,9 @@ import io
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,6 +263,24 @@ def poll_pauses(first: float = FIRST_POLL_SECONDS, longest: float = MAX_POLL_SEC
     while True:
         yield pause
         pause = min(2 * pause, longest)
+
+
+def follow_tasks(job_id: str, tasks: int, folder: Path, *, line: Callable[[list[TaskState]], str],
+                 progress: bool) -> list[TaskState]:
+    """Wait until no task of job ``job_id`` is queued or running, asking the controller as ``poll_pauses``
+    says (again from the first pause after each change), and print ``line(states)`` each time it changes
+    (``progress``); the tasks' last states."""
+    last, pauses = "", poll_pauses()
+    while True:
+        states = task_states(job_id, tasks, folder)
+        shown = line(states)
+        if shown != last:
+            if progress:
+                print(shown, file=sys.stderr, flush=True)
+            last, pauses = shown, poll_pauses()
+        if not any(state.live for state in states):
+            return states
+        time.sleep(next(pauses))
 
 
 def requeue(job_id: str) -> None:

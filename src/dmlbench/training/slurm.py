@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,20 +59,13 @@ class TrainingJob:
     run_dir: Path
     folder: Path
 
+    def _line(self, states: list[slurm.TaskState]) -> str:
+        return f"SLURM job {self.job_id}: {states[0].state}" + (f" ({states[0].reason})" if states[0].reason else "")
+
     def wait(self, *, progress: bool) -> bool:
-        """Follow the job until it ends (asking the controller as ``slurm.poll_pauses`` says); whether the
-        run completed (its ``run.json`` says so)."""
-        last, pauses = "", slurm.poll_pauses()
-        while True:
-            state = slurm.task_states(self.job_id, 1, self.folder)[0]
-            if state.state != last:
-                if progress:
-                    print(f"SLURM job {self.job_id}: {state.state}" + (f" ({state.reason})" if state.reason else ""),
-                          file=sys.stderr, flush=True)
-                last, pauses = state.state, slurm.poll_pauses()
-            if not state.live:
-                break
-            time.sleep(next(pauses))
+        """Follow the job until it ends (``slurm.follow_tasks``); whether the run completed (its ``run.json``
+        says so)."""
+        state = slurm.follow_tasks(self.job_id, 1, self.folder, line=self._line, progress=progress)[0]
         completed = records.is_run_dir(self.run_dir) and records.read_run_record(self.run_dir).get("status") == "completed"
         if not completed:
             print(f"dmlbench: error: SLURM job {self.job_id} ended with the run not completed ({state.state}); its logs "

@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dmlbench import files, slurm
+from dmlbench import files, provenance, slurm
+from dmlbench.errors import UserInputError
 from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.layout import REPORT_FILE, SLURM_DIR, SLURM_FILE
 from dmlbench.protocol.queue.storage import password, redact
@@ -97,21 +97,34 @@ class SlurmWorker:
 
 def _record(output_dir: Path, submission: Submission, options: slurm.SlurmOptions) -> None:
     """Add ``submission`` to ``slurm.json`` (every job ever submitted for this directory, the last one last)."""
-    path = output_dir / SLURM_FILE
-    stored = files.read_json(path) if path.is_file() else {"jobs": []}
+    stored = _read_jobs(output_dir)
     stored["jobs"].append({"job_id": submission.job_id, "tasks": submission.tasks, "partition": options.partition,
                            "time_minutes": options.time_minutes, "cpus_per_task": options.cpus_per_task,
                            "gpus_per_node": options.gpus_per_node, "sbatch": options.sbatch,
-                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    files.write_json(path, stored)
+                           "submitted": provenance.now()})
+    files.write_json(output_dir / SLURM_FILE, stored)
 
 
 def recorded_jobs(output_dir: Path) -> list[Submission]:
     """The jobs ``slurm.json`` records for ``output_dir`` (none without ``--slurm``)."""
+    return [Submission(str(entry["job_id"]), int(entry["tasks"])) for entry in _read_jobs(output_dir)["jobs"]]
+
+
+def _read_jobs(output_dir: Path) -> dict[str, Any]:
+    """``slurm.json`` as stored (``{"jobs": []}`` without one); a damaged one is a one-line ``UserInputError``
+    (it is never overwritten: it names jobs that may still run)."""
     path = output_dir / SLURM_FILE
     if not path.is_file():
-        return []
-    return [Submission(str(entry["job_id"]), int(entry["tasks"])) for entry in files.read_json(path)["jobs"]]
+        return {"jobs": []}
+    try:
+        stored = files.read_json(path)
+        jobs = stored["jobs"]
+        if not all(str(entry["job_id"]) and int(entry["tasks"]) >= 1 for entry in jobs):
+            raise ValueError("a job without its id or tasks")
+    except (OSError, ValueError, TypeError, KeyError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UserInputError(f"{path} is damaged ({error!r}); its jobs are listed by `squeue --me`; move the file "
+                             "away to submit anew") from None
+    return stored
 
 
 def states(output_dir: Path, submission: Submission) -> list[slurm.TaskState]:
@@ -129,17 +142,8 @@ def describe(submission: Submission, tasks: list[slurm.TaskState]) -> str:
 
 
 def follow(output_dir: Path, submission: Submission, *, progress: bool) -> bool:
-    """Wait until no task of ``submission`` is queued or running (asking the controller as
-    ``slurm.poll_pauses`` says), printing each change of their states (``progress``); whether the report
-    was written."""
-    last, pauses = "", slurm.poll_pauses()
-    while True:
-        tasks = states(output_dir, submission)
-        line = describe(submission, tasks)
-        if line != last:
-            if progress:
-                print(line, file=sys.stderr, flush=True)
-            last, pauses = line, slurm.poll_pauses()
-        if not any(task.live for task in tasks):
-            return (output_dir / REPORT_FILE).is_file()
-        time.sleep(next(pauses))
+    """Wait until no task of ``submission`` is queued or running, printing each change of their states
+    (``progress``, ``describe``); whether the report was written."""
+    slurm.follow_tasks(submission.job_id, submission.tasks, output_dir.resolve() / SLURM_DIR,
+                       line=lambda tasks: describe(submission, tasks), progress=progress)
+    return (output_dir / REPORT_FILE).is_file()
