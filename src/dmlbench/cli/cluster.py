@@ -24,15 +24,15 @@ GPUS_HELP = "GPUs per SLURM task (#SBATCH --gpus-per-node)."
 SBATCH_HELP = "A further sbatch option for every task, as --NAME=VALUE or --FLAG (repeatable): --sbatch=--qos=high."
 WAIT_HELP = "With --slurm: follow the job's tasks until they end, then print the summary (exit codes as without --slurm)."
 DEFAULT_TIME = "1:00:00"
-SLURM_ONLY = ("--partition", "--time", "--cpus-per-worker", "--gpus-per-worker", "--sbatch", "--wait")
 
 
 def slurm_options(slurm: bool, partition: str | None, time_limit: str, cpus: int, gpus: int, sbatch: list[str] | None,
                   wait: bool, jobs: str) -> Any:
     """``dmlbench benchmark``'s ``SlurmOptions`` with ``--slurm`` (``None`` without it), checked against the
     cluster: one line and exit 2 before anything is submitted."""
-    given = [flag for flag, value in zip(SLURM_ONLY, (partition, time_limit != DEFAULT_TIME, cpus != 1, gpus != 0, sbatch, wait))
-             if value]
+    given = [flag for flag, value in (("--partition", partition), ("--time", time_limit != DEFAULT_TIME),
+                                      ("--cpus-per-worker", cpus != 1), ("--gpus-per-worker", gpus != 0),
+                                      ("--sbatch", sbatch), ("--wait", wait)) if value]
     if slurm and jobs == "auto":
         raise UserInputError("--jobs auto counts this machine's cores; with --slurm give the number of workers (--jobs N)")
     return _checked_options(slurm, given, partition, time_limit, cpus, gpus, sbatch)
