@@ -50,20 +50,18 @@ class UnitFailed(RuntimeError):
     failed, ``protocol.fold_units``): it is recorded as it is."""
 
 
-# Trial ids this process is running now: a RUNNING trial of this very process that is not among
-# them was left by an earlier call that was stopped (an in-process Ctrl-C).
-_ACTIVE: set[int] = set()
-
-
 @dataclass
 class Worker:
-    """This process as the studies record it: id, machine, process id; ``heartbeat`` seconds (or None)."""
+    """This process as the studies record it: id, machine, process id; ``heartbeat`` seconds (or None).
+    ``active``: the trial ids it runs now; a RUNNING trial of this process that is not among them was
+    left by an earlier call that was stopped (an in-process Ctrl-C)."""
 
     url: str
     heartbeat: int | None = None
     id: str = field(default_factory=lambda: f"{storage_module.host_id()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
     host: str = field(default_factory=storage_module.host_id)
     pid: int = field(default_factory=os.getpid)
+    active: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.kind = storage_module.storage_for(self.url)
@@ -138,7 +136,7 @@ def release_stale(study: optuna.Study, worker: Worker) -> None:
             if worker.kind.processes_of_one_machine and _silent(trial, worker):
                 _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: its worker on another machine stopped beating")
             continue
-        mine_but_idle = owner.get("pid") == worker.pid and storage_module.trial_id(trial) not in _ACTIVE
+        mine_but_idle = owner.get("pid") == worker.pid and storage_module.trial_id(trial) not in worker.active
         if mine_but_idle or (worker.kind.processes_of_one_machine and not process_exists(int(owner.get("pid", -1)))):
             _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: the worker process stopped")
 
@@ -221,7 +219,7 @@ def claim(
         slot = trial.user_attrs.get("slot")
         assert slot is not None, "every enqueued unit carries its slot"
         # Active only once the claim is complete: one broken off (a lost connection) is idle, and released.
-        _ACTIVE.add(trial_id)
+        worker.active.add(trial_id)
         return Claim(trial, int(slot))
 
 
@@ -244,7 +242,7 @@ class Beating:
         self.stop.set()
         if self.thread is not None:
             self.thread.join()
-        _ACTIVE.discard(storage_module.trial_id(self.trial))
+        self.worker.active.discard(storage_module.trial_id(self.trial))
 
     def _beat(self) -> None:
         interval = self.worker.heartbeat or DEFAULT_BEAT_SECONDS
@@ -299,10 +297,10 @@ def finish(study: optuna.Study, trial: optuna.Trial, *, value: float | None = No
         return False
 
 
-def interrupt(study: optuna.Study, trial: optuna.Trial) -> None:
+def interrupt(study: optuna.Study, trial: optuna.Trial, worker: Worker) -> None:
     """Ctrl-C during a unit: fail it as interrupted so that the next claim re-enqueues its slot."""
     _mark_interrupted(study, storage_module.trial_id(trial), "interrupted: stopped by the user")
-    _ACTIVE.discard(storage_module.trial_id(trial))
+    worker.active.discard(storage_module.trial_id(trial))
 
 
 def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[[dict[str, Any]], float],
@@ -320,7 +318,7 @@ def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[
         try:
             value = body(attributes)
         except (RunInterrupted, KeyboardInterrupt):
-            interrupt(study, claimed.trial)
+            interrupt(study, claimed.trial, worker)
             raise
         except optuna.TrialPruned as pruned:
             finish(study, claimed.trial, state=TrialState.PRUNED,
@@ -331,7 +329,7 @@ def execute(study: optuna.Study, claimed: Claim, worker: Worker, body: Callable[
             # is the storage's, never the method's (the worker's retry loop waits for the server).
             if (storage_error(error) is not None or worker.kind.connection_lost(error) is not None
                     or isinstance(error, DirectoryInUse)):
-                interrupt(study, claimed.trial)
+                interrupt(study, claimed.trial, worker)
                 raise
             # A plugin's failure is already one line naming the plugin, its frame and the run's error.log.
             reason = (str(error) if isinstance(error, (PluginFailed, UnitFailed))
