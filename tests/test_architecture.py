@@ -225,3 +225,22 @@ def test_only_layout_and_records_spell_the_names_of_a_benchmarks_and_a_runs_file
     spelled = [line for module, path in sorted(MODULES.items()) if module not in NAME_OWNERS
                for line in spelled_names(path, names)]
     assert spelled == []
+
+
+def _message_start(call: ast.Call) -> str:
+    """The literal text an error message starts with (an f-string's first literal part)."""
+    first = call.args[0] if call.args else None
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    if isinstance(first, ast.JoinedStr) and first.values and isinstance(first.values[0], ast.Constant):
+        return str(first.values[0].value)
+    return ""
+
+
+def test_library_errors_name_parameters_not_command_line_options() -> None:
+    """Outside cli/, a bad value is a ``ParameterError`` naming the parameter (the CLI shows it as its
+    option); an error message that starts with ``--flag`` would tie the library to one command line."""
+    found = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for name, path in MODULES.items() if not name.startswith("dmlbench.cli")
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", "") in ("UserInputError", "ParameterError") and _message_start(node).startswith("--")]
+    assert found == []

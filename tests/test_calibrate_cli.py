@@ -70,7 +70,7 @@ def test_calibrate_from_files_gives_the_same_thresholds(runs: tuple[Path, Path],
 @pytest.mark.parametrize("fmr, message", [
     ("0", "must lie in (0, 1)"), ("1.5", "must lie in (0, 1)"), ("1e-2,abc", "comma-separated numbers"),
     ("1e-2,1e-4", "1,536 impostor pairs; a target FMR of 0.0001 needs at least 10,000"),
-    ("", "give at least one target false match rate with --fmr"),
+    ("", "--fmr needs at least one target false match rate"),
 ])
 def test_bad_calibrate_input_is_one_line_and_writes_nothing(
     runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], fmr: str, message: str
@@ -135,7 +135,7 @@ def test_query_answers_no_match_beyond_the_stored_threshold(
     assert "no match" in page.read_text() and 'class="verdict match"' in page.read_text()
     # Several targets and no --fmr: which threshold is meant is asked, not guessed.
     code, _, err = run_cli(["query", str(index), "--embeddings", str(queries)], capsys)
-    assert code == 2 and "choose one with --fmr" in err
+    assert code == 2 and "--fmr is needed: calibration" in err and "has several targets (0.01, 0.001); choose one" in err
     code, _, err = run_cli(["query", str(index), "--embeddings", str(queries), "--calibration", str(calibrated["other"]), "--fmr", "1e-2"], capsys)
     assert code == 2 and "is of another model than index" in err and len(err.strip().splitlines()) == 1
 

@@ -102,3 +102,18 @@ def test_main_called_again_registers_no_command_twice(capsys: pytest.CaptureFixt
         names = [command.name for command in app.registered_commands]
         assert len(names) == len(set(names)) and "train" in names
         assert [group.name for group in app.registered_groups] == ["data"]
+
+
+def test_a_parameter_error_names_the_parameter_in_python_and_the_option_on_the_command_line(tmp_path: Path) -> None:
+    """Library code names its parameters (``test_embeddings``); the command line shows the options
+    that give them (``--test-embeddings``), the other words of the message untouched."""
+    from dmlbench.deploy.images import list_images
+    from dmlbench.errors import ParameterError
+
+    error = ParameterError("embeddings", "a.npy holds 8-dimensional rows but `test_embeddings` b.npy 4-dimensional ones")
+    assert str(error) == "embeddings a.npy holds 8-dimensional rows but `test_embeddings` b.npy 4-dimensional ones"
+    assert error.as_options() == "--embeddings a.npy holds 8-dimensional rows but --test-embeddings b.npy 4-dimensional ones"
+    with pytest.raises(ParameterError, match=r"^images .* is not a directory$") as raised:
+        list_images(tmp_path / "nowhere")
+    assert raised.value.parameter == "images"
+    # Through the command line: test_calibrate_cli (--fmr) and test_deploy (--label).

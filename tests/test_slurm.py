@@ -166,7 +166,7 @@ def test_without_slurm_installed_it_is_one_line_and_exit_2(tmp_path: Path, capsy
     code, out, err = run_cli(["benchmark", str(SMOKE), "-o", str(tmp_path / "b"), "--slurm", "--jobs", "2"], capsys)
     assert code == 2
     assert err.strip().splitlines() == [
-        "dmlbench: error: --slurm: SLURM is not installed here (sbatch, sinfo, scontrol, srun not on PATH); run from a "
+        "dmlbench: error: --slurm cannot be used: SLURM is not installed here (sbatch, sinfo, scontrol, srun not on PATH); run from a "
         "machine of the cluster, or leave out --slurm"]
     assert not (tmp_path / "b").exists()
 

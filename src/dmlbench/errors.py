@@ -1,8 +1,33 @@
 """Errors a user can cause, and the interruption of a run; the CLI turns each into one line on stderr."""
 
+import re
+
 
 class UserInputError(ValueError):
     """Bad configuration, data, path or hyper-parameter; the message is shown to the user as is (exit 2)."""
+
+
+class ParameterError(UserInputError):
+    """A bad value of one parameter, named as the function calls it (``fmr must be ...``, as
+    scikit-learn names its parameters); other parameters the message names are in backticks
+    (``give `calibration` FILE``). The command line shows each as the option that gives it
+    (``--fmr``, ``--calibration``): ``as_options``."""
+
+    def __init__(self, parameter: str, detail: str) -> None:
+        super().__init__(f"{parameter} {detail}")
+        self.parameter, self.detail = parameter, detail
+
+    def as_options(self) -> str:
+        """The message with every parameter it names written as its command-line option."""
+        return f"{option(self.parameter)} {_NAMED.sub(lambda named: option(named[1]), self.detail)}"
+
+
+_NAMED = re.compile(r"`(\w+)`")
+
+
+def option(parameter: str) -> str:
+    """The command-line option of a parameter: ``test_embeddings`` -> ``--test-embeddings``."""
+    return "--" + parameter.replace("_", "-")
 
 
 class RunInterrupted(Exception):

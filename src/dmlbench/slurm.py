@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 
 EXTRA_HINT = "pip install 'dmlbench[slurm]'"
 # Seconds before a time limit at which SLURM warns a task with SIGUSR2 (``#SBATCH --signal=USR2@90``):
@@ -43,6 +43,8 @@ _SBATCH_OPTION = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?$")
 # The options a ``dmlbench`` flag already sets: given again as pass-through they would contradict it.
 _OWN_OPTIONS = frozenset({"partition", "time", "cpus-per-task", "gpus-per-node", "nodes", "ntasks-per-node",
                           "array", "output", "error", "signal", "job-name", "open-mode"})
+# The parameters that set them, named when one is refused.
+_OWN_PARAMETERS = ("partition", "time", "cpus_per_worker", "gpus_per_worker", "jobs")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def parse_time(text: str) -> int:
     ``DAYS-HOURS:MINUTES[:SECONDS]``; sbatch's ``--time``) in whole minutes, seconds rounded up."""
     match = _TIME.match(text.strip())
     if match is None:
-        raise UserInputError(f"--time {text!r} is no SLURM time limit (e.g. 90, 1:30:00 or 2-00:00:00)")
+        raise ParameterError("time", f"{text!r} is no SLURM time limit (e.g. 90, 1:30:00 or 2-00:00:00)")
     days, parts = int(match["days"] or 0), [int(part) for part in (match["a"], match["b"], match["c"]) if part is not None]
     if match["days"] is not None:  # DAYS-HOURS[:MINUTES[:SECONDS]]
         hours, minutes, seconds = (parts + [0, 0])[:3]
@@ -102,10 +104,10 @@ def parse_sbatch_options(words: list[str]) -> dict[str, Any]:
     for word in words:
         match = _SBATCH_OPTION.match(word)
         if match is None:
-            raise UserInputError(f"--sbatch {word!r}: give one long sbatch option per --sbatch, as --NAME=VALUE or --FLAG")
+            raise ParameterError("sbatch", f"{word!r}: give one long sbatch option in each, as --NAME=VALUE or --FLAG")
         if match["key"] in _OWN_OPTIONS:
-            raise UserInputError(f"--sbatch {word!r}: --{match['key']} is set by dmlbench itself "
-                                 "(--partition, --time, --cpus-per-worker, --gpus-per-worker, --jobs)")
+            raise ParameterError("sbatch", f"{word!r}: --{match['key']} is set by dmlbench itself "
+                                 f"({', '.join(f'`{name}`' for name in _OWN_PARAMETERS)})")
         options[match["key"]] = True if match["value"] is None else match["value"]
     return options
 
@@ -114,14 +116,14 @@ def require_cluster(partition: str | None) -> None:
     """A one-line ``UserInputError`` unless this machine can submit to SLURM (submitit installed, the
     SLURM commands on ``PATH``, a controller that answers) and ``partition`` exists there."""
     if importlib.util.find_spec("submitit") is None:
-        raise UserInputError(f"--slurm needs the slurm extra: {EXTRA_HINT}")
+        raise ParameterError("slurm", f"needs the slurm extra: {EXTRA_HINT}")
     missing = [command for command in ("sbatch", "sinfo", "scontrol", "srun") if shutil.which(command) is None]
     if missing:
-        raise UserInputError(f"--slurm: SLURM is not installed here ({', '.join(missing)} not on PATH); "
-                             "run from a machine of the cluster, or leave out --slurm")
+        raise ParameterError("slurm", f"cannot be used: SLURM is not installed here ({', '.join(missing)} not on PATH); "
+                             "run from a machine of the cluster, or leave out `slurm`")
     partitions = _partitions()
     if partition is not None and partition not in partitions:
-        raise UserInputError(f"--partition {partition!r} does not exist on this cluster; its partitions: "
+        raise ParameterError("partition", f"{partition!r} does not exist on this cluster; its partitions: "
                              f"{', '.join(partitions) or 'none'}")
 
 
@@ -136,10 +138,10 @@ def _run(command: list[str]) -> str:
     try:
         completed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise UserInputError(f"--slurm: {command[0]} failed: {error}") from None
+        raise ParameterError("slurm", f"failed: {command[0]}: {error}") from None
     if completed.returncode != 0:
         reason = next((line.strip() for line in completed.stderr.splitlines() if line.strip()), f"exit {completed.returncode}")
-        raise UserInputError(f"--slurm: {command[0]} failed: {reason}")
+        raise ParameterError("slurm", f"failed: {command[0]}: {reason}")
     return completed.stdout
 
 

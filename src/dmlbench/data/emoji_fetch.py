@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 from dmlbench.data.emoji import CATALOG_FILE, LICENCES, PACKAGE_VERSION, VENDORS, image_directory
 from dmlbench.download import offline
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 from dmlbench.files import atomic_write, file_sha256
 
 # sha256 of the tarballs the npm registry serves for version 16.0.0 (npm pack, 2026).
@@ -77,7 +77,7 @@ def fetch(
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UserInputError(f"cannot create --root {root}: {error.strerror or error}") from None
+        raise ParameterError("root", f"{root} cannot be created: {error.strerror or error}") from None
     needed = [vendor for vendor in vendors if not is_present(root, vendor)]
     results = {vendor: Fetched(vendor, "present", len(_manifest(root, vendor) or {})) for vendor in vendors if vendor not in needed}
     if needed:

@@ -26,7 +26,7 @@ from dmlbench import __version__
 from dmlbench.data.base import DATASETS, dataset_source
 from dmlbench.data.sources import SOURCES, Part, Source
 from dmlbench.download import Remote, download
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 from dmlbench.files import atomic_write_text, write_json
 
 DOWNLOADS = ".dmlbench-downloads"
@@ -53,7 +53,7 @@ def fetch(dataset: str, root: Path, *, mirror: str | None = None, quiet: bool = 
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UserInputError(f"cannot create --root {root}: {error.strerror or error}") from None
+        raise ParameterError("root", f"{root} cannot be created: {error.strerror or error}") from None
     target = root / source.folder
     if target.exists():
         if not (target / RECORD).is_file():

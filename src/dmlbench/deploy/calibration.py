@@ -18,7 +18,7 @@ import numpy as np
 from dmlbench import files, provenance
 from dmlbench.deploy.embeddings import prefix_of, side_file
 from dmlbench.deploy.model import open_run
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 from dmlbench.evaluation.calibration import DEFAULT_REPLICATES, calibrate, check_reachable, check_targets
 from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS
 from dmlbench.training import records
@@ -33,9 +33,9 @@ def parse_targets(text: str) -> tuple[float, ...]:
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise UserInputError(f"--fmr must be comma-separated numbers in (0, 1), got {text!r}") from None
+        raise ParameterError("fmr", f"must be comma-separated numbers in (0, 1), got {text!r}") from None
     if not values:
-        raise UserInputError("give at least one target false match rate with --fmr, e.g. --fmr 1e-3,1e-4")
+        raise ParameterError("fmr", "needs at least one target false match rate, e.g. 1e-3,1e-4")
     return check_targets(values)
 
 
@@ -69,7 +69,7 @@ def calibrate_files(
     if rows.ndim == test_rows.ndim == 2 and rows.shape[1] != test_rows.shape[1]:
         # Distances between rows of different models mean nothing; without this the 8-d test rows
         # would be measured against a threshold chosen on 16-d ones.
-        raise UserInputError(f"--embeddings {embeddings} holds {rows.shape[1]}-dimensional rows but --test-embeddings "
+        raise ParameterError("embeddings", f"{embeddings} holds {rows.shape[1]}-dimensional rows but `test_embeddings` "
                              f"{test_embeddings} {test_rows.shape[1]}-dimensional ones: give both from the same model")
     result = calibrate(rows, calibration_labels, test_rows, files.load_array(test_labels, "test labels"), targets,
                        seed=seed, replicates=replicates)
@@ -130,7 +130,7 @@ def select_target(calibration: dict[str, Any], fmr: float | None, calibration_na
     listed = ", ".join(f"{point['target_fmr']:g}" for point in points)
     if fmr is None:
         if len(points) != 1:
-            raise UserInputError(f"calibration {calibration_name} has several targets ({listed}); choose one with --fmr")
+            raise ParameterError("fmr", f"is needed: calibration {calibration_name} has several targets ({listed}); choose one")
         return points[0]
     for point in points:
         if np.isclose(point["target_fmr"], fmr, rtol=1e-9, atol=0.0):

@@ -22,7 +22,7 @@ from torch import Tensor
 from dmlbench import __version__, files, provenance
 from dmlbench.deploy.images import InputSpec
 from dmlbench.deploy.model import RunModel
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 from dmlbench.files import atomic_write
 
 FORMATS = ("onnx", "torchscript")
@@ -35,7 +35,7 @@ _TRACE_BATCH, _CHECK_BATCH = 2, 5
 def export_model(run: RunModel, spec: InputSpec, sample: Tensor, out: str | Path, *, format: str) -> dict[str, Any]:
     """Write the model to ``out`` and ``out.json``; ``sample``: model inputs to check it on."""
     if format not in FORMATS:
-        raise UserInputError(f"--format must be one of {', '.join(FORMATS)}; got {format!r}")
+        raise ParameterError("format", f"must be one of {', '.join(FORMATS)}; got {format!r}")
     out = Path(out)
     if out.is_dir():
         raise UserInputError(f"-o {out} is a directory; name the file to write")

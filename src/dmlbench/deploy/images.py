@@ -17,7 +17,7 @@ from dmlbench.config import Config
 from dmlbench.data.base import ImageDataset
 from dmlbench.data.files import FileDataset, eight_bits
 from dmlbench.data.formats import require_utf8_name
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -60,13 +60,13 @@ class InputSpec:
         return (images - mean) / std
 
 
-def list_images(folder: Path) -> list[Path]:
-    """Image files under ``folder`` (recursively), sorted by path so that row order is reproducible."""
-    if not folder.is_dir():
-        raise UserInputError(f"--images {folder} is not a directory")
-    files = sorted(path for path in folder.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
+def list_images(images: Path) -> list[Path]:
+    """Image files under the folder ``images`` (recursively), sorted by path so that row order is reproducible."""
+    if not images.is_dir():
+        raise ParameterError("images", f"{images} is not a directory")
+    files = sorted(path for path in images.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
     if not files:
-        raise UserInputError(f"--images {folder} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+        raise ParameterError("images", f"{images} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
     for path in files:
         require_utf8_name(path)
     return files

@@ -24,7 +24,7 @@ from torch import Tensor
 from dmlbench import __version__, files, provenance
 from dmlbench.deploy.calibration import check_same_model, index_hashes, load_calibration
 from dmlbench.deploy.embeddings import EmbeddingSet
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 from dmlbench.evaluation.knn_faiss import HNSW_EF_SEARCH, HNSW_NEIGHBOURS, add_with_one_thread
 from dmlbench.evaluation.knn_index import KnnIndex, prepare
 from dmlbench.evaluation.neighbors import nearest_neighbors
@@ -163,7 +163,7 @@ def build_index(
     ``calibration`` (a ``calibration.json`` of the model that made the embeddings, checked by its
     model and config hashes) is stored with the index, so that queries apply its thresholds."""
     if kind not in KINDS:
-        raise UserInputError(f"--kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        raise ParameterError("kind", f"must be one of {', '.join(KINDS)}; got {kind!r}")
     thresholds = None
     if calibration is not None:
         thresholds = load_calibration(calibration)

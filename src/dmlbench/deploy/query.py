@@ -17,7 +17,7 @@ from dmlbench.deploy.images import InputSpec, model_inputs
 from dmlbench.deploy.index import Hit, StoredIndex
 from dmlbench.deploy.model import load_run_model
 from dmlbench.deploy.pages import Row, Thumbnails, Tile, write_page
-from dmlbench.errors import UserInputError
+from dmlbench.errors import ParameterError, UserInputError
 from dmlbench.evaluation.rerank import KReciprocal, Reranking, build, reranked_neighbors
 from dmlbench.files import atomic_write, load_array
 
@@ -36,7 +36,8 @@ def image_queries(index: StoredIndex, image: Path, label: str | None, device: st
     ``label`` (a class name or number, ``resolve_label``) marks its correct neighbours."""
     source = index.meta.get("embeddings", {})
     if "run" not in source or "input" not in source:
-        raise UserInputError(f"index {index.directory} does not record the run that made it; query it with --embeddings")
+        raise ParameterError("image", f"cannot be embedded: index {index.directory} does not record the run that made it; "
+                             "query it with `embeddings`")
     number = None if label is None else resolve_label(index, label)  # before the model loads: a typo is said at once
     run = load_run_model(source["run"], device)
     spec = InputSpec.from_dict(source["input"])
@@ -59,15 +60,15 @@ def resolve_label(index: StoredIndex, text: str) -> int:
     if names is not None and text in names:
         found = names.index(text)
         if number is not None and number != found and 0 <= number < len(names):
-            raise UserInputError(f"--label {text} is ambiguous: class {text!r} has label {found}, and label {number} is "
-                                 f"class {names[number]!r}; give --label #{number} for the number")
+            raise ParameterError("label", f"{text} is ambiguous: class {text!r} has label {found}, and label {number} is "
+                                 f"class {names[number]!r}; write it #{number} for the number")
         return found
     if number is None:
         shown = "it stores no class names (an embedding set made before they were recorded)" if names is None else (
             f"its classes are {', '.join(names[:10])}" + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
-        raise UserInputError(f"--label {text!r} is neither a class name of index {index.directory} nor a number; {shown}")
+        raise ParameterError("label", f"{text!r} is neither a class name of index {index.directory} nor a number; {shown}")
     if names is not None and not 0 <= number < len(names):
-        raise UserInputError(f"--label {text} is not a class of index {index.directory} (labels 0 to {len(names) - 1})")
+        raise ParameterError("label", f"{text} is not a class of index {index.directory} (labels 0 to {len(names) - 1})")
     return number
 
 
@@ -117,7 +118,7 @@ def query_threshold(index: StoredIndex, calibration: Path | None, fmr: float | N
     elif index.calibration is not None:
         document, source = index.calibration, f"stored with index {index.directory}"
     elif fmr is not None:
-        raise UserInputError(f"--fmr needs a calibration: index {index.directory} stores none; give --calibration FILE")
+        raise ParameterError("fmr", f"needs a calibration: index {index.directory} stores none; give `calibration` FILE")
     else:
         return None
     point = select_target(document, fmr, source)
@@ -139,21 +140,21 @@ def answer(index: StoredIndex, queries: Queries, k: int, rerank: Reranking | Non
     return index.hits(found.ids, found.distances.clamp_min(0.0).sqrt())
 
 
-def query_reranking(kind: str | None, params: dict[str, Any], calibrated: str | None) -> Reranking | None:
-    """The re-ranking ``dmlbench query --rerank`` asked for: query expansion; k-reciprocal, and any
+def query_reranking(rerank: str | None, params: dict[str, Any], calibrated: str | None) -> Reranking | None:
+    """The re-ranking of kind ``rerank`` (``dmlbench query --rerank``) with ``params``: query expansion; k-reciprocal, and any
     re-ranking where a calibration applies (``calibrated``: where it comes from), are refused (one
     line each). Asked before the calibration's target is chosen, so that the refusal is the first
     and only message, not one after a request for ``--fmr``."""
-    method = None if kind is None else build(kind, **params)
+    method = None if rerank is None else build(rerank, **params)
     if isinstance(method, KReciprocal):
         raise UserInputError("dmlbench query re-ranks with query_expansion only: k-reciprocal encoding needs the "
                              "neighbourhoods of every query and stored item computed together (Zhong et al. 2017, eq. 4-7)")
     if method is not None and calibrated is not None:
         # Query expansion moves every vector, so its distances are on another scale than the raw ones
         # the threshold was chosen on: a threshold applied to them would claim an FMR it never had.
-        raise UserInputError(f"--rerank cannot be used with a calibration ({calibrated}): its thresholds were chosen on "
-                             "raw distances, which re-ranking replaces; query without --rerank for calibrated "
-                             "matches, or re-rank an index built without --calibration")
+        raise ParameterError("rerank", f"cannot be used with a calibration ({calibrated}): its thresholds were chosen on "
+                             "raw distances, which re-ranking replaces; query without `rerank` for calibrated "
+                             "matches, or re-rank an index built without `calibration`")
     return method
 
 
