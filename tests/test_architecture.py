@@ -244,3 +244,20 @@ def test_library_errors_name_parameters_not_command_line_options() -> None:
              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
              and getattr(node.func, "id", "") in ("UserInputError", "ParameterError") and _message_start(node).startswith("--")]
     assert found == []
+
+
+def test_no_module_of_training_or_protocol_fills_a_container_of_its_own() -> None:
+    """Module-level state in disguise: an empty set, list or dict at module level that the process
+    fills as it runs (what a worker remembers belongs to a value it passes, as ``Context`` does)."""
+    empty_containers = ("set", "list", "dict")
+    found = []
+    for name, path in MODULES.items():
+        if name.split(".")[1:2] not in (["training"], ["protocol"]):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            empty = (isinstance(value, (ast.List, ast.Dict, ast.Set)) and not getattr(value, "elts", getattr(value, "keys", None))
+                     or isinstance(value, ast.Call) and getattr(value.func, "id", "") in empty_containers and not value.args)
+            if empty:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert found == []

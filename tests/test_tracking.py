@@ -93,6 +93,22 @@ def test_an_unreachable_tracking_server_is_one_warning_and_changes_nothing(tmp_p
     assert "tracking" not in json.loads((tracked.run_dir / records.RUN_FILE).read_text())
 
 
+def test_a_failed_tracker_is_not_tried_again_by_the_runs_that_share_its_failures(tmp_path: Path) -> None:
+    """A benchmark's worker passes one ``TrackerFailures`` to all its runs: an unreachable server is one
+    warning for all of them; runs that share nothing (two ``dmlbench train`` processes) warn each."""
+    from dmlbench.training.tracking import TrackerFailures
+
+    unreachable = tiny("tracking.backend=mlflow", "tracking.uri=http://127.0.0.1:9")
+    for shared, expected in ((True, 1), (False, 2)):
+        failures: TrackerFailures = set()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for run in range(2):
+                train(unreachable, tmp_path / f"{shared}{run}", progress=False, tracker_failures=failures if shared else None)
+        assert sum("tracking with mlflow" in str(w.message) for w in caught) == expected
+        assert failures == ({("mlflow", "http://127.0.0.1:9")} if shared else set())
+
+
 def test_a_tracked_benchmark_has_a_parent_run_with_the_report_and_its_config_hash_is_unchanged(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 

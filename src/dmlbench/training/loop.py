@@ -55,6 +55,7 @@ def train(
     record: Mapping[str, Any] | None = None,
     features: FoldFeatures | None = None,
     placement: Placement = STANDALONE,
+    tracker_failures: tracking.TrackerFailures | None = None,
 ) -> TrainResult:
     """Train one model on the training classes of ``config.data``; select on validation only.
 
@@ -62,7 +63,8 @@ def train(
     item). ``record``: extra JSON fields for ``run.json`` (the protocol's method, stage, trial, fold).
     ``features``: a frozen trunk's cached features of the fold; only ``config``'s head (and the
     loss's parameters) trains, on them (``training.features.FeatureBatches``), in one process.
-    ``placement``: this worker's device and threads (``training.placement``).
+    ``placement``: this worker's device and threads (``training.placement``); ``tracker_failures``: the
+    trackers that already failed for this worker's runs (``tracking.TrackerFailures``), not tried again.
     One process owns ``run_dir`` while it trains (``records.owned_run_dir``, rank 0 under
     ``torchrun``): another one that trains or resumes it meanwhile gets ``DirectoryInUse``.
     """
@@ -73,12 +75,12 @@ def train(
         raise UserInputError("a head on cached trunk features (protocol.frozen_trunk) trains in one process, not under torchrun")
     with _owned_and_checked(run_dir, resume, group):
         return _train(config, run_dir, resume=resume, progress=progress, record=record, features=features,
-                      placement=placement)
+                      placement=placement, tracker_failures=tracker_failures)
 
 
 def _train(
     config: Config, run_dir: Path, *, resume: bool, progress: bool, record: Mapping[str, Any] | None,
-    features: FoldFeatures | None, placement: Placement,
+    features: FoldFeatures | None, placement: Placement, tracker_failures: tracking.TrackerFailures | None,
 ) -> TrainResult:
     clock = records.Clock()
     group = distributed.current()
@@ -109,7 +111,7 @@ def _train(
         files.atomic_write_text(run_dir / records.CONFIG_FILE, to_yaml(config))
         (run_dir / records.METRICS_FILE).unlink(missing_ok=True)
     run_record = _start_record(run_dir, source, stepper, resume, record)
-    track = _start_tracking(run_dir, config, run_record, resume) if main else tracking.Tracker()
+    track = _start_tracking(run_dir, config, run_record, resume, tracker_failures) if main else tracking.Tracker()
     try:
         epoch = _run_epochs(run_dir, source, stepper, state, start_epoch, progress and main, track)
     except TrainingDiverged as error:
@@ -139,10 +141,11 @@ def _train(
     return TrainResult(run_dir, state.best_epoch, state.best_metrics, epoch)
 
 
-def _start_tracking(run_dir: Path, config: Config, run_record: dict[str, Any], resume: bool) -> tracking.Tracker:
+def _start_tracking(run_dir: Path, config: Config, run_record: dict[str, Any], resume: bool,
+                    failures: tracking.TrackerFailures | None) -> tracking.Tracker:
     """The run's tracker (``tracking:``), opened (or, resumed, reopened) with the config and the
     protocol's tags; what reopens it is recorded in ``run.json``."""
-    track = tracking.tracker(config.tracking, run_record.get("tracking") if resume else None)
+    track = tracking.tracker(config.tracking, run_record.get("tracking") if resume else None, failures)
     tags = {key: run_record[key] for key in TRACKING_TAGS if key in run_record}
     opened = track.start(run_dir, tracking.flatten(config.model_dump(mode="json")), tags)
     if opened:
@@ -210,6 +213,7 @@ def _run_epochs(
 def train_or_resume(
     config: Config, run_dir: Path, *, progress: bool = True, record: Mapping[str, Any] | None = None,
     features: FoldFeatures | None = None, placement: Placement = STANDALONE,
+    tracker_failures: tracking.TrackerFailures | None = None,
 ) -> TrainResult:
     """The protocol's way to train a run, full or (``features``) head-only: continue it after an
     interruption, return it as it is once completed, and start it afresh when a killed attempt left
@@ -219,9 +223,11 @@ def train_or_resume(
     # Owned before anything is decided or removed: another worker may still be training it.
     with records.owned_run_dir(run_dir) if distributed.current().is_main else contextlib.nullcontext():
         if (run_dir / records.RUN_FILE).is_file() and not _lost_its_model(run_dir):
-            return train(config, run_dir, resume=True, progress=progress, record=record, features=features, placement=placement)
+            return train(config, run_dir, resume=True, progress=progress, record=record, features=features,
+                         placement=placement, tracker_failures=tracker_failures)
         records.clear_run_dir(run_dir)
-        return train(config, run_dir, progress=progress, record=record, features=features, placement=placement)
+        return train(config, run_dir, progress=progress, record=record, features=features, placement=placement,
+                     tracker_failures=tracker_failures)
 
 
 def _lost_its_model(run_dir: Path) -> bool:

@@ -45,27 +45,30 @@ class Tracker:
         """Close the run with the run record's status."""
 
 
-# Trackers that failed in this process, by backend and destination: warned about once, not retried
-# (an unreachable server would otherwise cost every run of a benchmark its time-outs).
-_FAILED: set[tuple[str, str]] = set()
+# The trackers that failed, by backend and destination: each warned about once and not tried again
+# by the runs that share the set (a benchmark's worker passes its own to every run it trains, since an
+# unreachable server would otherwise cost each of them its time-out).
+TrackerFailures = set[tuple[str, str]]
 
 
 class _Guarded(Tracker):
-    """Every call of a real tracker: a failure is one warning and the end of tracking in this process."""
+    """Every call of a real tracker: a failure is one warning and the end of tracking for every run
+    that shares ``failures`` (``None``: for this tracker)."""
 
     backend = ""
 
-    def __init__(self, settings: TrackingConfig, destination: str) -> None:
+    def __init__(self, settings: TrackingConfig, destination: str, failures: TrackerFailures | None = None) -> None:
         self.settings, self.destination = settings, destination
+        self.failures: TrackerFailures = set() if failures is None else failures
 
     def _guard(self, action: str, call: Any, *args: Any) -> Any:
         key = (self.backend, self.destination)
-        if key in _FAILED:
+        if key in self.failures:
             return None
         try:
             return call(*args)
         except Exception as error:  # a tracker never fails the run
-            _FAILED.add(key)
+            self.failures.add(key)
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             warnings.warn(f"tracking with {self.backend} at {_without_password(self.destination)} stopped ({action}: "
                           f"{first[:300]}); the runs go on without it", stacklevel=2)
@@ -96,9 +99,9 @@ class MLflowTracker(_Guarded):
 
     backend = "mlflow"
 
-    def __init__(self, settings: TrackingConfig, run_id: str | None = None) -> None:
+    def __init__(self, settings: TrackingConfig, run_id: str | None = None, failures: TrackerFailures | None = None) -> None:
         self.uri = settings.uri or default_mlflow_uri()
-        super().__init__(settings, self.uri)
+        super().__init__(settings, self.uri, failures)
         self.run_id = run_id
         self._client: Any = None
 
@@ -181,8 +184,8 @@ class TensorBoardTracker(_Guarded):
 
     backend = "tensorboard"
 
-    def __init__(self, settings: TrackingConfig) -> None:
-        super().__init__(settings, "run directories")
+    def __init__(self, settings: TrackingConfig, failures: TrackerFailures | None = None) -> None:
+        super().__init__(settings, "run directories", failures)
         self.writer: Any = None
 
     def _start(self, run_dir: Path, params: Mapping[str, Any], tags: Mapping[str, Any]) -> dict[str, Any]:
@@ -204,12 +207,14 @@ class TensorBoardTracker(_Guarded):
         self.writer.close()
 
 
-def tracker(settings: TrackingConfig, recorded: Mapping[str, Any] | None = None) -> Tracker:
-    """The tracker of ``settings``; ``recorded`` (a ``run.json``'s ``tracking``) reopens an MLflow run."""
+def tracker(settings: TrackingConfig, recorded: Mapping[str, Any] | None = None,
+            failures: TrackerFailures | None = None) -> Tracker:
+    """The tracker of ``settings``; ``recorded`` (a ``run.json``'s ``tracking``) reopens an MLflow run;
+    ``failures``: the trackers that already failed for the runs this one goes with."""
     if settings.backend == "mlflow":
-        return MLflowTracker(settings, (recorded or {}).get("run_id"))
+        return MLflowTracker(settings, (recorded or {}).get("run_id"), failures)
     if settings.backend == "tensorboard":
-        return TensorBoardTracker(settings)
+        return TensorBoardTracker(settings, failures)
     return Tracker()
 
 
@@ -225,14 +230,15 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def log_test_scores(run_dir: Path, settings: TrackingConfig, scores: Mapping[str, Mapping[str, float]]) -> None:
+def log_test_scores(run_dir: Path, settings: TrackingConfig, scores: Mapping[str, Mapping[str, float]],
+                    failures: TrackerFailures | None = None) -> None:
     """A reproduction's test scores (per mode) on one of its fold runs, which the tracker then closes."""
     from dmlbench.training import records
 
     if settings.backend == "none":
         return
     record = records.read_run_record(run_dir)
-    track = tracker(settings, record.get("tracking"))
+    track = tracker(settings, record.get("tracking"), failures)
     track.start(run_dir, {}, {})
     track.log({f"test_{mode}_{metric}": value for mode, values in scores.items() for metric, value in values.items()},
               int(record.get("epochs_run") or 0))

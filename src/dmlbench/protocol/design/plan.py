@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from dmlbench.protocol.design.search_space import SearchSpace
 from dmlbench.protocol.layout import search_repeat_name
 from dmlbench.protocol.queue import work
 from dmlbench.training.placement import STANDALONE, Placement
+from dmlbench.training.tracking import TrackerFailures
 
 # Keys the protocol sets for every method alike; a search space may not search them.
 PROTOCOL_KEYS = ("seed", "training.epochs", "training.early_stopping_patience", "data.train_classes", "data.val_classes")
@@ -169,8 +170,8 @@ def repeated_searches(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec) -
 @dataclass
 class Context:
     """What the units of one worker share: where they write, the folds, the worker, the benchmark's
-    config hash (recorded in every study), how progress is shown and where the worker trains
-    (``placement``: its device and threads)."""
+    config hash (recorded in every study), how progress is shown, where the worker trains
+    (``placement``: its device and threads) and the trackers that failed for its runs."""
 
     output_dir: Path
     layout: FoldLayout
@@ -179,6 +180,7 @@ class Context:
     progress: bool = False
     reporter: Callable[[dict[str, Any]], None] | None = None
     placement: Placement = STANDALONE
+    tracker_failures: TrackerFailures = field(default_factory=set)
 
     def report(self, event: dict[str, Any]) -> None:
         if self.reporter is not None:

@@ -80,14 +80,14 @@ class MethodReproduction(Unit):
                 train_or_resume(self.plan.run_config(self.params, fold, seed), run_dir, progress=self.context.progress,
                                 record={**record, "fold_layout_hash": self.context.layout.hash,
                                         "params": dict(self.params), "test_classes": list(self.context.layout.test_classes)},
-                                placement=self.context.placement)
+                                placement=self.context.placement, tracker_failures=self.context.tracker_failures)
                 curves.append(validation_curves(run_dir))
             attributes["curves"] = curves
             runs = [Run.open(run_dir, self.context.placement) for run_dir in run_dirs]  # each opened once, for both uses
             attributes["embedding_space"] = [training_space(run) for run in runs]
             scores, per_class = _test_scores(output_dir, directory, runs, seed, self.plan.config.evaluation.metrics)
             for run_dir in run_dirs:
-                tracking.log_test_scores(run_dir, self.plan.config.tracking, scores)
+                tracking.log_test_scores(run_dir, self.plan.config.tracking, scores, self.context.tracker_failures)
             attributes["scores"] = scores
             if per_class is not None:  # for the report's bootstrap over test classes (``analysis.class_bootstrap``)
                 attributes["class_scores"] = per_class

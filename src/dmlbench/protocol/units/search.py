@@ -240,7 +240,8 @@ def train_fold(plan: MethodPlan, context: Context, slot: int, fold: ClassFold, a
               "fold_layout_hash": context.layout.hash, "config_hash": context.config_hash}
     context.report({**record, "run_dir": str(run_dir)})
     result = train_or_resume(config, run_dir, progress=context.progress, record=record,
-                             features=None if features is None else features.features(fold), placement=context.placement)
+                             features=None if features is None else features.features(fold), placement=context.placement,
+                             tracker_failures=context.tracker_failures)
     samples.append(run_samples(run_dir))
     key = config.evaluation.selection_metric
     score = None if result.best_validation is None else result.best_validation.get(key)
