@@ -8,10 +8,11 @@ class UserInputError(ValueError):
 
 
 class ParameterError(UserInputError):
-    """A bad value of one parameter, named as the function calls it (``fmr must be ...``, as
-    scikit-learn names its parameters); other parameters the message names are in backticks
-    (``give `calibration` FILE``). The command line shows each as the option that gives it
-    (``--fmr``, ``--calibration``): ``as_options``."""
+    """A bad value of one parameter, named as the Python caller passes it (``fmr must be ...``, as
+    scikit-learn names its parameters: the function's own, or for a parser of an option's text the
+    option's); other parameters the message names are in backticks (``give `calibration` FILE``).
+    The command line shows each as the option that gives it (``--fmr``, ``--calibration``):
+    ``as_options``."""
 
     def __init__(self, parameter: str, detail: str) -> None:
         super().__init__(f"{parameter} {detail}")
