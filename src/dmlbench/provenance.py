@@ -19,6 +19,11 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def default_output(kind: str) -> Path:
+    """Where a command writes without ``-o``: ``runs/<kind>-<local time>`` (``runs/benchmark-20261206-095409``)."""
+    return Path("runs") / f"{kind}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
 @functools.cache
 def git_commit() -> str | None:
     """The commit of the dmlbench source tree, with ``+dirty`` if the package's own files have

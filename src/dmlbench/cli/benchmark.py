@@ -9,7 +9,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from itertools import takewhile
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -19,6 +18,7 @@ import typer
 from dmlbench.cli import cluster
 from dmlbench.cli.common import COMMAND_STARTED, OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
+from dmlbench.provenance import default_output
 from dmlbench.protocol import layout
 from dmlbench.protocol.queue.storage import DEFAULT_RETRY_SECONDS, redact
 
@@ -90,7 +90,7 @@ def benchmark_command(
     _check_storage_options(heartbeat, db_retry)
     workers = _jobs(jobs)
     cluster_options = cluster.slurm_options(slurm, partition, time_limit, cpus_per_worker, gpus_per_worker, sbatch, wait, jobs)
-    output_dir = output or Path("runs") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}"
+    output_dir = output or default_output("benchmark")
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None, jobs=jobs,
                              heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run, slurm=cluster_options)
@@ -233,7 +233,7 @@ def search_command(
 
     _quiet_optuna()
     spec = load_search_spec(config_path)
-    output_dir = output or Path("runs") / f"search-{datetime.now():%Y%m%d-%H%M%S}"
+    output_dir = output or default_output("search")
     prepared = prepare(spec, output_dir, overrides, storage, heartbeat=heartbeat, retry_seconds=db_retry,
                        accept_plugin_changes=accept_plugin_changes, accept_analysis_change=accept_analysis_change)
     again = continue_command("search", config_path, overrides, output_dir, prepared.redacted if storage else None,

@@ -12,6 +12,7 @@ import typer
 from dmlbench.errors import RunInterrupted, UserInputError
 from dmlbench.files import received_signal
 from dmlbench.protocol.layout import SLURM_DIR
+from dmlbench.provenance import default_output
 
 SLURM_HELP = ("Submit the workers (--jobs N of them) as one SLURM job array through submitit (the slurm extra) "
               "and return; the storage must be one every node reaches (PostgreSQL, or a journal file on a shared "
@@ -79,11 +80,9 @@ def submit_training_run(config: Any, output: Path | None, options: Any, *, nodes
                         resume: bool, wait: bool, quiet: bool) -> None:
     """``train --slurm``: submit the run (``output``, or ``runs/<loss>-<time>``), and with ``wait`` follow it
     (exit 1 unless it completed)."""
-    from datetime import datetime
-
     from dmlbench.training.slurm import submit_training
 
-    run_dir = output or Path("runs") / f"{config.loss.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = output or default_output(config.loss.name)
     job = submit_training(config, run_dir, options, nodes=nodes, tasks_per_node=tasks_per_node, resume=resume)
     typer.echo(f"submitted SLURM job {job.job_id}: {nodes} node(s) x {tasks_per_node} process(es); run {job.run_dir}; "
                f"logs: {job.folder}", err=True)

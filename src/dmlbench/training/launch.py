@@ -5,10 +5,10 @@ takes rank 0's run directory and trains; rank 0 writes the directory."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from dmlbench.config import Config
+from dmlbench.provenance import default_output
 from dmlbench.training import distributed
 from dmlbench.training.loop import train
 from dmlbench.training.step import TrainingDiverged, TrainResult
@@ -31,7 +31,7 @@ def train_ranks(config: Config, output: Path | None, *, resume: bool, progress: 
     started_group = distributed.init_from_environment(config.training.device)
     try:
         group = distributed.current()
-        run_dir = distributed.broadcast(output or Path("runs") / f"{config.loss.name}-{datetime.now():%Y%m%d-%H%M%S}", group)
+        run_dir = distributed.broadcast(output or default_output(config.loss.name), group)
         try:
             return RankOutcome(group, run_dir, train(config, run_dir, resume=resume, progress=progress))
         except TrainingDiverged as error:
