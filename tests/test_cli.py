@@ -108,11 +108,13 @@ def test_a_parameter_error_names_the_parameter_in_python_and_the_option_on_the_c
     """Library code names its parameters (``test_embeddings``); the command line shows the options
     that give them (``--test-embeddings``), the other words of the message untouched."""
     from dmlbench.deploy.images import list_images
-    from dmlbench.errors import ParameterError
+    from dmlbench.errors import ParameterError, UserInputError
 
     error = ParameterError("embeddings", "a.npy holds 8-dimensional rows but `test_embeddings` b.npy 4-dimensional ones")
     assert str(error) == "embeddings a.npy holds 8-dimensional rows but `test_embeddings` b.npy 4-dimensional ones"
     assert error.as_options() == "--embeddings a.npy holds 8-dimensional rows but --test-embeddings b.npy 4-dimensional ones"
+    plain = UserInputError("use `resume` to continue it")  # only a ParameterError's names become options
+    assert plain.as_options() == str(plain)
     with pytest.raises(ParameterError, match=r"^images .* is not a directory$") as raised:
         list_images(tmp_path / "nowhere")
     assert raised.value.parameter == "images"

@@ -6,6 +6,10 @@ import re
 class UserInputError(ValueError):
     """Bad configuration, data, path or hyper-parameter; the message is shown to the user as is (exit 2)."""
 
+    def as_options(self) -> str:
+        """The message as the command line shows it (a ``ParameterError`` names options, not parameters)."""
+        return str(self)
+
 
 class ParameterError(UserInputError):
     """A bad value of one parameter, named as the Python caller passes it (``fmr must be ...``, as

@@ -24,7 +24,7 @@ import typer.core
 from dmlbench import __version__, plugins
 from dmlbench.cli.common import COMMAND_STARTED, PLUGIN_HELP, PLUGIN_SPECS, process_started
 from dmlbench.download import OFFLINE_VARIABLE
-from dmlbench.errors import ParameterError, PluginFailed, RunInterrupted, StorageFailed, UserInputError
+from dmlbench.errors import PluginFailed, RunInterrupted, StorageFailed, UserInputError
 from dmlbench.files import describe, install_stop_handlers, received_signal, storage_error
 
 OFFLINE_HELP = (f"Download nothing (also {OFFLINE_VARIABLE}=1): a missing dataset file or pretrained weight "
@@ -108,10 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         # The command imports them (and installed packages' plugins, so that every command, `list`
         # included, sees the same components) once its arguments parsed: `--help` answers at once.
         app(args=argv, prog_name="dmlbench", obj={PLUGIN_SPECS: specs, COMMAND_STARTED: started})
-    except ParameterError as error:
-        _fail(f"error: {error.as_options()}", 2)
     except UserInputError as error:
-        _fail(f"error: {error}", 2)
+        _fail(f"error: {error.as_options()}", 2)
     except (StorageFailed, PluginFailed) as error:
         _fail(f"error: {error}", 1)
     except RunInterrupted as error:

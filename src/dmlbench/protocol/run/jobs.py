@@ -131,7 +131,7 @@ class WorkerTask:
                                accept_plugin_changes=self.accept_plugin_changes)
             run_benchmark(prepared, progress=self.progress, report=self.report, placement=placement)
         except UserInputError as error:
-            print(f"dmlbench: error: {error}", file=sys.stderr, flush=True)
+            print(f"dmlbench: error: {error.as_options()}", file=sys.stderr, flush=True)
             sys.exit(2)
         except (RunInterrupted, KeyboardInterrupt):
             sys.exit(128 + received_signal())
