@@ -82,7 +82,7 @@ def train_command(
     outcome = train_ranks(config, output, resume=resume, progress=not quiet)
     if outcome.result is None:
         if outcome.group.is_main:
-            print(f"dmlbench: error: training diverged ({outcome.diverged}); run {outcome.run_dir} marked failed", file=sys.stderr)
+            print(f"dmlbench: error: {outcome.divergence}", file=sys.stderr)
         raise typer.Exit(1)
     if not outcome.group.is_main:
         return

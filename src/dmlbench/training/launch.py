@@ -24,6 +24,11 @@ class RankOutcome:
     result: TrainResult | None
     diverged: str = ""
 
+    @property
+    def divergence(self) -> str:
+        """What a diverged run's processes report: ``training diverged (...); run DIR marked failed``."""
+        return f"training diverged ({self.diverged}); run {self.run_dir} marked failed"
+
 
 def train_ranks(config: Config, output: Path | None, *, resume: bool, progress: bool) -> RankOutcome:
     """Train ``config`` in this process's place of the job. ``output``: the run directory (default:

@@ -40,7 +40,7 @@ class SlurmTraining:
         resume = self.resume or records.is_run_dir(self.run_dir)  # before the ranks meet (see the module docstring)
         outcome = train_ranks(self.config, self.run_dir, resume=resume, progress=False)
         if outcome.result is None:
-            raise RuntimeError(f"training diverged ({outcome.diverged}); run {outcome.run_dir} marked failed")
+            raise RuntimeError(outcome.divergence)
         return str(outcome.run_dir)
 
     def checkpoint(self) -> Any:
