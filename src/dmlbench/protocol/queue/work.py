@@ -70,6 +70,11 @@ class Worker:
         self.beats = self.heartbeat is not None and not self.kind.processes_of_one_machine
         self.storage = self.kind.open(heartbeat=self.heartbeat if self.beats else None)
 
+    @property
+    def beat_seconds(self) -> int:
+        """Seconds between this worker's heartbeats (``heartbeat``, else ``DEFAULT_BEAT_SECONDS``)."""
+        return self.heartbeat or DEFAULT_BEAT_SECONDS
+
     def stamp(self) -> dict[str, Any]:
         return {"id": self.id, "host": self.host, "pid": self.pid, "last_seen": time.time()}
 
@@ -145,7 +150,7 @@ def _silent(trial: FrozenTrial, worker: Worker) -> bool:
     """Whether ``trial``'s worker missed ``STALE_BEATS`` heartbeats (``Beating`` writes one every interval)."""
     owner = trial.user_attrs["worker"]
     last = float(trial.user_attrs.get("heartbeat", owner.get("last_seen", time.time())))
-    return time.time() - last > STALE_BEATS * (worker.heartbeat or DEFAULT_BEAT_SECONDS)
+    return time.time() - last > STALE_BEATS * worker.beat_seconds
 
 
 def _mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
@@ -245,7 +250,7 @@ class Beating:
         self.worker.active.discard(storage_module.trial_id(self.trial))
 
     def _beat(self) -> None:
-        interval = self.worker.heartbeat or DEFAULT_BEAT_SECONDS
+        interval = self.worker.beat_seconds
         backend, trial_id = storage_module.backend(self.study), storage_module.trial_id(self.trial)
         while True:
             try:
