@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dmlbench.analysis.group_sequential import Spending
+from dmlbench.analysis.sequential import FUTILITY_POWER, SequentialDesign
 from dmlbench.analysis.statistics import DEFAULT_EQUIVALENCE_MARGIN
 
 
@@ -44,7 +46,10 @@ class AnalysisSpec(BaseModel):
     a study that repeated its searches: the paired tests of one search per method then include it
     (``analysis.statistics.paired_comparison``), and the rows say so (``assumed_search_sd``). Both search SDs are
     one number for every method or a mapping ``method -> SD``: a comparison then carries ``sigma_a² + sigma_b²``
-    (``statistics.pair_search_sd``; a method whose search is noisier than another's is planned and tested so)."""
+    (``statistics.pair_search_sd``; a method whose search is noisier than another's is planned and tested so).
+    ``spending`` and ``futility_power``: a sequential study's (``protocol.sequential``) alpha-spending function,
+    Pocock-type (spends early: for differences expected to be large) or O'Brien-Fleming-type (keeps the level for
+    the last look), and the conditional power below which an open comparison is futile (``analysis.sequential``)."""
 
     model_config = ConfigDict(extra="forbid")
     primary: PrimaryEndpoint = Field(default_factory=PrimaryEndpoint)
@@ -56,6 +61,13 @@ class AnalysisSpec(BaseModel):
     planning_sd: float | None = Field(None, gt=0.0, lt=1.0)
     planning_search_sd: SearchSDValue | dict[str, SearchSDValue] | None = None
     search_sd: SearchSDValue | dict[str, SearchSDValue] | None = None
+    spending: Spending = "pocock"
+    futility_power: float = Field(FUTILITY_POWER, ge=0.0, lt=1.0)
+
+    def sequential_design(self, max_searches: int, round_searches: int) -> SequentialDesign:
+        """The design of a sequential study (``protocol.sequential``) judged under this analysis."""
+        return SequentialDesign(max_searches, round_searches, margin=self.equivalence_margin, spending=self.spending,
+                                futility_power=self.futility_power)
 
     @classmethod
     def in_force(cls, stored: Mapping[str, Any]) -> AnalysisSpec:

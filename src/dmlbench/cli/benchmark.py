@@ -36,6 +36,11 @@ ACCEPT_ANALYSIS_HELP = ("Continue although the config's `analysis` differs from 
                         f"started; the change is recorded in {layout.BENCHMARK_FILE} and the report.")
 RETRY_FAILED_HELP = ("Run again, with the same parameters, every search trial and reproduction that failed (a plugin "
                      "that raised, a NaN loss), once its cause is fixed; the failed attempts stay recorded.")
+BUDGET_HELP = ("A sequential study's wall time, every run of this command on the directory together (30m, 2h, 1h30m, "
+               "90s): no round starts that its measured cost says cannot end within it; the same command with a larger "
+               "budget continues the study.")
+MAX_SEARCHES_HELP = ("A sequential study stops before a look that needs more than N searches of a method (the design's "
+                     "protocol.max_searches, and so its boundaries, stay as declared).")
 DB_RETRY_HELP = ("Seconds a worker waits for a database server that went away (a restart), retrying with a doubling "
                  "pause, before it stops with exit 1 (the same command continues later).")
 
@@ -72,6 +77,8 @@ def benchmark_command(
     gpus_per_worker: Annotated[int, typer.Option("--gpus-per-worker", metavar="N", help=cluster.GPUS_HELP)] = 0,
     sbatch: Annotated[Optional[list[str]], typer.Option("--sbatch", metavar="OPTION", help=cluster.SBATCH_HELP, show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help=cluster.WAIT_HELP)] = False,
+    budget: Annotated[Optional[str], typer.Option("--budget", metavar="TIME", help=BUDGET_HELP, show_default=False)] = None,
+    max_searches: Annotated[Optional[int], typer.Option("--max-searches", metavar="N", help=MAX_SEARCHES_HELP, show_default=False)] = None,
 ) -> None:
     """Run the whole protocol: search, reproductions on new seeds, untrained baseline, paired tests, report.
 
@@ -88,12 +95,13 @@ def benchmark_command(
     if config_path is not None:
         require_yaml(config_path, "benchmark config")
     _check_storage_options(heartbeat, db_retry)
-    workers = _jobs(jobs)
+    workers, rounds = _jobs(jobs), _round_budget(budget, max_searches)
     cluster_options = cluster.slurm_options(slurm, partition, time_limit, cpus_per_worker, gpus_per_worker, sbatch, wait, jobs)
     output_dir = output or default_output("benchmark")
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
     again = continue_command("benchmark", config_path, overrides, output_dir, redact(storage) if storage else None, jobs=jobs,
-                             heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run, slurm=cluster_options)
+                             heartbeat=heartbeat, db_retry=db_retry, quiet=quiet, dry_run=dry_run, slurm=cluster_options,
+                             budget=budget, max_searches=max_searches)
     with stops_explained(f"benchmark {output_dir}", again, dry_run=dry_run):
         from dmlbench.protocol.design.benchmark import load_spec
         from dmlbench.protocol.design.prepare import prepare
@@ -121,7 +129,7 @@ def benchmark_command(
             from dmlbench.protocol.run.schedule import retry_failed_units
 
             typer.echo(f"--retry-failed: {retry_failed_units(prepared)} failed unit(s) to run again", err=True)
-        outcome = _run_prepared(prepared, config_path, overrides, quiet, write_report)
+        outcome = _run_prepared(prepared, config_path, overrides, quiet, write_report, rounds)
     if outcome is None:
         typer.echo(f"done: every unit is finished and the report is written: {output_dir / layout.REPORT_FILE} "
                    f"(`dmlbench report {output_dir}` rebuilds it from the storage)")
@@ -168,16 +176,47 @@ def _exit_on_failures(failed: dict[str, str]) -> None:
         raise typer.Exit(1)
 
 
-def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str], quiet: bool, write_report: Any) -> Any:
-    """Run a prepared benchmark with its workers (``--jobs``) and ``write_report``; the
-    ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
+def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str], quiet: bool, write_report: Any,
+                  budget: Any) -> Any:
+    """Run a prepared benchmark with its workers (``--jobs``), ``write_report`` and a sequential study's
+    ``budget``; the ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
     from dmlbench.protocol.run.schedule import run_benchmark
 
+    from dataclasses import replace
+
+    from dmlbench.protocol.design.benchmark import duration_seconds
+
+    protocol = prepared.spec.protocol
+    if (budget.seconds is not None or budget.max_searches is not None) and not protocol.sequential:
+        raise UserInputError("--budget and --max-searches spend a sequential study's rounds: the config needs "
+                             "protocol.sequential: true")
+    if budget.seconds is None and protocol.budget is not None:
+        budget = replace(budget, seconds=duration_seconds(protocol.budget))
     if prepared.jobs > 1:
         from dmlbench.protocol.run.jobs import run_jobs
 
-        return run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report)
-    return run_benchmark(prepared, progress=not quiet, report=write_report)
+        return run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report, budget=budget)
+    return run_benchmark(prepared, progress=not quiet, report=write_report, budget=budget)
+
+
+def _round_budget(budget: str | None, max_searches: int | None) -> Any:
+    """``--budget`` and ``--max-searches`` as a ``RoundBudget`` of this command (a new id, shared by its workers);
+    ``--budget`` left out: the config's ``protocol.budget``, once the config is read (``_run_prepared``)."""
+    import uuid
+
+    from dmlbench.protocol.design.benchmark import duration_seconds
+    from dmlbench.protocol.dry_run.cost import estimate_round
+    from dmlbench.protocol.run.rounds import RoundBudget
+
+    seconds = None
+    if budget is not None:
+        try:
+            seconds = duration_seconds(budget)
+        except ValueError as error:
+            raise UserInputError(f"--budget {error}") from None
+    if max_searches is not None and max_searches < 2:
+        raise UserInputError(f"--max-searches must be at least 2 (a look needs two searches), got {max_searches}")
+    return RoundBudget(seconds, max_searches, uuid.uuid4().hex, time.time(), estimate_round)
 
 
 SUMMARY_LINES = 12  # what a finished benchmark prints of its report; the whole report.md is hundreds of lines
@@ -255,7 +294,7 @@ def search_command(
 def continue_command(command: str, config_path: Path | None, overrides: list[str], output_dir: Path,
                      storage: str | None, *, jobs: str = DEFAULT_JOBS, heartbeat: int = 30,
                      db_retry: int = DEFAULT_RETRY_SECONDS, quiet: bool = False, dry_run: bool = False,
-                     slurm: Any = None) -> str:
+                     slurm: Any = None, budget: str | None = None, max_searches: int | None = None) -> str:
     """The command line that continues this benchmark: the same config and overrides, with ``-o``
     (a run without it would start a new directory) and the storage without its password; a stopped
     ``--dry-run`` is repeated as one; with ``slurm`` (its ``SlurmOptions``), submitted again or followed."""
@@ -272,6 +311,10 @@ def continue_command(command: str, config_path: Path | None, overrides: list[str
         words += ["--heartbeat", str(heartbeat)]
     if db_retry != DEFAULT_RETRY_SECONDS:
         words += ["--db-retry", str(db_retry)]
+    if budget is not None:
+        words += ["--budget", budget]
+    if max_searches is not None:
+        words += ["--max-searches", str(max_searches)]
     if quiet:
         words.append("-q")
     if dry_run:

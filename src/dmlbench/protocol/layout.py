@@ -41,6 +41,7 @@ RESULTS_TEX = "results.tex"
 # The claim files of ``report.analysis`` and ``report.uncertainty``.
 CLAIM_COMPARISONS_CSV = "claim_comparisons.csv"
 METHOD_COMPARISONS_CSV = "method_comparisons.csv"  # verdicts about the methods, their repeated searches included
+SEQUENTIAL_CSV = "sequential.csv"  # a sequential study's looks (protocol.sequential)
 EMBEDDING_SPACE_CSV = "embedding_space.csv"
 CORRELATIONS_CSV = "correlations.csv"
 RANKINGS_CSV = "rankings.csv"
@@ -57,6 +58,7 @@ BUDGET_FIGURE = "budget.png"
 VALIDATION_CURVES_FIGURE = "validation_curves.png"
 FOREST_FIGURE = "forest.png"
 DIFFERENCES_FIGURE = "differences.png"
+SEQUENTIAL_FIGURE = "sequential.png"
 SPACE_FIGURE = "rho_vs_precision_at_1.png"
 # The Optuna studies' files of the default storages (``storage.default_url``), and the journal's work
 # lock beside its file (not ``PATH.lock``: Optuna's journal backend locks that one itself).

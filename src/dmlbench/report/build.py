@@ -19,7 +19,7 @@ from dmlbench.errors import UserInputError
 from dmlbench.evaluation.metrics import metric_title
 from dmlbench.protocol import layout
 from dmlbench.protocol.units.results import result_rows, write_results
-from dmlbench.report import plots, render, tables, uncertainty
+from dmlbench.report import plots, render, sequential, tables, uncertainty
 from dmlbench.report.analysis import ALPHA
 from dmlbench.report.data import ReportData, computed_metrics, load_report_data
 from dmlbench.report.sections import sections
@@ -54,7 +54,7 @@ def write_report(output_dir: Path, storage: str | None = None, destination: Path
     if method_families:
         paths[layout.METHOD_COMPARISONS_CSV] = output_dir / layout.METHOD_COMPARISONS_CSV
         files.atomic_write_text(paths[layout.METHOD_COMPARISONS_CSV], comparison_csv(method_families, conditional=False))
-    for name, text in {**tables.claim_csvs(data), **uncertainty.uncertainty_csvs(data)}.items():
+    for name, text in {**tables.claim_csvs(data), **uncertainty.uncertainty_csvs(data), **sequential.sequential_csvs(data)}.items():
         paths[name] = output_dir / name
         files.atomic_write_text(paths[name], text)
     figures = _figures(data)
@@ -81,6 +81,9 @@ def _figures(data: ReportData) -> list[plots.Figure]:
     if isinstance(family, list) and family:
         figures.append(plots.differences_figure(family, uncertainty.endpoint_title(data.claims.primary),
                                                 data.claims.margin, ALPHA))
+    judgement = sequential.sequential_judgement(data)
+    if judgement is not None and judgement.rows:
+        figures.append(plots.sequential_figure(judgement, uncertainty.endpoint_title(data.claims.primary)))
     if data.claims.points:
         figures.append(plots.space_figure(data.claims.points, methods=data.methods))
     return figures

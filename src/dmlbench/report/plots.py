@@ -27,6 +27,7 @@ from dmlbench.protocol.layout import (
     DIFFERENCES_FIGURE,
     FOREST_FIGURE,
     SEARCH_FIGURE,
+    SEQUENTIAL_FIGURE,
     SPACE_FIGURE,
     VALIDATION_CURVES_FIGURE,
 )
@@ -166,6 +167,30 @@ def differences_figure(comparisons: Sequence[Any], endpoint_title: str, margin: 
     axes.grid(axis="x", alpha=0.3)
     axes.legend(fontsize="small", loc="lower right")
     return ("The primary comparisons: paired differences, their intervals and the equivalence band", DIFFERENCES_FIGURE,
+            _png(figure, pyplot))
+
+
+def sequential_figure(judgement: Any, endpoint_title: str) -> Figure:
+    """A sequential study's looks (``analysis.sequential.SequentialJudgement``): for each comparison, its estimate
+    and repeated confidence interval at every look it was judged, the ±margin band, and its decision."""
+    pyplot = _pyplot()
+    pairs = list(dict.fromkeys((row.a, row.b) for row in judgement.rows))
+    figure, panels = pyplot.subplots(len(pairs), 1, figsize=(8.0, 1.6 * len(pairs) + 0.8), squeeze=False, sharex=True)
+    margin = 100 * judgement.design.margin
+    for axes, pair in zip(panels[:, 0], pairs):
+        rows = [row for row in judgement.rows if (row.a, row.b) == pair]
+        searches = [row.searches for row in rows]
+        axes.axhspan(-margin, margin, color="tab:green", alpha=0.15)
+        axes.axhline(0.0, color="black", linewidth=0.8)
+        for row in rows:
+            if np.isfinite(row.ci_low) and np.isfinite(row.ci_high):
+                axes.plot([row.searches, row.searches], [100 * row.ci_low, 100 * row.ci_high], color="tab:blue", linewidth=1.2)
+        axes.plot(searches, [100 * row.estimate for row in rows], "o-", color="tab:blue", markersize=4)
+        axes.set_title(f"{pair[0]} − {pair[1]}: {rows[-1].decision} at {rows[-1].searches} searches", fontsize="medium")
+        axes.grid(alpha=0.3)
+    panels[-1, 0].set_xlabel(f"searches per method; a − b, {endpoint_title} (points), with its repeated 95% interval; "
+                             f"green: ±{margin:g}", fontsize="small")
+    return ("The sequential study: each comparison's estimate and repeated interval at every look", SEQUENTIAL_FIGURE,
             _png(figure, pyplot))
 
 

@@ -26,7 +26,7 @@ from dmlbench.protocol.layout import (
     VALIDATION_CURVES_CSV,
 )
 from dmlbench.protocol.units.results import result_rows
-from dmlbench.report import plots, tables, uncertainty
+from dmlbench.report import plots, sequential, tables, uncertainty
 from dmlbench.report.analysis import ALPHA, Claims, ReferenceSummary, scored_methods
 from dmlbench.report.data import ReportData
 from dmlbench.report.tables import pvalue_text
@@ -72,7 +72,8 @@ def sections(data: ReportData, figures: list[plots.Figure]) -> list[Section]:
     parts.append(setup_section(data))
     parts += _claim_sections(data.claims)
     # Uncertainty beyond the seeds: the test classes resampled, the search repeated.
-    uncertain = [*uncertainty.class_bootstrap_parts(data), uncertainty.method_verdict_part(data), uncertainty.search_repeat_part(data)]
+    uncertain = [sequential.sequential_part(data), *uncertainty.class_bootstrap_parts(data),
+                 uncertainty.method_verdict_part(data), uncertainty.search_repeat_part(data)]
     parts += [Section(title, paragraphs, tables=tables) for title, paragraphs, tables in filter(None, uncertain)]
     change = analysis_change_section(data)
     if change:
@@ -245,7 +246,11 @@ def summary_section(data: ReportData) -> Section | None:
             "compare methods."])
     references = list(dict.fromkeys(x.reference for x in claims.references))
     about_methods = uncertainty.primary_method_family(data)
-    if about_methods:
+    judged = sequential.sequential_judgement(data)
+    if judged is not None:
+        sentences = (_baseline_sentence(data), sequential.sequential_summary(data, judged), None)
+        against = []
+    elif about_methods:
         # Searches repeated: the headline is the verdicts about the methods, not search 0's.
         sentences = (_baseline_sentence(data), _method_primary_sentence(data, about_methods),
                      _method_design_sentence(data, about_methods))

@@ -278,8 +278,10 @@ def search_table(data: ReportData) -> SearchTable:
 
 def method_families(data: ReportData) -> list[tuple[str, str, list[PairedComparison]]]:
     """The declared families judged on the methods, their repeated searches included (``verdicts.judge_methods``
-    under the design the study ran: fresh or shared seeds), for the leaderboard metrics; nothing without search repeats."""
-    if not data.repeats:
+    under the design the study ran: fresh or shared seeds), for the leaderboard metrics; nothing without search repeats,
+    nor for a sequential study (a fixed test on searches that stopped when decided would not keep its error rate:
+    ``report.sequential`` judges it)."""
+    if not data.repeats or data.benchmark.protocol.sequential:
         return []
     return judged_method_families(repeated_scores(search_table(data)), data.benchmark.analysis_spec(),
                                   data.benchmark.protocol.search_seeds == SHARED_SEEDS)

@@ -4,6 +4,7 @@ checks it and ``protocol.run.schedule`` runs it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,6 +14,7 @@ from dmlbench import config as config_module
 from dmlbench import plugins
 from dmlbench.analysis.endpoints import declared_comparisons
 from dmlbench.analysis.planning import Family
+from dmlbench.analysis.sequential import FUTILITY_POWER
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
@@ -30,9 +32,28 @@ SEARCH_SEED_STRIDE = 100_000
 # that benchmarks started before the keys existed keep their hash.
 # Analysis keys added after benchmarks were first run: at their defaults they stay out of the description
 # (and the config hash), so a benchmark started before them keeps its hash.
-LATER_ANALYSIS_DEFAULTS: dict[str, Any] = {"planning_search_sd": None, "search_sd": None}
+LATER_ANALYSIS_DEFAULTS: dict[str, Any] = {"planning_search_sd": None, "search_sd": None, "spending": "pocock",
+                                           "futility_power": FUTILITY_POWER}
+# A sequential study's searches per round, unless ``protocol.round_searches`` says otherwise: the fewest whose
+# t statistic has two degrees of freedom at the first look.
+DEFAULT_ROUND_SEARCHES = 3
 LATER_PROTOCOL_DEFAULTS = {"search_repeats": 1, "search_repeat_methods": [], "class_bootstrap": DEFAULT_CLASS_BOOTSTRAP,
-                           "baselines": [layout.UNTRAINED], "fold_units": False}
+                           "baselines": [layout.UNTRAINED], "fold_units": False, "sequential": False,
+                           "max_searches": None, "round_searches": DEFAULT_ROUND_SEARCHES}
+
+
+DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds of a duration written ``30m``, ``2h``, ``1h30m`` or ``90s``; ``ValueError`` for anything else."""
+    match = DURATION.fullmatch(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise ValueError(f"must be a duration such as 30m, 2h, 1h30m or 90s, got {text!r}")
+    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    if 3600 * hours + 60 * minutes + seconds <= 0:
+        raise ValueError(f"must be longer than 0 s, got {text!r}")
+    return 3600 * hours + 60 * minutes + seconds
 
 
 class MethodSpec(BaseModel):
@@ -71,7 +92,12 @@ class ProtocolSpec(BaseModel):
     ``class_bootstrap``: replicates of the paired bootstrap over
     test classes of the report (0: none); ``baselines``: the rows scored beside the methods without
     training, ``untrained`` (the reference method's models as initialised) and ``raw_pixels`` (each
-    test image's pixels, as the models see them, as its embedding)."""
+    test image's pixels, as the models see them, as its embedding); ``sequential``: the searches run in
+    rounds of ``round_searches`` (each with its reproductions, fresh seeds and folds) up to ``max_searches``,
+    the primary comparisons judged after every round with group-sequential boundaries
+    (``analysis.sequential``), each stopping once decided or futile, a method once none of its comparisons
+    is open; ``search_repeats`` is then ``max_searches``, the most the study may run; ``budget``: the wall time
+    the study spends by default (``--budget``, which overrides it; a view of the study, outside its config hash)."""
 
     model_config = ConfigDict(extra="forbid")
     folds: int = Field(4, ge=2)
@@ -94,6 +120,17 @@ class ProtocolSpec(BaseModel):
     resplit_per_search: StrictBool | None = None
     class_bootstrap: int = Field(DEFAULT_CLASS_BOOTSTRAP, ge=0)
     baselines: list[Literal["untrained", "raw_pixels"]] = Field(default_factory=lambda: [layout.UNTRAINED])
+    sequential: StrictBool = False
+    max_searches: int | None = Field(None, ge=2)
+    round_searches: int = Field(DEFAULT_ROUND_SEARCHES, ge=2)
+    budget: str | None = None
+
+    @field_validator("budget")
+    @classmethod
+    def _a_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value)
+        return value
 
     @field_validator("reproductions")
     @classmethod
@@ -121,6 +158,25 @@ class ProtocolSpec(BaseModel):
         """The most units of work ``searches`` searches can run at once: a trial's folds hold one
         worker, ``parallel_trials`` trials of a search at a time; with ``fold_units`` each fold is a unit."""
         return searches * self.parallel_trials * (self.folds if self.fold_units else 1)
+
+    @model_validator(mode="after")
+    def _sequential_design(self) -> ProtocolSpec:
+        if not self.sequential:
+            if self.max_searches is not None:
+                raise ValueError("max_searches is the most searches of a sequential study; set sequential: true or "
+                                 "use search_repeats for a fixed number of searches")
+            return self
+        if self.max_searches is None:
+            raise ValueError("sequential: true needs max_searches, the most searches any method may run")
+        if self.max_searches < self.round_searches:
+            raise ValueError(f"max_searches ({self.max_searches}) must be at least round_searches ({self.round_searches})")
+        if self.search_repeats not in (1, self.max_searches) or self.search_repeat_methods:
+            raise ValueError("a sequential study runs its searches in rounds up to max_searches: leave out search_repeats "
+                             "and search_repeat_methods")
+        if self.search_seeds != FRESH_SEEDS:
+            raise ValueError("a sequential study needs independent searches: search_seeds: fresh")
+        self.search_repeats = self.max_searches
+        return self
 
     @model_validator(mode="after")
     def _fold_units_without_pruning(self) -> ProtocolSpec:

@@ -144,13 +144,15 @@ def search_seed_offset(protocol: ProtocolSpec, search: int) -> int:
 
 
 def search_repeats(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec, settings: SearchSettings,
-                   reproduction: ReproductionSettings, layout: FoldLayout) -> dict[str, RepeatedSearch]:
+                   reproduction: ReproductionSettings, layout: FoldLayout,
+                   limits: Mapping[str, int] | None = None) -> dict[str, RepeatedSearch]:
     """The repeated searches of ``protocol.search_repeats``, ``METHOD@searchK -> RepeatedSearch`` for repeat ``k``
     >= 1 of each method of ``search_repeat_methods`` (empty: every method): the sampler seed ``search_seed + k``,
     the training seeds moved by ``search_seed_offset`` and, with ``protocol.resplits``, folds cut afresh with
-    seed ``search_seed + k`` (the same for every method, which keeps the methods paired by search)."""
+    seed ``search_seed + k`` (the same for every method, which keeps the methods paired by search). ``limits``:
+    the searches each method runs so far (a sequential study's rounds, ``protocol.run.rounds``), within those."""
     repeated = {}
-    for name, repeat in repeated_searches(plans, protocol):
+    for name, repeat in repeated_searches(plans, protocol, limits):
         offset, plan = search_seed_offset(protocol, repeat), plans[name]
         if offset:
             plan = plan.with_seed(plan.config.seed + offset)
@@ -161,10 +163,13 @@ def search_repeats(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec, sett
     return repeated
 
 
-def repeated_searches(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec) -> list[tuple[str, int]]:
-    """``(method, k)`` for every repeat ``k`` >= 1 of ``protocol.search_repeats``, in the order they run."""
+def repeated_searches(plans: Mapping[str, MethodPlan], protocol: ProtocolSpec,
+                      limits: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
+    """``(method, k)`` for every repeat ``k`` >= 1 of ``protocol.search_repeats``, in the order they run;
+    ``limits``: at most this many searches of each method (one, for a method it does not name)."""
     chosen = protocol.search_repeat_methods or list(plans)
-    return [(name, repeat) for repeat in range(1, protocol.search_repeats) for name in plans if name in chosen]
+    return [(name, repeat) for repeat in range(1, protocol.search_repeats) for name in plans
+            if name in chosen and (limits is None or repeat < limits.get(name, 1))]
 
 
 @dataclass

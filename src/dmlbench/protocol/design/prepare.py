@@ -70,6 +70,8 @@ class Prepared:
     weights: list[dict[str, Any]] = field(default_factory=list)
     # Every override as given (the benchmark's own and the runs'), for the commands a report prints.
     given_overrides: list[str] = field(default_factory=list)
+    # The searches each method runs so far (a sequential study's rounds; ``None``: ``protocol.search_repeats``).
+    search_limits: dict[str, int] | None = None
 
     @property
     def redacted(self) -> str:
@@ -88,8 +90,8 @@ class Prepared:
 
     @property
     def repeats(self) -> dict[str, RepeatedSearch]:
-        """The repeated searches (``protocol.search_repeats``), ``METHOD@searchK -> RepeatedSearch``."""
-        return search_repeats(self.plans, self.spec.protocol, self.search, self.reproduction, self.layout)
+        """The repeated searches (``protocol.search_repeats``, within ``search_limits``), ``METHOD@searchK -> RepeatedSearch``."""
+        return search_repeats(self.plans, self.spec.protocol, self.search, self.reproduction, self.layout, self.search_limits)
 
     def study_names(self) -> list[str]:
         searched = [*self.plans, *self.repeats]
@@ -103,6 +105,7 @@ class Prepared:
         list and, for a benchmark started before the analysis was fixed, the analysis, so that
         benchmarks started before those keys existed keep their description and config hash."""
         unset = {"startup_trials"} if self.spec.protocol.startup_trials is None else set()
+        unset.add("budget")  # how long one command may spend on a sequential study, not what the study is
         unset |= {key for key, default in LATER_PROTOCOL_DEFAULTS.items() if getattr(self.spec.protocol, key) == default}
         if not self.spec.protocol.fresh_draws:  # one search, or searches on search 0's seeds and folds: as before the keys
             unset |= {"search_seeds", "resplit_per_search"}

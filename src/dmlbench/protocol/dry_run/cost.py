@@ -181,7 +181,14 @@ def estimate(prepared: Prepared, measured: Measured) -> float:
 def searched_methods(prepared: Prepared) -> list[str]:
     """The method each search trains, once per method and once more per repeated search
     (``protocol.search_repeats``), each with its trials and the reproductions of its best trial."""
-    return [*prepared.plans, *(name for name, _ in repeated_searches(prepared.plans, prepared.spec.protocol))]
+    return [*prepared.plans, *(name for name, _ in repeated_searches(prepared.plans, prepared.spec.protocol,
+                                                                      prepared.search_limits))]
+
+
+def estimate_round(prepared: Prepared) -> float:
+    """Seconds one worker needs for ``prepared`` (a sequential study's round, ``protocol.run.rounds``), measured
+    here as the dry run measures (the report is not counted)."""
+    return estimate(prepared, measure(prepared))
 
 
 def run_seconds(prepared: Prepared, measured: Measured, method: str | None = None) -> float:
@@ -326,8 +333,9 @@ def _timed_report(prepared: Prepared, directory: Path, test: SplitSize, report: 
 
 
 def _with_repeats(prepared: Prepared, repeats: int) -> Prepared:
-    """``prepared`` with ``repeats`` searches per repeated method (``protocol.search_repeats``)."""
-    protocol = prepared.spec.protocol.model_copy(update={"search_repeats": repeats})
+    """``prepared`` with ``repeats`` searches per repeated method (``protocol.search_repeats``); a sequential
+    study's rounds left out (its report's sequential part costs next to nothing)."""
+    protocol = prepared.spec.protocol.model_copy(update={"search_repeats": repeats, "sequential": False, "max_searches": None})
     return replace(prepared, spec=prepared.spec.model_copy(update={"protocol": protocol}))
 
 

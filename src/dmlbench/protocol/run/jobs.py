@@ -27,6 +27,7 @@ from dmlbench.files import describe, install_stop_handlers, received_signal, sto
 from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.layout import RESULTS_FILE
 from dmlbench.protocol.run.record import BenchmarkOutcome, ReportWriter, write_benchmark_file
+from dmlbench.protocol.run.rounds import RoundBudget
 from dmlbench.protocol.run.schedule import owned_output, run_benchmark
 from dmlbench.training.placement import Placement, worker_devices
 
@@ -34,15 +35,15 @@ STOPPED_EXIT_CODES = frozenset({128 + signal.SIGINT, 128 + signal.SIGTERM})
 
 
 def run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
-             report: ReportWriter | None = None) -> BenchmarkOutcome | None:
+             report: ReportWriter | None = None, budget: RoundBudget = RoundBudget()) -> BenchmarkOutcome | None:
     """Run ``prepared.jobs`` workers; the outcome (read from the directory when another wrote it).
     ``report``: the report writer of ``run_benchmark``, a module-level function (it is sent to the workers).
     This process holds the output directory (shared, as each worker does) until every worker has ended;
-    it is worker 0."""
+    it is worker 0. ``budget``: a sequential study's, shared by every worker (``rounds``)."""
     if progress:
         _say_gpus(prepared)
     with owned_output(prepared):
-        return _run_jobs(prepared, config_path, overrides, progress=progress, report=report)
+        return _run_jobs(prepared, config_path, overrides, progress=progress, report=report, budget=budget)
 
 
 def _say_gpus(prepared: Prepared) -> None:
@@ -54,17 +55,17 @@ def _say_gpus(prepared: Prepared) -> None:
 
 
 def _run_jobs(prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
-              report: ReportWriter | None) -> BenchmarkOutcome | None:
+              report: ReportWriter | None, budget: RoundBudget) -> BenchmarkOutcome | None:
     placement = Placement(worker=0, workers=prepared.jobs)
     write_benchmark_file(prepared, placement)
     context = multiprocessing.get_context("spawn")
-    task = WorkerTask.of(prepared, config_path, overrides, progress=progress, report=report)
+    task = WorkerTask.of(prepared, config_path, overrides, progress=progress, report=report, budget=budget)
     workers = [context.Process(target=_worker, name=f"dmlbench-worker-{index}", args=(index, task))
                for index in range(1, prepared.jobs)]
     for process in workers:
         process.start()
     try:
-        outcome = run_benchmark(prepared, progress=progress, report=report, placement=placement)
+        outcome = run_benchmark(prepared, progress=progress, report=report, placement=placement, budget=budget)
     except (RunInterrupted, KeyboardInterrupt):
         # A scheduler may signal this process alone (Kubernetes signals PID 1): pass the stop on, so
         # every worker marks its unit interrupted. A worker that got the signal itself ignores a second.
@@ -103,14 +104,15 @@ class WorkerTask:
     report: ReportWriter | None
     plugin_specs: tuple[str, ...]
     accept_plugin_changes: bool
+    budget: RoundBudget = RoundBudget()
 
     @classmethod
     def of(cls, prepared: Prepared, config_path: Path | None, overrides: list[str], *, progress: bool,
-           report: ReportWriter | None, storage: str | None = None) -> WorkerTask:
+           report: ReportWriter | None, storage: str | None = None, budget: RoundBudget = RoundBudget()) -> WorkerTask:
         """The task of a worker of ``prepared`` (``storage``: the URL it connects with, if not ``prepared``'s)."""
         return cls(config_path, tuple(overrides), str(prepared.output_dir), storage or prepared.storage, prepared.jobs,
                    prepared.heartbeat, prepared.retry_seconds, progress, report, tuple(plugins.command_line()),
-                   bool(prepared.plugin_changes))
+                   bool(prepared.plugin_changes), budget)
 
     def run(self, placement: Placement) -> None:
         """Prepare the benchmark as the user's process did and work on it at ``placement``; exit codes as
@@ -129,7 +131,7 @@ class WorkerTask:
             prepared = prepare(load_spec(self.config_path), Path(self.output_dir), list(self.overrides), self.storage,
                                jobs=self.jobs, heartbeat=self.heartbeat, retry_seconds=self.retry_seconds,
                                accept_plugin_changes=self.accept_plugin_changes)
-            run_benchmark(prepared, progress=self.progress, report=self.report, placement=placement)
+            run_benchmark(prepared, progress=self.progress, report=self.report, placement=placement, budget=self.budget)
         except UserInputError as error:
             print(f"dmlbench: error: {error.as_options()}", file=sys.stderr, flush=True)
             sys.exit(2)

@@ -29,6 +29,7 @@ from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.protocol.queue import work
 from dmlbench.protocol.run.record import (
     BenchmarkOutcome, ReportWriter, track_report, write_benchmark_file, write_search_summary, write_summaries)
+from dmlbench.protocol.run.rounds import RoundBudget, RoundsOutcome, run_rounds, say
 from dmlbench.protocol.run.stages import BaselineStage, ReproductionStage, SearchStage, Stage
 from dmlbench.protocol.units.baseline import Baseline
 from dmlbench.protocol.units.reproductions import MethodReproduction, complete_class_sums
@@ -129,6 +130,7 @@ def _search_only(prepared: Prepared, progress: bool, placement: Placement) -> di
 
 def run_benchmark(
     prepared: Prepared, *, progress: bool = True, report: ReportWriter | None = None, placement: Placement = STANDALONE,
+    budget: RoundBudget = RoundBudget(),
 ) -> BenchmarkOutcome | None:
     """Work on the benchmark until every unit is done (search trials, reproductions, the untrained
     baseline), with any number of other workers on the same storage; then the first worker to find
@@ -143,10 +145,11 @@ def run_benchmark(
     directory meanwhile (``owned_output``). ``placement``: this worker's device and threads; a run with
     ``training.num_threads: auto`` trains with the threads the benchmark started with
     (``benchmark.json``'s ``threads_per_worker``), whatever this worker's ``--jobs``: a thread count
-    changes a run's last digits."""
+    changes a run's last digits. A sequential study (``protocol.sequential``) runs in rounds within ``budget``
+    (``rounds``)."""
     with owned_output(prepared):
         placement = placement.with_recorded_threads(write_benchmark_file(prepared, placement).threads_per_worker)
-        return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report, placement))
+        return _with_retries(prepared, lambda: _work_on_benchmark(prepared, progress, report, placement, budget))
 
 
 def _with_retries(prepared: Prepared, attempt: Callable[[], Any]) -> Any:
@@ -194,15 +197,25 @@ def context_of(prepared: Prepared, reporter: Progress | None = None, progress: b
                    prepared.config_hash, progress, reporter, placement)
 
 
+def _driven(prepared: Prepared, context: Context) -> Schedule:
+    """Every unit of ``prepared`` driven to its end; its schedule."""
+    schedule = Schedule(prepared, context)
+    drive(schedule.units)
+    return schedule
+
+
 def _work_on_benchmark(prepared: Prepared, progress: bool, report: ReportWriter | None,
-                       placement: Placement) -> BenchmarkOutcome | None:
+                       placement: Placement, budget: RoundBudget) -> BenchmarkOutcome | None:
     output_dir = prepared.output_dir
     protocol = prepared.spec.protocol
     total = (len(prepared.plans) + len(prepared.repeats)) * (protocol.trials + protocol.reproductions) * protocol.folds
     context = context_of(prepared, Progress(total, _completed_runs(output_dir), progress), progress, placement)
     try:
-        schedule = Schedule(prepared, context)
-        drive(schedule.units)
+        rounds: RoundsOutcome | None = None
+        if protocol.sequential:
+            schedule, rounds = run_rounds(prepared, context, budget, lambda limited: _driven(limited, context))
+        else:
+            schedule = _driven(prepared, context)
         with context.worker.lock.held():
             marker = next(iter(schedule.searches.values())).study
             reported = marker.user_attrs.get("report")
@@ -218,6 +231,8 @@ def _work_on_benchmark(prepared: Prepared, progress: bool, report: ReportWriter 
                           file=sys.stderr, flush=True)
                 return None
             outcome = write_summaries(prepared, schedule.searches, schedule.reproductions, schedule.baselines)
+            if rounds is not None and not placement.spawned:
+                say(rounds)
             if report is not None:
                 written = report(output_dir, prepared.storage)
                 track_report(prepared, written)

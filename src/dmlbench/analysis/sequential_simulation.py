@@ -1,0 +1,103 @@
+"""The sequential design checked by simulation under the two-level model, as the protocol runs it: every method's
+search ``k`` scores ``mu_m + u_mk + e_mkr`` (``u ~ N(0, search_sd_m²)`` its search's luck, ``e ~ N(0, seed_sd_m²)``
+each reproduction's seed, all independent: fresh seeds and folds per search), the comparisons are judged by
+``sequential.judge_sequentially`` look by look and stop as they do in a study. Drawing every search up front and
+letting the judgement read only the searches it reaches is the same study: searches are independent of the
+decisions, and a stopped comparison reads none of the later ones. The fixed design of the same maximum judges all
+``max_searches`` at once with Holm's t-test and TOST (``statistics.compare_pairs``, the report's test)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dmlbench.analysis.sequential import BETTER, DECIDED, EQUIVALENT, WORSE, Pair, SequentialDesign, judge_sequentially
+from dmlbench.analysis.statistics import compare_pairs
+
+
+@dataclass(frozen=True)
+class TwoLevelModel:
+    """The truth a simulation draws from: each method's mean, search SD and seed SD, and the reproductions per search."""
+
+    means: Mapping[str, float]
+    search_sd: Mapping[str, float]
+    seed_sd: Mapping[str, float]
+    reproductions: int
+
+    def draw(self, searches: int, rng: np.random.Generator) -> dict[str, dict[int, float]]:
+        """Every method's search means (mean over its reproductions) for searches ``0..searches-1``."""
+        drawn = {}
+        for method in sorted(self.means):
+            luck = rng.normal(0.0, self.search_sd[method], searches)
+            seeds = rng.normal(0.0, self.seed_sd[method], (searches, self.reproductions)).mean(axis=1)
+            drawn[method] = {k: float(self.means[method] + luck[k] + seeds[k]) for k in range(searches)}
+        return drawn
+
+
+@dataclass(frozen=True)
+class SimulationSummary:
+    """What ``studies`` simulated studies gave: the family-wise rates of a wrong better/worse (a difference declared
+    where there is none, or in the wrong direction) and of a wrong equivalent (declared where the true difference is
+    at least the margin), each comparison's rate of a decision (``decided``) and mean searches at its stop, and the
+    mean searches all methods ran together, beside the same for the fixed design of ``max_searches``."""
+
+    studies: int
+    wrong_difference: float
+    wrong_equivalence: float
+    decided: dict[Pair, float]
+    searches: dict[Pair, float]
+    method_searches: float
+    fixed_wrong_difference: float
+    fixed_wrong_equivalence: float
+    fixed_decided: dict[Pair, float]
+    fixed_method_searches: int
+
+    def monte_carlo_error(self, rate: float) -> float:
+        """The binomial standard error of a rate estimated from ``studies`` studies."""
+        return math.sqrt(max(rate * (1 - rate), 1e-12) / self.studies)
+
+
+def _wrong(decision: str, truth_difference: float, margin: float) -> tuple[bool, bool]:
+    """Whether ``decision`` is a wrong better/worse and whether it is a wrong equivalent."""
+    wrong_difference = (decision == BETTER and truth_difference <= 0) or (decision == WORSE and truth_difference >= 0)
+    return wrong_difference, decision == EQUIVALENT and abs(truth_difference) >= margin
+
+
+def simulate(model: TwoLevelModel, comparisons: Sequence[Pair], design: SequentialDesign, studies: int,
+             seed: int, fixed: bool = True) -> SimulationSummary:
+    """``studies`` studies of ``design`` drawn from ``model`` with ``numpy.random.default_rng(seed)``; ``fixed``:
+    judge each study's ``max_searches`` searches by the fixed design too (slower: it runs every paired test)."""
+    rng = np.random.default_rng(seed)
+    truth = {pair: model.means[pair[0]] - model.means[pair[1]] for pair in comparisons}
+    counts = {"difference": 0, "equivalence": 0, "fixed_difference": 0, "fixed_equivalence": 0}
+    decided = dict.fromkeys(comparisons, 0)
+    fixed_decided = dict.fromkeys(comparisons, 0)
+    searches = dict.fromkeys(comparisons, 0)
+    method_searches = 0
+    for _ in range(studies):
+        drawn = model.draw(design.max_searches, rng)
+        latest = judge_sequentially(drawn, comparisons, design).latest
+        wrong = [_wrong(latest[pair].decision, truth[pair], design.margin) for pair in comparisons]
+        counts["difference"] += any(w[0] for w in wrong)
+        counts["equivalence"] += any(w[1] for w in wrong)
+        for pair in comparisons:
+            decided[pair] += latest[pair].decision in DECIDED
+            searches[pair] += latest[pair].searches
+        method_searches += sum(max(latest[p].searches for p in comparisons if method in p)
+                               for method in {m for p in comparisons for m in p})
+        if fixed:
+            judged = compare_pairs({m: dict(values) for m, values in drawn.items()}, list(comparisons), design.margin)
+            wrong = [_wrong(c.outcome(design.alpha), truth[(c.a, c.b)], design.margin) for c in judged]
+            counts["fixed_difference"] += any(w[0] for w in wrong)
+            counts["fixed_equivalence"] += any(w[1] for w in wrong)
+            for c in judged:
+                fixed_decided[(c.a, c.b)] += c.outcome(design.alpha) in DECIDED
+    methods = len({m for p in comparisons for m in p})
+    return SimulationSummary(
+        studies, counts["difference"] / studies, counts["equivalence"] / studies,
+        {pair: n / studies for pair, n in decided.items()}, {pair: n / studies for pair, n in searches.items()},
+        method_searches / studies, counts["fixed_difference"] / studies, counts["fixed_equivalence"] / studies,
+        {pair: n / studies for pair, n in fixed_decided.items()}, methods * design.max_searches)

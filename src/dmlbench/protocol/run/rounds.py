@@ -1,0 +1,208 @@
+"""A sequential study (``protocol.sequential``) run in rounds: every method runs ``round_searches`` searches
+(each with its reproductions), the primary family is judged (``analysis.sequential``), the methods with a
+comparison still open run the searches of the next look, and so on until every comparison is closed, the design's
+``max_searches`` is reached or the user's budget (``RoundBudget``) cannot pay for the next round.
+
+Every worker walks the same rounds: each round's units are the ordinary ones of ``schedule.Schedule`` (the searches
+of ``METHOD@searchK`` within ``Prepared.search_limits``), and what a round needs next is judged from the stored
+scores alone, so any number of workers, stopped and resumed at any moment, run the same searches and give the same
+bytes. Only whether to start a round depends on time: the first worker to decide records it in the storage (under
+the work lock) and every worker follows a recorded start. The study's time is the union of the wall-clock spans
+of the commands that worked on it (a ``kill -9`` loses the span since its last round)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from dmlbench.analysis.endpoints import declared_comparisons
+from dmlbench.analysis.sequential import DECIDED, Pair, SequentialDesign, SequentialJudgement, judge_sequentially, method_search_means
+from dmlbench.errors import ParameterError
+from dmlbench.protocol import layout as output_layout
+from dmlbench.protocol.design.benchmark import BenchmarkSpec
+from dmlbench.protocol.design.plan import Context
+from dmlbench.protocol.design.prepare import Prepared
+from dmlbench.protocol.units.reproductions import MethodReproduction
+from dmlbench.protocol.units.search import MethodSearch
+
+# The search study attributes of a sequential study: the last round any worker started, and each command's span.
+ROUNDS_STARTED = "sequential_rounds_started"
+COMMAND_SPANS = "sequential_time"
+
+
+@dataclass(frozen=True)
+class RoundBudget:
+    """What one command may spend on a sequential study: ``seconds`` of the study's wall time, every command's
+    together (``--budget``; ``None``: no limit), ``max_searches`` of any method (``--max-searches``; ``None``: the
+    design's); ``command``: the id its workers share, ``started``: when it began (``time.time()``);
+    ``estimator``: the seconds one worker needs for a prepared round, for a first round nothing has measured
+    (the dry run's cost model)."""
+
+    seconds: float | None = None
+    max_searches: int | None = None
+    command: str = ""
+    started: float = 0.0
+    estimator: Callable[[Prepared], float] | None = None
+
+
+class RoundSchedule(Protocol):
+    """What a round leaves behind: its searches and reproductions (``schedule.Schedule``)."""
+
+    @property
+    def searches(self) -> dict[str, MethodSearch]: ...
+
+    @property
+    def reproductions(self) -> dict[str, MethodReproduction]: ...
+
+
+@dataclass(frozen=True)
+class RoundsOutcome:
+    """How the rounds ended: the judgement, the searches each method ran, the study's seconds and why it stopped."""
+
+    judgement: SequentialJudgement
+    searches: dict[str, int]
+    seconds: float
+    stopped: str
+
+    def summary(self) -> str:
+        """One paragraph for the terminal: what was decided, after how many searches and how long, what is open."""
+        latest = self.judgement.latest
+        decided = [f"{a} {row.decision} than {b} ({row.searches} searches)" if row.decision != "equivalent"
+                   else f"{a} equivalent to {b} ({row.searches} searches)"
+                   for (a, b), row in latest.items() if row.decision in DECIDED]
+        closed = [f"{a} vs {b}: {row.decision} after {row.searches} searches" for (a, b), row in latest.items()
+                  if row.decision not in DECIDED and row.decision != "continue"]
+        still = [f"{a} vs {b}: open after {row.searches} searches"
+                 + (f", about {row.searches_to_decide} searches to decide" if row.searches_to_decide else "")
+                 for (a, b), row in latest.items() if row.decision == "continue"]
+        total = sum(self.searches.values())
+        return "\n".join([f"sequential study: {len(decided)} of {len(self.judgement.comparisons)} primary comparisons "
+                          f"decided after {self.judgement.looks_taken()} look(s), {total} searches in all, "
+                          f"{self.seconds / 60:.1f} min ({self.stopped})",
+                          *(f"  decided: {line}" for line in decided), *(f"  closed: {line}" for line in closed),
+                          *(f"  {line}" for line in still)])
+
+
+def sequential_design(spec: BenchmarkSpec) -> SequentialDesign:
+    """The design a sequential benchmark declares (``protocol`` and ``analysis``)."""
+    assert spec.protocol.max_searches is not None  # the spec's validator requires it with sequential: true
+    return spec.analysis.sequential_design(spec.protocol.max_searches, spec.protocol.round_searches)
+
+
+def sequential_comparisons(spec: BenchmarkSpec) -> list[Pair]:
+    """The primary family: the declared comparisons among the benchmark's methods."""
+    return declared_comparisons(spec.analysis.references, spec.analysis.pairs, [method.name for method in spec.methods])
+
+
+def scores_by_search(reproductions: Mapping[str, MethodReproduction],
+                     endpoint: tuple[str, str]) -> dict[str, dict[int, dict[int, float]]]:
+    """``method -> search -> reproduction -> score`` on ``endpoint`` of the reproductions scored so far."""
+    found: dict[str, dict[int, dict[int, float]]] = {}
+    for name, unit in reproductions.items():
+        method, _, repeat = name.partition(output_layout.SEARCH_REPEAT_MARK)
+        scored = {outcome.reproduction: outcome.scores[endpoint[0]][endpoint[1]]
+                  for outcome in unit.result().outcomes if outcome.scores is not None}
+        found.setdefault(method, {})[int(repeat or 0)] = scored
+    return found
+
+
+def run_rounds(prepared: Prepared, context: Context, budget: RoundBudget,
+               drive_round: Callable[[Prepared], RoundSchedule]) -> tuple[RoundSchedule, RoundsOutcome]:
+    """Drive rounds (``drive_round``: run a round-limited ``Prepared`` to its end) until the study stops (module
+    docstring); the last round's schedule, for the summaries and the report, and how the rounds ended."""
+    design, comparisons = sequential_design(prepared.spec), sequential_comparisons(prepared.spec)
+    endpoint = (prepared.spec.analysis.primary.mode, prepared.spec.analysis.primary.metric)
+    limits = {name: design.looks[0] for name in prepared.plans}
+    _check_first_round(prepared, budget, limits)
+    round_number = 1
+    while True:
+        schedule = drive_round(replace(prepared, search_limits=dict(limits)))
+        judgement = judge_sequentially(method_search_means(scores_by_search(schedule.reproductions, endpoint)),
+                                       comparisons, design)
+        marker = _marker(schedule)
+        spent = _record_span(marker, budget)
+        wanted = {name: max(count, judgement.next_searches.get(name, 0)) for name, count in limits.items()}
+        stopped = _why_stop(judgement, wanted, limits, budget)
+        if stopped is None and not _may_start(context, budget, round_number + 1, marker, spent, limits, wanted):
+            stopped = f"the next round does not fit in the budget of {_minutes(budget.seconds)}"
+        if stopped is not None:
+            return schedule, RoundsOutcome(judgement, limits, spent, stopped)
+        limits, round_number = wanted, round_number + 1
+
+
+def _why_stop(judgement: SequentialJudgement, wanted: Mapping[str, int], limits: Mapping[str, int],
+              budget: RoundBudget) -> str | None:
+    if judgement.finished:
+        return "every primary comparison is closed"
+    if wanted == limits:  # a search whose reproductions failed: its comparisons cannot be judged
+        return "a search needed for the next look has no scores (a failed unit)"
+    if budget.max_searches is not None and max(wanted.values()) > budget.max_searches:
+        return f"the next look needs more than --max-searches {budget.max_searches}"
+    return None
+
+
+def _check_first_round(prepared: Prepared, budget: RoundBudget, limits: Mapping[str, int]) -> None:
+    """Refuse a budget smaller than the first round's estimate (``budget.estimator``) before anything runs; a
+    study that has begun (a run directory exists) has measured its own cost instead."""
+    if budget.seconds is None or budget.estimator is None or any(output_layout.fold_run_dirs(prepared.output_dir)):
+        return
+    needed = budget.estimator(replace(prepared, search_limits=dict(limits))) / prepared.jobs
+    if needed > budget.seconds:
+        raise ParameterError("budget", f"of {_minutes(budget.seconds)} is less than the first round needs here "
+                             f"({min(limits.values())} searches of each method, about {_minutes(needed)}); nothing "
+                             "was run")
+
+
+def _may_start(context: Context, budget: RoundBudget, round_number: int, marker: Any, spent: float,
+               done: Mapping[str, int], limits: Mapping[str, int]) -> bool:
+    """Whether round ``round_number`` (``limits``: the searches it brings each method to) runs: yes if any worker
+    started it; else if the budget pays for it at the cost per search measured so far (``spent`` seconds for the
+    searches ``done``), and then it is recorded in ``marker`` (the search study holding the records)."""
+    with context.worker.lock.held():
+        if marker.user_attrs.get(ROUNDS_STARTED, 1) >= round_number:
+            return True
+        if budget.seconds is not None:
+            ran = sum(done.values())
+            if spent + spent / ran * (sum(limits.values()) - ran) > budget.seconds:
+                return False
+        marker.set_user_attr(ROUNDS_STARTED, round_number)
+        marker.set_user_attr("report", None)  # the round's last worker writes a new report
+    return True
+
+
+def _marker(schedule: RoundSchedule) -> Any:
+    """The search study that holds the benchmark's records (the report's marker, the rounds')."""
+    return next(iter(schedule.searches.values())).study
+
+
+def _record_span(marker: Any, budget: RoundBudget) -> float:
+    """Record this command's span so far and return the study's seconds: the union of every command's span."""
+    spans, now, command = dict(marker.user_attrs.get(COMMAND_SPANS, {})), time.time(), budget.command or "command"
+    spans[command] = [min(spans.get(command, [budget.started or now])[0], now), now]
+    marker.set_user_attr(COMMAND_SPANS, spans)
+    return union_seconds(list(spans.values()))
+
+
+def union_seconds(spans: list[list[float]]) -> float:
+    """The length of the union of the ``[start, end]`` spans."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "no limit"
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def say(outcome: RoundsOutcome) -> None:
+    """The rounds' summary on stderr."""
+    print(outcome.summary(), file=sys.stderr, flush=True)
