@@ -54,6 +54,11 @@ class SimulationSummary:
     fixed_wrong_equivalence: float
     fixed_decided: dict[Pair, float]
     fixed_method_searches: int
+    # The spread of the stopping time: each comparison's searches at its stop and all methods' searches together,
+    # as (10%, 50%, 90%) quantiles; the mean number of comparisons decided by each look.
+    searches_quantiles: dict[Pair, tuple[float, float, float]]
+    method_searches_quantiles: tuple[float, float, float]
+    decided_by_look: tuple[float, ...]
 
     def monte_carlo_error(self, rate: float) -> float:
         """The binomial standard error of a rate estimated from ``studies`` studies."""
@@ -75,8 +80,9 @@ def simulate(model: TwoLevelModel, comparisons: Sequence[Pair], design: Sequenti
     counts = {"difference": 0, "equivalence": 0, "fixed_difference": 0, "fixed_equivalence": 0}
     decided = dict.fromkeys(comparisons, 0)
     fixed_decided = dict.fromkeys(comparisons, 0)
-    searches = dict.fromkeys(comparisons, 0)
-    method_searches = 0
+    stops: dict[Pair, list[int]] = {pair: [] for pair in comparisons}
+    method_searches: list[int] = []
+    by_look = np.zeros(len(design.looks))
     for _ in range(studies):
         drawn = model.draw(design.max_searches, rng)
         latest = judge_sequentially(drawn, comparisons, design).latest
@@ -85,9 +91,11 @@ def simulate(model: TwoLevelModel, comparisons: Sequence[Pair], design: Sequenti
         counts["equivalence"] += any(w[1] for w in wrong)
         for pair in comparisons:
             decided[pair] += latest[pair].decision in DECIDED
-            searches[pair] += latest[pair].searches
-        method_searches += sum(max(latest[p].searches for p in comparisons if method in p)
-                               for method in {m for p in comparisons for m in p})
+            stops[pair].append(latest[pair].searches)
+            if latest[pair].decision in DECIDED:
+                by_look[latest[pair].look - 1:] += 1
+        method_searches.append(sum(max(latest[p].searches for p in comparisons if method in p)
+                                   for method in {m for p in comparisons for m in p}))
         if fixed:
             judged = compare_pairs({m: dict(values) for m, values in drawn.items()}, list(comparisons), design.margin)
             wrong = [_wrong(c.outcome(design.alpha), truth[(c.a, c.b)], design.margin) for c in judged]
@@ -98,6 +106,42 @@ def simulate(model: TwoLevelModel, comparisons: Sequence[Pair], design: Sequenti
     methods = len({m for p in comparisons for m in p})
     return SimulationSummary(
         studies, counts["difference"] / studies, counts["equivalence"] / studies,
-        {pair: n / studies for pair, n in decided.items()}, {pair: n / studies for pair, n in searches.items()},
-        method_searches / studies, counts["fixed_difference"] / studies, counts["fixed_equivalence"] / studies,
-        {pair: n / studies for pair, n in fixed_decided.items()}, methods * design.max_searches)
+        {pair: n / studies for pair, n in decided.items()}, {pair: float(np.mean(n)) for pair, n in stops.items()},
+        float(np.mean(method_searches)), counts["fixed_difference"] / studies, counts["fixed_equivalence"] / studies,
+        {pair: n / studies for pair, n in fixed_decided.items()}, methods * design.max_searches,
+        {pair: _quantiles(n) for pair, n in stops.items()}, _quantiles(method_searches), tuple(by_look / studies))
+
+
+def _quantiles(values: Sequence[int]) -> tuple[float, float, float]:
+    return tuple(float(q) for q in np.quantile(values, [0.1, 0.5, 0.9]))  # type: ignore[return-value]
+
+
+def pilot_model(scores: Mapping[str, Mapping[int, float]], search_sd: float | Mapping[str, float],
+                reproductions: int) -> TwoLevelModel:
+    """The two-level model a pilot gives: each method's mean and seed SD over its reproductions (one search), the
+    search SD measured or stated (one for every method, or per method)."""
+    spread = {m: (search_sd if isinstance(search_sd, float) else search_sd[m]) for m in scores}
+    return TwoLevelModel({m: float(np.mean(list(v.values()))) for m, v in scores.items()}, spread,
+                         {m: float(np.std(list(v.values()), ddof=1)) for m, v in scores.items()}, reproductions)
+
+
+def plan_text(model: TwoLevelModel, comparisons: Sequence[Pair], design: SequentialDesign, source: str,
+              studies: int = 2000, seed: int = 0) -> str:
+    """``dmlbench plan``'s lines on a sequential design: each comparison's chance of a decision and its stopping
+    time, and the searches all methods run together, against the fixed design of ``max_searches``."""
+    summary = simulate(model, comparisons, design, studies, seed)
+    lines = [f"sequential design: looks at {', '.join(map(str, design.looks))} searches per method "
+             f"({design.spending.replace('_', ' ')}-type spending, alpha {design.alpha:g}, Holm over {len(comparisons)} "
+             f"comparison(s), futility below {design.futility_power:g} conditional power); {studies} simulated studies "
+             f"of the two-level model at {source}, {model.reproductions} reproductions per search:"]
+    for pair in comparisons:
+        low, median, high = summary.searches_quantiles[pair]
+        lines.append(f"  {pair[0]} vs {pair[1]} (difference {100 * (model.means[pair[0]] - model.means[pair[1]]):+.2f} "
+                     f"points): decided in {100 * summary.decided[pair]:.0f}% (the fixed design of {design.max_searches}: "
+                     f"{100 * summary.fixed_decided[pair]:.0f}%), stops after {median:g} searches (10-90%: {low:g}-{high:g})")
+    low, median, high = summary.method_searches_quantiles
+    decided = ", ".join(f"{n}: {mean:.1f}" for n, mean in zip(design.looks, summary.decided_by_look))
+    lines.append(f"  all methods together: {summary.method_searches:.1f} searches on average (10-90%: {low:g}-{high:g}) "
+                 f"against {summary.fixed_method_searches} for the fixed design; comparisons decided by the look at "
+                 f"{decided} (each search costs what the dry run prints per search)")
+    return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -70,6 +70,26 @@ def audit_command(
     typer.echo(f"audit passed: {directory}")
 
 
+def _sequential_plan(spec: Any, pilot: Any, search_sd: Any, source: str) -> str:
+    """The stopping time of a sequential design, simulated at a pilot's means and spreads."""
+    if pilot is None or search_sd is None:
+        return ("sequential design: its stopping time is simulated at a pilot's means and spreads; give --pilot DIR "
+                "(with repeated searches, or with --search-sd X)")
+    from dmlbench.analysis.endpoints import declared_comparisons
+    from dmlbench.analysis.sequential_simulation import pilot_model, plan_text
+
+    endpoint = (spec.analysis.primary.mode, spec.analysis.primary.metric)
+    methods = [method.name for method in spec.methods]
+    scores = {method: pilot.get(endpoint, {}).get(method, {}) for method in methods}
+    missing = [method for method, values in scores.items() if len(values) < 2]
+    if missing:
+        raise UserInputError(f"--pilot has fewer than 2 reproductions of {missing[0]!r} on {endpoint[0]} {endpoint[1]}")
+    model = pilot_model(scores, search_sd, spec.protocol.reproductions)
+    design = spec.analysis.sequential_design(spec.protocol.max_searches, spec.protocol.round_searches)
+    return plan_text(model, declared_comparisons(spec.analysis.references, spec.analysis.pairs, methods), design,
+                     f"the pilot's means and seed SDs, search SD from {source}")
+
+
 def plan_command(
     config_path: Annotated[Optional[Path], typer.Argument(metavar="CONFIG", help="Benchmark YAML (default: the built-in benchmark, as for benchmark).", show_default=False)] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(metavar="OVERRIDES", help="protocol.KEY=VALUE or analysis.KEY=VALUE, as for benchmark (protocol.reproductions=20).", show_default=False)] = None,
@@ -133,6 +153,8 @@ def plan_command(
         typer.echo(planning.plan_text(family, sds, f"{100 * sd:.2f} points (--sd)"))
     if planned is not None:
         typer.echo(planning.search_plan_text(family, sds, planned, source, search_sd_bound=bound, other_trials=other_trials))
+    if spec.protocol.sequential:
+        typer.echo(_sequential_plan(spec, read_runs(pilot, "pilot") if pilot is not None else None, planned, source))
     if pilot is not None:
         from dmlbench.report.committed import pilot_range_notes
 

@@ -20,6 +20,7 @@ from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.layout import BASELINES, SLURM_FILE, fold_study, reproduction_study
 from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.queue import storage as storage_module
+from dmlbench.protocol.run import rounds
 
 RECENT_SECONDS = 300
 PREFIX = reproduction_study("")
@@ -30,10 +31,11 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     """The report of ``dmlbench status DIR`` or ``dmlbench status --storage URL``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     planned: int | None = None  # reproductions per method, counted before a method's stage starts
+    record = read_benchmark(Path(directory)) if directory is not None and storage is None else None
     if storage is None:
         if directory is None:
             raise UserInputError("status_lines needs a benchmark directory or a storage URL")
-        record = read_benchmark(Path(directory))
+        assert record is not None
         storage, planned = record.storage, record.spec.protocol.get("reproductions")
     storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
@@ -105,6 +107,8 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
                      f"{sum(durations) / len(durations):.1f} s per finished unit / {max(len(recent), 1)} worker(s){uncounted})")
     else:
         lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
+    if record is not None and record.protocol.sequential:
+        lines += rounds.status_lines(record.protocol, record.analysis_spec(), [m.name for m in record.spec.methods], studies)
     return lines + (slurm_lines(Path(directory)) if directory is not None else [])
 
 

@@ -19,13 +19,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import optuna
+from optuna.trial import TrialState
+
 from dmlbench.analysis.endpoints import declared_comparisons
 from dmlbench.analysis.sequential import DECIDED, Pair, SequentialDesign, SequentialJudgement, judge_sequentially, method_search_means
 from dmlbench.errors import ParameterError
 from dmlbench.protocol import layout as output_layout
-from dmlbench.protocol.design.benchmark import BenchmarkSpec
+from dmlbench.analysis.spec import AnalysisSpec
+from dmlbench.protocol.design.benchmark import BenchmarkSpec, ProtocolSpec
 from dmlbench.protocol.design.plan import Context
 from dmlbench.protocol.design.prepare import Prepared
+from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.units.reproductions import MethodReproduction
 from dmlbench.protocol.units.search import MethodSearch
 
@@ -98,16 +103,38 @@ def sequential_comparisons(spec: BenchmarkSpec) -> list[Pair]:
     return declared_comparisons(spec.analysis.references, spec.analysis.pairs, [method.name for method in spec.methods])
 
 
-def scores_by_search(reproductions: Mapping[str, MethodReproduction],
-                     endpoint: tuple[str, str]) -> dict[str, dict[int, dict[int, float]]]:
-    """``method -> search -> reproduction -> score`` on ``endpoint`` of the reproductions scored so far."""
+def scores_by_search(studies: Mapping[str, optuna.Study], endpoint: tuple[str, str]) -> dict[str, dict[int, dict[int, float]]]:
+    """``method -> search -> reproduction -> score`` on ``endpoint`` of the reproductions scored so far, from the
+    reproduction studies of each search (``METHOD`` or ``METHOD@searchK -> study``)."""
     found: dict[str, dict[int, dict[int, float]]] = {}
-    for name, unit in reproductions.items():
+    for name, study in studies.items():
         method, _, repeat = name.partition(output_layout.SEARCH_REPEAT_MARK)
-        scored = {outcome.reproduction: outcome.scores[endpoint[0]][endpoint[1]]
-                  for outcome in unit.result().outcomes if outcome.scores is not None}
-        found.setdefault(method, {})[int(repeat or 0)] = scored
+        found.setdefault(method, {})[int(repeat or 0)] = {
+            int(trial.user_attrs["slot"]): float(trial.user_attrs["scores"][endpoint[0]][endpoint[1]])
+            for trial in attempts.counted(study) if trial.state == TrialState.COMPLETE and trial.user_attrs.get("scores")}
     return found
+
+
+def status_lines(protocol: ProtocolSpec, analysis: AnalysisSpec, methods: list[str],
+                 studies: Mapping[str, optuna.Study]) -> list[str]:
+    """What ``dmlbench status`` says of a sequential study: the last round started and each comparison so far."""
+    assert protocol.max_searches is not None  # a sequential protocol's validator requires it
+    design = analysis.sequential_design(protocol.max_searches, protocol.round_searches)
+    endpoint = (analysis.primary.mode, analysis.primary.metric)
+    reproductions = {name[len(output_layout.reproduction_study("")):]: study for name, study in studies.items()
+                     if name.startswith(output_layout.reproduction_study("")) and
+                     name[len(output_layout.reproduction_study("")):] not in output_layout.BASELINES}
+    judgement = judge_sequentially(method_search_means(scores_by_search(reproductions, endpoint)),
+                                   declared_comparisons(analysis.references, analysis.pairs, methods), design)
+    marker = studies.get(methods[0])
+    started = marker.user_attrs.get(ROUNDS_STARTED, 1) if marker is not None else 0
+    lines = [f"sequential study: round {started} of at most {len(design.looks)} started (looks at "
+             f"{', '.join(map(str, design.looks))} searches); {judgement.looks_taken()} look(s) judged"]
+    lines += [f"  {a} vs {b}: {row.decision} at {row.searches} searches" for (a, b), row in judgement.latest.items()]
+    waiting = [f"{a} vs {b}" for a, b in judgement.comparisons if (a, b) not in judgement.latest]
+    if waiting:
+        lines.append(f"  not judged yet (the first look needs {design.looks[0]} searches): {', '.join(waiting)}")
+    return lines
 
 
 def run_rounds(prepared: Prepared, context: Context, budget: RoundBudget,
@@ -121,8 +148,8 @@ def run_rounds(prepared: Prepared, context: Context, budget: RoundBudget,
     round_number = 1
     while True:
         schedule = drive_round(replace(prepared, search_limits=dict(limits)))
-        judgement = judge_sequentially(method_search_means(scores_by_search(schedule.reproductions, endpoint)),
-                                       comparisons, design)
+        studies = {name: unit.study for name, unit in schedule.reproductions.items()}
+        judgement = judge_sequentially(method_search_means(scores_by_search(studies, endpoint)), comparisons, design)
         marker = _marker(schedule)
         spent = _record_span(marker, budget)
         wanted = {name: max(count, judgement.next_searches.get(name, 0)) for name, count in limits.items()}
