@@ -146,17 +146,17 @@ def test_a_damaged_search_repeats_csv_is_one_line_and_exit_2_and_nothing_is_rewr
         assert {name: (study / name).read_text() for name in committed} == committed
 
 
-def test_the_built_in_benchmark_declares_the_search_sd_measured_on_its_own_config() -> None:
-    """analysis.search_sd of the main job is, per method, the 80% upper bound of the search SD of its config searched
-    5 times with fresh seeds and folds (results/search_luck_fresh_method_glyphs, as `dmlbench plan --pilot` bounds
-    each method), to the four decimals it is written with."""
-    from dmlbench.analysis.search_luck import search_sd_upper_bound
-    from dmlbench.protocol.design.benchmark import DEFAULT_BENCHMARK, load_spec
+def test_the_built_in_benchmark_judges_the_methods_sequentially_on_fresh_searches() -> None:
+    """The main job's verdicts are about the methods, each search drawing fresh seeds and folds (issue 62): it
+    declares no assumed search SD (``analysis.search_sd`` served verdicts resting on one search per method), and
+    the search SDs that planned it are those measured with fresh draws (results/search_luck_fresh_method_glyphs)."""
+    from dmlbench.protocol.design.benchmark import DEFAULT_BENCHMARK, FRESH_SEEDS, load_spec
     from dmlbench.report.committed import search_variances
 
+    spec = load_spec(DEFAULT_BENCHMARK)
+    assert spec.protocol.sequential and spec.protocol.search_seeds == FRESH_SEEDS and spec.analysis.search_sd is None
     found = search_variances(RESULTS / "search_luck_fresh_method_glyphs", ("concatenated", "map_at_r"))
-    declared = load_spec(DEFAULT_BENCHMARK).analysis.search_sd
-    assert declared == {method: round(search_sd_upper_bound({method: components}), 4) for method, components in found.items()}
+    assert {method.name for method in spec.methods} <= set(found)
 
 
 def test_a_method_that_scored_nothing_is_no_partial_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

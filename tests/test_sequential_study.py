@@ -158,3 +158,22 @@ def test_two_workers_and_a_kill_mid_round_give_the_same_bytes(finished: Path, tm
     for name in COMPARED:
         assert (output / name).read_bytes() == (finished / name).read_bytes(), name
     shutil.rmtree(output)
+
+
+def test_status_shows_the_round_and_each_comparison(finished: Path) -> None:
+    from dmlbench.protocol.inspection.status import status_lines
+
+    lines = status_lines(finished, None)
+    assert "sequential study: round 2 of at most 2 started (looks at 2, 4 searches); 2 look(s) judged" in lines
+    assert any(line.startswith("  triplet_semihard vs normalized_softmax: ") and line.endswith(" at 4 searches")
+               for line in lines), lines
+
+
+def test_plan_simulates_the_stopping_time_at_a_pilots_means(finished: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["plan", str(SMOKE), *SEQUENTIAL, "--pilot", str(finished)], capsys)
+    assert code == 0, err
+    assert "sequential design: looks at 2, 4 searches per method (pocock-type spending, alpha 0.05, Holm over 1" in out
+    assert "triplet_semihard vs normalized_softmax (difference " in out and "stops after " in out
+    assert "against 8 for the fixed design" in out
+    code, out, _ = run_cli(["plan", str(SMOKE), *SEQUENTIAL, "--sd", "0.01"], capsys)
+    assert code == 0 and "give --pilot DIR" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from dmlbench.errors import UserInputError
 
@@ -42,3 +43,17 @@ def check_flag(name: str, value: bool) -> bool:
     if not isinstance(value, bool):
         raise UserInputError(f"{name} must be true or false, got {value!r}")
     return value
+
+
+DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds of a duration written ``30m``, ``2h``, ``1h30m`` or ``90s``; ``ValueError`` for anything else."""
+    match = DURATION.fullmatch(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise ValueError(f"must be a duration such as 30m, 2h, 1h30m or 90s, got {text!r}")
+    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    if 3600 * hours + 60 * minutes + seconds <= 0:
+        raise ValueError(f"must be longer than 0 s, got {text!r}")
+    return 3600 * hours + 60 * minutes + seconds

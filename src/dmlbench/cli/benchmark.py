@@ -95,7 +95,7 @@ def benchmark_command(
     if config_path is not None:
         require_yaml(config_path, "benchmark config")
     _check_storage_options(heartbeat, db_retry)
-    workers, rounds = _jobs(jobs), _round_budget(budget, max_searches)
+    workers, rounds = _jobs(jobs), _budget_options(budget, max_searches)
     cluster_options = cluster.slurm_options(slurm, partition, time_limit, cpus_per_worker, gpus_per_worker, sbatch, wait, jobs)
     output_dir = output or default_output("benchmark")
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
@@ -114,7 +114,7 @@ def benchmark_command(
                            accept_analysis_change=accept_analysis_change)
         if cluster_options is not None:
             if cluster.run_on_slurm(prepared, config_path, overrides, cluster_options, dry_run=dry_run, wait=wait,
-                                    retry_failed=retry_failed, report=write_report, quiet=quiet):
+                                    retry_failed=retry_failed, report=write_report, quiet=quiet, budget=rounds):
                 _print_finished(output_dir, config_path, overrides, quiet)
             return
         if jobs != str(prepared.jobs) and not quiet:
@@ -182,16 +182,7 @@ def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str],
     ``budget``; the ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
     from dmlbench.protocol.run.schedule import run_benchmark
 
-    from dataclasses import replace
-
-    from dmlbench.protocol.design.benchmark import duration_seconds
-
-    protocol = prepared.spec.protocol
-    if (budget.seconds is not None or budget.max_searches is not None) and not protocol.sequential:
-        raise UserInputError("--budget and --max-searches spend a sequential study's rounds: the config needs "
-                             "protocol.sequential: true")
-    if budget.seconds is None and protocol.budget is not None:
-        budget = replace(budget, seconds=duration_seconds(protocol.budget))
+    budget = checked_budget(prepared, budget)
     if prepared.jobs > 1:
         from dmlbench.protocol.run.jobs import run_jobs
 
@@ -199,14 +190,29 @@ def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str],
     return run_benchmark(prepared, progress=not quiet, report=write_report, budget=budget)
 
 
-def _round_budget(budget: str | None, max_searches: int | None) -> Any:
-    """``--budget`` and ``--max-searches`` as a ``RoundBudget`` of this command (a new id, shared by its workers);
-    ``--budget`` left out: the config's ``protocol.budget``, once the config is read (``_run_prepared``)."""
+def checked_budget(prepared: Any, options: tuple[float | None, int | None]) -> Any:
+    """The command's ``RoundBudget`` for ``prepared`` from ``--budget`` (seconds) and ``--max-searches``: refused for
+    a study that is not sequential; without ``--budget``, the config's ``protocol.budget``. A new id, shared by
+    the command's workers."""
     import uuid
 
-    from dmlbench.protocol.design.benchmark import duration_seconds
     from dmlbench.protocol.dry_run.cost import estimate_round
     from dmlbench.protocol.run.rounds import RoundBudget
+    from dmlbench.validation import duration_seconds
+
+    seconds, max_searches = options
+    protocol = prepared.spec.protocol
+    if (seconds is not None or max_searches is not None) and not protocol.sequential:
+        raise UserInputError("--budget and --max-searches spend a sequential study's rounds: the config needs "
+                             "protocol.sequential: true")
+    if seconds is None and protocol.budget is not None:
+        seconds = duration_seconds(protocol.budget)
+    return RoundBudget(seconds, max_searches, uuid.uuid4().hex, time.time(), estimate_round)
+
+
+def _budget_options(budget: str | None, max_searches: int | None) -> tuple[float | None, int | None]:
+    """``--budget`` in seconds and ``--max-searches``, checked before anything slow is imported."""
+    from dmlbench.validation import duration_seconds
 
     seconds = None
     if budget is not None:
@@ -216,7 +222,7 @@ def _round_budget(budget: str | None, max_searches: int | None) -> Any:
             raise UserInputError(f"--budget {error}") from None
     if max_searches is not None and max_searches < 2:
         raise UserInputError(f"--max-searches must be at least 2 (a look needs two searches), got {max_searches}")
-    return RoundBudget(seconds, max_searches, uuid.uuid4().hex, time.time(), estimate_round)
+    return seconds, max_searches
 
 
 SUMMARY_LINES = 12  # what a finished benchmark prints of its report; the whole report.md is hundreds of lines

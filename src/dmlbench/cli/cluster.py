@@ -91,11 +91,15 @@ def submit_training_run(config: Any, output: Path | None, options: Any, *, nodes
 
 
 def run_on_slurm(prepared: Any, config_path: Path | None, overrides: list[str], options: Any, *, dry_run: bool,
-                 wait: bool, retry_failed: bool, report: Any, quiet: bool) -> bool:
+                 wait: bool, retry_failed: bool, report: Any, quiet: bool, budget: Any) -> bool:
     """Submit the benchmark's workers (or follow the job still queued or running for this directory);
     with ``wait``, follow it to its end; with ``dry_run``, print the sbatch script and submit nothing.
-    Whether the report is written (``False`` without ``wait``)."""
+    ``budget``: a sequential study's, for every task (its span counts from the submission). Whether the report
+    is written (``False`` without ``wait``)."""
+    from dmlbench.cli.benchmark import checked_budget
     from dmlbench.protocol.run import slurm
+
+    budget = checked_budget(prepared, budget)
 
     if dry_run:
         typer.echo(slurm.submission_script(prepared, options))
@@ -110,7 +114,7 @@ def run_on_slurm(prepared: Any, config_path: Path | None, overrides: list[str], 
         job = live[-1]
         typer.echo(f"SLURM job {job.job_id} of {output_dir} is still queued or running: nothing submitted", err=True)
     else:
-        job = slurm.submit_workers(prepared, config_path, overrides, options, report=report)
+        job = slurm.submit_workers(prepared, config_path, overrides, options, report=report, budget=budget)
         typer.echo(f"submitted SLURM job {job.job_id} ({job.tasks} worker task(s)); logs: {output_dir / SLURM_DIR}", err=True)
     if not wait:
         typer.echo(f"follow it with: dmlbench status {output_dir}")

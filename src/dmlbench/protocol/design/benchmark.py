@@ -4,7 +4,6 @@ checks it and ``protocol.run.schedule`` runs it."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ from dmlbench.analysis.planning import Family
 from dmlbench.analysis.sequential import FUTILITY_POWER
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.errors import UserInputError
+from dmlbench.validation import duration_seconds
 from dmlbench.protocol import layout
 
 DEFAULT_BENCHMARK = Path(__file__).resolve().parents[2] / "configs" / "benchmark.yaml"
@@ -40,20 +40,6 @@ DEFAULT_ROUND_SEARCHES = 3
 LATER_PROTOCOL_DEFAULTS = {"search_repeats": 1, "search_repeat_methods": [], "class_bootstrap": DEFAULT_CLASS_BOOTSTRAP,
                            "baselines": [layout.UNTRAINED], "fold_units": False, "sequential": False,
                            "max_searches": None, "round_searches": DEFAULT_ROUND_SEARCHES}
-
-
-DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
-
-
-def duration_seconds(text: str) -> float:
-    """Seconds of a duration written ``30m``, ``2h``, ``1h30m`` or ``90s``; ``ValueError`` for anything else."""
-    match = DURATION.fullmatch(text.strip())
-    if not text.strip() or match is None or not any(match.groups()):
-        raise ValueError(f"must be a duration such as 30m, 2h, 1h30m or 90s, got {text!r}")
-    hours, minutes, seconds = (float(part or 0) for part in match.groups())
-    if 3600 * hours + 60 * minutes + seconds <= 0:
-        raise ValueError(f"must be longer than 0 s, got {text!r}")
-    return 3600 * hours + 60 * minutes + seconds
 
 
 class MethodSpec(BaseModel):

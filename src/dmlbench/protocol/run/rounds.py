@@ -81,10 +81,13 @@ class RoundsOutcome:
                    for (a, b), row in latest.items() if row.decision in DECIDED]
         closed = [f"{a} vs {b}: {row.decision} after {row.searches} searches" for (a, b), row in latest.items()
                   if row.decision not in DECIDED and row.decision != "continue"]
-        still = [f"{a} vs {b}: open after {row.searches} searches"
-                 + (f", about {row.searches_to_decide} searches to decide" if row.searches_to_decide else "")
-                 for (a, b), row in latest.items() if row.decision == "continue"]
         total = sum(self.searches.values())
+        per_search = self.seconds / total if total else 0.0  # a method's search, measured over this study
+        still = [f"{a} vs {b}: open after {row.searches} searches"
+                 + (f", about {row.searches_to_decide} searches to decide (about "
+                    f"{2 * (row.searches_to_decide - row.searches) * per_search / 60:.0f} min more at this study's "
+                    f"{per_search:.0f} s per search)" if row.searches_to_decide else "")
+                 for (a, b), row in latest.items() if row.decision == "continue"]
         return "\n".join([f"sequential study: {len(decided)} of {len(self.judgement.comparisons)} primary comparisons "
                           f"decided after {self.judgement.looks_taken()} look(s), {total} searches in all, "
                           f"{self.seconds / 60:.1f} min ({self.stopped})",

@@ -31,6 +31,7 @@ from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.layout import REPORT_FILE, SLURM_DIR, SLURM_FILE
 from dmlbench.protocol.queue.storage import password, redact
 from dmlbench.protocol.run.jobs import STOPPED_EXIT_CODES, WorkerTask
+from dmlbench.protocol.run.rounds import RoundBudget
 from dmlbench.protocol.run.record import ReportWriter, write_benchmark_file
 from dmlbench.training.placement import STANDALONE, Placement
 
@@ -44,15 +45,17 @@ class Submission:
 
 
 def submit_workers(prepared: Prepared, config_path: Path | None, overrides: list[str], options: slurm.SlurmOptions, *,
-                   report: ReportWriter | None) -> Submission:
-    """Submit ``prepared.jobs`` workers as one array job; the job, also recorded in ``slurm.json``."""
+                   report: ReportWriter | None, budget: RoundBudget = RoundBudget()) -> Submission:
+    """Submit ``prepared.jobs`` workers as one array job (``budget``: a sequential study's, shared by every task);
+    the job, also recorded in ``slurm.json``."""
     job = _executor(prepared, options)
     job.folder.mkdir(parents=True, exist_ok=True)
     write_benchmark_file(prepared, Placement(), threads_per_worker=options.cpus_per_task)
     secret = password(prepared.storage)
     if secret is not None:  # the tasks connect with the redacted URL; libpq takes the password from here
         os.environ["PGPASSWORD"] = secret
-    task = WorkerTask.of(prepared, config_path, overrides, progress=False, report=report, storage=redact(prepared.storage))
+    task = WorkerTask.of(prepared, config_path, overrides, progress=False, report=report, storage=redact(prepared.storage),
+                         budget=budget)
     with slurm.refusal_in_one_line(), job.batch():
         submitted = [job.submit(SlurmWorker(task)) for _ in range(prepared.jobs)]
     submission = Submission(str(submitted[0].job_id).split("_", 1)[0], prepared.jobs)
