@@ -177,3 +177,18 @@ def test_plan_simulates_the_stopping_time_at_a_pilots_means(finished: Path, caps
     assert "against 8 for the fixed design" in out
     code, out, _ = run_cli(["plan", str(SMOKE), *SEQUENTIAL, "--sd", "0.01"], capsys)
     assert code == 0 and "give --pilot DIR" in out
+
+
+def test_a_committed_sequential_study_is_rejudged_from_its_files(finished: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The report folder alone (runs.csv, benchmark.json) gives the same sequential.csv, and no fixed-design
+    method_comparisons.csv; a changed look is rewritten by --write."""
+    folder = tmp_path / "committed"
+    code, _, err = run_cli(["report", str(finished), "-o", str(folder)], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["rejudge", str(folder)], capsys)
+    assert code == 0 and layout.SEQUENTIAL_CSV in out and "the same as today's rules give" in out, (out, err)
+    assert layout.METHOD_COMPARISONS_CSV not in out
+    (folder / layout.SEQUENTIAL_CSV).write_text("damaged\n")
+    code, out, _ = run_cli(["rejudge", str(folder), "--write"], capsys)
+    assert code == 0 and (folder / layout.SEQUENTIAL_CSV).read_bytes() == (finished / layout.SEQUENTIAL_CSV).read_bytes()

@@ -27,12 +27,14 @@ from dmlbench.analysis.search_luck import (
 )
 from dmlbench.analysis.search_ranges import edge_counts, edge_words, same_model_groups, same_models
 from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv, judge_search_means
+from dmlbench.analysis.sequential import sequential_csv
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.benchmark import SHARED_SEEDS
 from dmlbench.protocol.design.benchmark_file import read_benchmark
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
+from dmlbench.report.sequential import judged_table
 from dmlbench.report.tables import claim_rows, csv_text
 from dmlbench.report.uncertainty import (
     bootstrap_endpoints,
@@ -76,7 +78,8 @@ def rejudge(directory: Path, *, write: bool) -> Rejudged:
 
 
 def verdict_texts(directory: Path) -> dict[str, str]:
-    """``comparisons.csv``, ``claim_comparisons.csv`` and (searches repeated) ``method_comparisons.csv``."""
+    """``comparisons.csv``, ``claim_comparisons.csv`` and (searches repeated) ``method_comparisons.csv``, or for a
+    sequential study ``sequential.csv``."""
     record = read_benchmark(directory)
     analysis = record.analysis_spec()
     table = read_search_table(directory / layout.RUNS_CSV)
@@ -91,8 +94,13 @@ def verdict_texts(directory: Path) -> dict[str, str]:
         texts[layout.CLAIM_COMPARISONS_CSV] = csv_text(CLAIM_COLUMNS, claim_rows(claims))
     shared = record.protocol.search_seeds == SHARED_SEEDS
     repeated = repeated_scores(table)
+    sequential = judged_table(record.protocol, analysis, record.methods, table.get(claims.primary, {}))
+    if sequential is not None:  # its verdicts about the methods are the looks', never a fixed test's
+        texts[layout.SEQUENTIAL_CSV] = sequential_csv(sequential, claims.primary)
+        repeated = {}
     listed = (judged_method_families(repeated, analysis, shared) if repeated
-              else listed_families(judge_search_means(_repeat_means(directory), analysis, layout.BASELINES)))
+              else listed_families(judge_search_means(_repeat_means(directory), analysis, layout.BASELINES))
+              if sequential is None else [])
     if listed:
         texts[layout.METHOD_COMPARISONS_CSV] = comparison_csv(listed, ALPHA, conditional=False)
     found = search_variances(directory, claims.primary)
