@@ -188,8 +188,8 @@ def sequential_figure(judgement: Any, endpoint_title: str) -> Figure:
         axes.plot(searches, [100 * row.estimate for row in rows], "o-", color="tab:blue", markersize=4)
         axes.set_title(f"{pair[0]} − {pair[1]}: {rows[-1].decision} at {rows[-1].searches} searches", fontsize="medium")
         axes.grid(alpha=0.3)
-    panels[-1, 0].set_xlabel(f"searches per method; a − b, {endpoint_title} (points), with its repeated 95% interval; "
-                             f"green: ±{margin:g}", fontsize="small")
+    panels[-1, 0].set_xlabel(f"searches per method; a − b, {endpoint_title} (points), with its repeated confidence interval "
+                             f"at the comparison's Holm level; green: ±{margin:g}", fontsize="small")
     return ("The sequential study: each comparison's estimate and repeated interval at every look", SEQUENTIAL_FIGURE,
             _png(figure, pyplot))
 

@@ -249,7 +249,7 @@ def summary_section(data: ReportData) -> Section | None:
     judged = sequential.sequential_judgement(data)
     if judged is not None:
         sentences = (_baseline_sentence(data), sequential.sequential_summary(data, judged), None)
-        against = []
+        against = []  # the sequential verdicts' own lines, below
     elif about_methods:
         # Searches repeated: the headline is the verdicts about the methods, not search 0's.
         sentences = (_baseline_sentence(data), _method_primary_sentence(data, about_methods),
@@ -262,10 +262,13 @@ def summary_section(data: ReportData) -> Section | None:
                    for r in claims.references if (r.mode, r.metric) == claims.primary and r.comparisons]
     paragraphs = [sentence for sentence in sentences if sentence]
     bullets = [_against_sentence(reference, compared) for reference, compared in against if compared]
+    if judged is not None:
+        bullets = sequential.against_lines(judged, references)
     leaders = [f"{metric_title(metric)}: `{name}` {100 * mean:.2f}%" for metric, name, mean in _leaders(data)]
     searches = min(c.n for c in about_methods) if about_methods else None
     crossed = bool(about_methods) and about_methods[0].model == CROSSED_MODEL
-    paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + _outcome_rule(claims, searches, crossed)
+    rule = sequential.SEQUENTIAL_RULE if judged is not None else _outcome_rule(claims, searches, crossed)
+    paragraphs.append(f"Highest mean (concatenated) — {'; '.join(leaders)}. " + rule
                       + " The other modes and metrics, the treated-control pairs and every p-value follow below and in "
                       f"`{CLAIM_COMPARISONS_CSV}`; they are secondary endpoints, each its own Holm family, not corrected "
                       "across endpoints.")

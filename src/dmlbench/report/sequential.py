@@ -13,6 +13,12 @@ from dmlbench.protocol.layout import BASELINES, SEQUENTIAL_CSV
 from dmlbench.report import uncertainty
 from dmlbench.report.data import ReportData
 
+# What the summary says the sequential verdicts mean (in place of the fixed design's rule).
+SEQUENTIAL_RULE = ("*better* / *worse*: the comparison's group-sequential t-test over the per-search differences crossed "
+                   "its boundary at a look (Holm across the family); *equivalent*: the two one-sided tests on the same "
+                   "boundaries put the difference within ±`analysis.equivalence_margin`; *futile*: stopped undecided "
+                   "once deciding by the last look had become unlikely, which is not \"no difference\". "
+                   "`comparisons.csv` keeps search 0's verdicts, conditional on that one search.")
 # How a row's decision reads in the report.
 DECISION_WORDS = {"better": "better", "worse": "worse", "equivalent": "equivalent", "futile": "futile (stopped)",
                   CONTINUE: "open", "inconclusive": "inconclusive at the last look"}
@@ -82,3 +88,15 @@ def sequential_summary(data: ReportData, judgement: SequentialJudgement) -> str:
             f"study: {len(judgement.comparisons)} declared comparison(s), {judgement.looks_taken()} look(s) taken, "
             f"stopping at {', '.join(map(str, searches)) or 'no'} searches — {spent or 'nothing judged yet'} "
             "(section \"Sequential verdicts\").")
+
+
+def against_lines(judgement: SequentialJudgement, references: list[str]) -> list[str]:
+    """The summary's line per reference: the methods compared with it, by their last look's decision."""
+    lines = []
+    for reference in references:
+        rows = [row for (a, b), row in judgement.latest.items() if b == reference and a not in references]
+        if rows:
+            words = {word: [row.a for row in rows if DECISION_WORDS.get(row.decision) == word] for word in DECISION_WORDS.values()}
+            lines.append(f"Against `{reference}`: " + "; ".join(f"{word}: {', '.join(names)}" for word, names in words.items()
+                                                                 if names) + ".")
+    return lines

@@ -124,9 +124,9 @@ def status_lines(protocol: ProtocolSpec, analysis: AnalysisSpec, methods: list[s
     assert protocol.max_searches is not None  # a sequential protocol's validator requires it
     design = analysis.sequential_design(protocol.max_searches, protocol.round_searches)
     endpoint = (analysis.primary.mode, analysis.primary.metric)
-    reproductions = {name[len(output_layout.reproduction_study("")):]: study for name, study in studies.items()
-                     if name.startswith(output_layout.reproduction_study("")) and
-                     name[len(output_layout.reproduction_study("")):] not in output_layout.BASELINES}
+    prefix = output_layout.reproduction_study("")
+    reproductions = {name[len(prefix):]: study for name, study in studies.items()
+                     if name.startswith(prefix) and name[len(prefix):] not in output_layout.BASELINES}
     judgement = judge_sequentially(method_search_means(scores_by_search(reproductions, endpoint)),
                                    declared_comparisons(analysis.references, analysis.pairs, methods), design)
     marker = studies.get(methods[0])
