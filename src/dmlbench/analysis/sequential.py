@@ -132,10 +132,6 @@ class SequentialJudgement:
         """Whether every comparison is closed: decided, futile or inconclusive at ``max_searches``."""
         return not self.next_searches
 
-    def decision(self, pair: Pair) -> str:
-        row = self.latest.get(pair)
-        return CONTINUE if row is None else row.decision
-
     def looks_taken(self) -> int:
         return max((row.look for row in self.rows), default=0)
 
