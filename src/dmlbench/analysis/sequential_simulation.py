@@ -126,7 +126,7 @@ def pilot_model(scores: Mapping[str, Mapping[int, float]], search_sd: float | Ma
 
 
 def plan_text(model: TwoLevelModel, comparisons: Sequence[Pair], design: SequentialDesign, source: str,
-              studies: int = 2000, seed: int = 0) -> str:
+              studies: int = 1000, seed: int = 0) -> str:
     """``dmlbench plan``'s lines on a sequential design: each comparison's chance of a decision and its stopping
     time, and the searches all methods run together, against the fixed design of ``max_searches``."""
     summary = simulate(model, comparisons, design, studies, seed)

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dmlbench.cli import cluster
-from dmlbench.cli.common import COMMAND_STARTED, OVERRIDES_HELP, QUIET_HELP, Command, config_and_overrides, require_yaml
+from dmlbench.cli.common import (
+    COMMAND_STARTED, OVERRIDES_HELP, QUIET_HELP, Command, checked_budget, config_and_overrides, require_yaml)
 from dmlbench.errors import RunInterrupted, StorageFailed, UserInputError
 from dmlbench.provenance import default_output
 from dmlbench.protocol import layout
@@ -188,26 +189,6 @@ def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str],
 
         return run_jobs(prepared, config_path, overrides, progress=not quiet, report=write_report, budget=budget)
     return run_benchmark(prepared, progress=not quiet, report=write_report, budget=budget)
-
-
-def checked_budget(prepared: Any, options: tuple[float | None, int | None]) -> Any:
-    """The command's ``RoundBudget`` for ``prepared`` from ``--budget`` (seconds) and ``--max-searches``: refused for
-    a study that is not sequential; without ``--budget``, the config's ``protocol.budget``. A new id, shared by
-    the command's workers."""
-    import uuid
-
-    from dmlbench.protocol.dry_run.cost import estimate_round
-    from dmlbench.protocol.run.rounds import RoundBudget
-    from dmlbench.validation import duration_seconds
-
-    seconds, max_searches = options
-    protocol = prepared.spec.protocol
-    if (seconds is not None or max_searches is not None) and not protocol.sequential:
-        raise UserInputError("--budget and --max-searches spend a sequential study's rounds: the config needs "
-                             "protocol.sequential: true")
-    if seconds is None and protocol.budget is not None:
-        seconds = duration_seconds(protocol.budget)
-    return RoundBudget(seconds, max_searches, uuid.uuid4().hex, time.time(), estimate_round)
 
 
 def _budget_options(budget: str | None, max_searches: int | None) -> tuple[float | None, int | None]:

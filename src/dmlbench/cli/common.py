@@ -179,3 +179,23 @@ def rerank_option(kind: str | None, params: list[str] | None) -> dict[str, Any] 
         values[path[0]] = value
     build(kind, **values)
     return {"kind": kind, "params": values}
+
+
+def checked_budget(prepared: Any, options: tuple[float | None, int | None]) -> Any:
+    """The command's ``RoundBudget`` for ``prepared`` from ``--budget`` (seconds) and ``--max-searches``: refused for
+    a study that is not sequential; without ``--budget``, the config's ``protocol.budget``. A new id, shared by
+    the command's workers."""
+    import uuid
+
+    from dmlbench.protocol.dry_run.cost import estimate_round
+    from dmlbench.protocol.run.rounds import RoundBudget
+    from dmlbench.validation import duration_seconds
+
+    seconds, max_searches = options
+    protocol = prepared.spec.protocol
+    if (seconds is not None or max_searches is not None) and not protocol.sequential:
+        raise UserInputError("--budget and --max-searches spend a sequential study's rounds: the config needs "
+                             "protocol.sequential: true")
+    if seconds is None and protocol.budget is not None:
+        seconds = duration_seconds(protocol.budget)
+    return RoundBudget(seconds, max_searches, uuid.uuid4().hex, time.time(), estimate_round)

@@ -9,7 +9,7 @@ from dmlbench.analysis.endpoints import declared_comparisons
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.analysis.sequential import CONTINUE, DECIDED, SequentialJudgement, judge_sequentially, method_search_means, sequential_csv
 from dmlbench.protocol.design.benchmark import ProtocolSpec
-from dmlbench.protocol.layout import BASELINES, SEQUENTIAL_CSV
+from dmlbench.protocol.layout import BASELINES, COMPARISONS_CSV, SEQUENTIAL_CSV
 from dmlbench.report import uncertainty
 from dmlbench.report.data import ReportData
 
@@ -18,7 +18,7 @@ SEQUENTIAL_RULE = ("*better* / *worse*: the comparison's group-sequential t-test
                    "its boundary at a look (Holm across the family); *equivalent*: the two one-sided tests on the same "
                    "boundaries put the difference within ±`analysis.equivalence_margin`; *futile*: stopped undecided "
                    "once deciding by the last look had become unlikely, which is not \"no difference\". "
-                   "`comparisons.csv` keeps search 0's verdicts, conditional on that one search.")
+                   f"`{COMPARISONS_CSV}` keeps search 0's verdicts, conditional on that one search.")
 # How a row's decision reads in the report.
 DECISION_WORDS = {"better": "better", "worse": "worse", "equivalent": "equivalent", "futile": "futile (stopped)",
                   CONTINUE: "open", "inconclusive": "inconclusive at the last look"}

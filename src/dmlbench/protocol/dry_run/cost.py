@@ -121,9 +121,22 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
         f"a machine busy with other work makes it longer); {_with_workers(prepared.jobs, gpus)}",
         *([SHARED_GPU] if gpus else []),
         _search_parallelism(protocol, searches),
+        *([_rounds_line(prepared, measured)] if protocol.sequential else []),
         "this is an estimate: nothing was stored (the measured steps, the one-step runs and the report's rehearsal "
         "used a temporary directory)",
     ])
+
+
+def _rounds_line(prepared: Prepared, measured: Measured) -> str:
+    """A sequential study's line: the estimate above is its most (every comparison open to ``max_searches``); its
+    first round costs this, and no round starts that the budget cannot pay for."""
+    protocol = prepared.spec.protocol
+    first = {name: protocol.round_searches for name in prepared.plans}
+    seconds = estimate(replace(prepared, search_limits=first), measured)
+    return (f"a sequential study (protocol.sequential): the estimate above is its most, every comparison open to "
+            f"{protocol.max_searches} searches; its first round ({protocol.round_searches} searches of each method) "
+            f"about {_hours(seconds)} for one worker here, each later round as much for the methods still open; no "
+            f"round starts that the budget ({protocol.budget or 'none'} unless --budget says otherwise) cannot pay for")
 
 
 def _search_parallelism(protocol: ProtocolSpec, searches: int) -> str:

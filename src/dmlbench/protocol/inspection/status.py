@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dmlbench.errors import UserInputError
-from dmlbench.protocol.design.benchmark_file import read_benchmark
+from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, read_benchmark
 from dmlbench.protocol.layout import BASELINES, SLURM_FILE, fold_study, reproduction_study
 from dmlbench.protocol.queue import attempts
 from dmlbench.protocol.queue import storage as storage_module
@@ -31,11 +31,10 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
     """The report of ``dmlbench status DIR`` or ``dmlbench status --storage URL``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     planned: int | None = None  # reproductions per method, counted before a method's stage starts
+    if storage is None and directory is None:
+        raise UserInputError("status_lines needs a benchmark directory or a storage URL")
     record = read_benchmark(Path(directory)) if directory is not None and storage is None else None
-    if storage is None:
-        if directory is None:
-            raise UserInputError("status_lines needs a benchmark directory or a storage URL")
-        assert record is not None
+    if record is not None:
         storage, planned = record.storage, record.spec.protocol.get("reproductions")
     storage_module.storage_for(storage).check(default=False)
     names = storage_module.study_names(storage)
@@ -107,9 +106,14 @@ def status_lines(directory: Path | None, storage: str | None) -> list[str]:
                      f"{sum(durations) / len(durations):.1f} s per finished unit / {max(len(recent), 1)} worker(s){uncounted})")
     else:
         lines.append(f"time left: unknown until a unit finishes ({left_units} units left{uncounted})")
-    if record is not None and record.protocol.sequential:
-        lines += rounds.status_lines(record.protocol, record.analysis_spec(), [m.name for m in record.spec.methods], studies)
-    return lines + (slurm_lines(Path(directory)) if directory is not None else [])
+    return lines + _sequential_lines(record, studies) + (slurm_lines(Path(directory)) if directory is not None else [])
+
+
+def _sequential_lines(record: BenchmarkRecord | None, studies: dict[str, optuna.Study]) -> list[str]:
+    """A sequential study's round and comparisons so far (``protocol.run.rounds``); nothing for another."""
+    if record is None or not record.protocol.sequential:
+        return []
+    return rounds.status_lines(record.protocol, record.analysis_spec(), [m.name for m in record.spec.methods], studies)
 
 
 def _nothing_stored(storage: str, directory: Path | None) -> list[str]:
