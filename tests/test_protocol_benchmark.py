@@ -490,7 +490,7 @@ def test_kill_9_mid_trial_then_rerun_gives_the_same_results(finished: Path, tmp_
 @pytest.mark.parametrize(
     ("path", "minimum"),
     [
-        (None, {"methods": 5, "folds": 2, "trials": 4, "reproductions": 3}),
+        (None, {"methods": 4, "folds": 2, "trials": 2, "reproductions": 2}),
         (REPO / "configs" / "smoke.yaml", {"methods": 2, "folds": 2, "trials": 2, "reproductions": 2}),
         (REPO / "configs" / "reality_check.yaml", {"methods": 12, "folds": 4, "trials": 50, "reproductions": 10}),
         (REPO / "configs" / "reality_check_glyphs.yaml", {"methods": 17, "folds": 4, "trials": 8, "reproductions": 5}),

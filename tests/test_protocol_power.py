@@ -135,11 +135,11 @@ def _pilot(directory: Path, differences: dict[str, list[float]]) -> Path:
 def test_plan_with_a_pilot_says_how_uncertain_its_sd_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from cli_runner import run_cli
 
-    pilot = _pilot(tmp_path / "pilot", {"margin": [0.01, 0.02], "triplet_semihard": [-5 / 480, -5 / 480]})
+    pilot = _pilot(tmp_path / "pilot", {"multi_similarity": [0.01, 0.02], "triplet_semihard": [-5 / 480, -5 / 480]})
     config = str(Path(__file__).resolve().parent.parent / "src" / "dmlbench" / "configs" / "benchmark.yaml")
     code, out, err = run_cli(["plan", config, "--pilot", str(pilot)], capsys)
     assert code == 0, err
-    line = next(line for line in out.splitlines() if line.strip().startswith("margin vs contrastive"))
+    line = next(line for line in out.splitlines() if line.strip().startswith("multi_similarity vs contrastive"))
     bound = power.sd_upper_bound(float(np.std([0.01, 0.02], ddof=1)), 2)
     assert f"up to {100 * bound:.2f} points (80% upper confidence bound" in line and "1 degree(s) of freedom" in line
     at_estimate, at_bound = (int(number) for number in re.findall(r"needed (\d+);.*which needs (\d+)$", line)[0])

@@ -208,7 +208,7 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
     pilot = REPO / "results" / "search_luck_glyphs"
     runs = [row for row in csv.DictReader((pilot / "runs.csv").open()) if (row["mode"], row["metric"]) == ("concatenated", "map_at_r")]
     variances = {}
-    for row_method in ("contrastive", "triplet_semihard", "margin", "multi_similarity", "normalized_softmax"):
+    for row_method in ("contrastive", "triplet_semihard", "multi_similarity", "normalized_softmax"):  # the built-in's
         means = [float(r["test_concatenated_map_at_r"]) for r in csv.DictReader((pilot / "search_repeats.csv").open())
                  if r["method"] == row_method]
         seeds = [float(r["value"]) for r in runs if r["method"] == row_method]
@@ -221,7 +221,7 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
     assert code == 0, err
     words = ", ".join(f"{method} {100 * math.sqrt(variance):.2f}" for method, variance in variances.items())
     assert f"search SD {words} points (each method its own) (measured in {pilot} per method" in out
-    assert "its verdicts are conditional on that search" in out
+    assert "this config (12 searches x 2 reproductions)" in out  # the built-in's most, a sequential study's maximum
     line = next(text for text in out.splitlines() if "cheapest design" in text)
     searches, reproductions = int(line.split("search_repeats=")[1].split()[0]), int(line.split("reproductions=")[1].split()[0])
     # The pilot's 5 searches per method bound each method's search SD too, and the plan at those bounds costs more.
@@ -229,7 +229,8 @@ def test_plan_over_searches_and_seeds_from_a_pilot_with_repeated_searches(capsys
     from dmlbench.report.committed import search_variances
 
     found = search_variances(pilot, ("concatenated", "map_at_r"))
-    bounds = {method: search_sd_upper_bound({method: components}) for method, components in found.items()}
+    bounds = {method: search_sd_upper_bound({method: components}) for method, components in found.items()
+              if method in variances}
     assert all(bounds[method] > math.sqrt(variances[method]) for method in variances)
     bound_line = next(text for text in out.splitlines() if "search SD may be up to" in text)
     assert "search SD may be up to " + ", ".join(f"{m} {100 * b:.2f}" for m, b in bounds.items()) + " points" in bound_line

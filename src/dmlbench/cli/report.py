@@ -83,7 +83,8 @@ def _sequential_plan(spec: Any, pilot: Any, search_sd: Any, source: str) -> str:
     scores = {method: pilot.get(endpoint, {}).get(method, {}) for method in methods}
     missing = [method for method, values in scores.items() if len(values) < 2]
     if missing:
-        raise UserInputError(f"--pilot has fewer than 2 reproductions of {missing[0]!r} on {endpoint[0]} {endpoint[1]}")
+        return (f"sequential design: the pilot has fewer than 2 reproductions of {missing[0]!r} on {endpoint[0]} "
+                f"{endpoint[1]}: its stopping time is not simulated")
     model = pilot_model(scores, search_sd, spec.protocol.reproductions)
     design = spec.analysis.sequential_design(spec.protocol.max_searches, spec.protocol.round_searches)
     return plan_text(model, declared_comparisons(spec.analysis.references, spec.analysis.pairs, methods), design,

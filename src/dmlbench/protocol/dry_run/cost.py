@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from dmlbench.protocol import layout
-from dmlbench.protocol.design.benchmark import ProtocolSpec
 from dmlbench.protocol.design.plan import repeated_searches
 from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.dry_run import timings
+from dmlbench.protocol.dry_run.wording import hours, search_parallelism, with_workers
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
 from dmlbench.protocol.run.record import ReportWriter
 from dmlbench.training.placement import STANDALONE
@@ -117,10 +117,10 @@ def dry_run(prepared: Prepared, started: float | None = None, report: ReportWrit
            if prepared.spec.protocol.search_repeats <= REHEARSED_REPEATS else
            f"timed with {REHEARSED_REPEATS} and {REHEARSED_REPEATS - 1} of its {prepared.spec.protocol.search_repeats} "
            "search repeats stored with made-up results, each further repeat at their difference: an upper bound)"),
-        f"estimate: {_hours(total)} of wall time for one worker at this speed (early stopping can only shorten it; "
-        f"a machine busy with other work makes it longer); {_with_workers(prepared.jobs, gpus)}",
+        f"estimate: {hours(total)} of wall time for one worker at this speed (early stopping can only shorten it; "
+        f"a machine busy with other work makes it longer); {with_workers(prepared.jobs, gpus)}",
         *([SHARED_GPU] if gpus else []),
-        _search_parallelism(protocol, searches),
+        search_parallelism(protocol, searches),
         *([_rounds_line(prepared, measured)] if protocol.sequential else []),
         "this is an estimate: nothing was stored (the measured steps, the one-step runs and the report's rehearsal "
         "used a temporary directory)",
@@ -135,26 +135,8 @@ def _rounds_line(prepared: Prepared, measured: Measured) -> str:
     seconds = estimate(replace(prepared, search_limits=first), measured)
     return (f"a sequential study (protocol.sequential): the estimate above is its most, every comparison open to "
             f"{protocol.max_searches} searches; its first round ({protocol.round_searches} searches of each method) "
-            f"about {_hours(seconds)} for one worker here, each later round as much for the methods still open; no "
+            f"about {hours(seconds)} for one worker here, each later round as much for the methods still open; no "
             f"round starts that the budget ({protocol.budget or 'none'} unless --budget says otherwise) cannot pay for")
-
-
-def _search_parallelism(protocol: ProtocolSpec, searches: int) -> str:
-    """How many workers the search keeps busy (``ProtocolSpec.search_concurrency``), folds counted with ``fold_units``."""
-    busy = protocol.search_concurrency(searches)
-    workers = "1 worker" if busy == 1 else f"{busy} workers"
-    trials = f"{searches} search(es) x {protocol.parallel_trials} parallel trial(s)"
-    if protocol.fold_units:
-        return f"the search keeps at most {workers} busy ({trials} x {protocol.folds} folds: each fold is a unit of work, protocol.fold_units)"
-    return (f"the search keeps at most {workers} busy ({trials}: a trial runs its folds in one worker; "
-            f"protocol.fold_units: true makes each fold a unit of work, up to {busy * protocol.folds})")
-
-
-def _with_workers(jobs: int, gpus: int) -> str:
-    """What N workers take of the training: 1/N on the CPU; on ``gpus`` GPUs 1/min(N, ``gpus``) (``SHARED_GPU``)."""
-    if not gpus:
-        return "with N workers about 1/N of the training"
-    return f"with N workers on {gpus} GPU(s) about 1/min(N, {gpus}) of the training (--jobs {jobs}: 1/{min(jobs, gpus)})"
 
 
 def estimate(prepared: Prepared, measured: Measured) -> float:
@@ -357,8 +339,3 @@ def _other_steps(measured: Measured) -> str:
     if not measured.method_steps:
         return ""
     return "; the others: " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in measured.method_steps.items())
-
-
-def _hours(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600} h {seconds // 60 % 60:02d} min {seconds % 60:02d} s"
