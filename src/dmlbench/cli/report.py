@@ -75,8 +75,8 @@ def _sequential_plan(spec: Any, pilot: Any, search_sd: Any, source: str) -> str:
     if pilot is None or search_sd is None:
         return ("sequential design: its stopping time is simulated at a pilot's means and spreads; give --pilot DIR "
                 "(with repeated searches, or with --search-sd X)")
-    from dmlbench.analysis.endpoints import declared_comparisons
     from dmlbench.analysis.sequential_simulation import pilot_model, plan_text
+    from dmlbench.protocol.run.rounds import declared_design
 
     endpoint = (spec.analysis.primary.mode, spec.analysis.primary.metric)
     methods = [method.name for method in spec.methods]
@@ -86,9 +86,8 @@ def _sequential_plan(spec: Any, pilot: Any, search_sd: Any, source: str) -> str:
         return (f"sequential design: the pilot has fewer than 2 reproductions of {missing[0]!r} on {endpoint[0]} "
                 f"{endpoint[1]}: its stopping time is not simulated")
     model = pilot_model(scores, search_sd, spec.protocol.reproductions)
-    design = spec.analysis.sequential_design(spec.protocol.max_searches, spec.protocol.round_searches)
-    return plan_text(model, declared_comparisons(spec.analysis.references, spec.analysis.pairs, methods), design,
-                     f"the pilot's means and seed SDs, search SD from {source}")
+    design, comparisons = declared_design(spec.protocol, spec.analysis, methods)
+    return plan_text(model, comparisons, design, f"the pilot's means and seed SDs, search SD from {source}")
 
 
 def plan_command(

@@ -32,9 +32,9 @@ from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.benchmark import SHARED_SEEDS
 from dmlbench.protocol.design.benchmark_file import read_benchmark
+from dmlbench.protocol.run.rounds import judge_study
 from dmlbench.protocol.units.results import MethodReproductions, ReproductionOutcome, compared_modes
 from dmlbench.report.analysis import ALPHA, analyse
-from dmlbench.report.sequential import judged_table
 from dmlbench.report.tables import claim_rows, csv_text
 from dmlbench.report.uncertainty import (
     bootstrap_endpoints,
@@ -94,7 +94,8 @@ def verdict_texts(directory: Path) -> dict[str, str]:
         texts[layout.CLAIM_COMPARISONS_CSV] = csv_text(CLAIM_COLUMNS, claim_rows(claims))
     shared = record.protocol.search_seeds == SHARED_SEEDS
     repeated = repeated_scores(table)
-    sequential = judged_table(record.protocol, analysis, record.methods, table.get(claims.primary, {}))
+    sequential = (judge_study(record.protocol, analysis, record.methods, table.get(claims.primary, {}))
+                  if record.protocol.sequential else None)
     if sequential is not None:  # its verdicts about the methods are the looks', never a fixed test's
         texts[layout.SEQUENTIAL_CSV] = sequential_csv(sequential, claims.primary)
         repeated = {}

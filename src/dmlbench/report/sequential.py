@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from dmlbench.analysis.endpoints import declared_comparisons
-from dmlbench.analysis.spec import AnalysisSpec
-from dmlbench.analysis.sequential import CONTINUE, DECIDED, SequentialJudgement, judge_sequentially, method_search_means, sequential_csv
-from dmlbench.protocol.design.benchmark import ProtocolSpec
-from dmlbench.protocol.layout import BASELINES, COMPARISONS_CSV, SEQUENTIAL_CSV
+from dmlbench.analysis.sequential import CONTINUE, DECIDED, SequentialJudgement, sequential_csv
+from dmlbench.protocol.layout import COMPARISONS_CSV, SEQUENTIAL_CSV
+from dmlbench.protocol.run.rounds import judge_study
 from dmlbench.report import uncertainty
 from dmlbench.report.data import ReportData
 
@@ -25,21 +21,12 @@ DECISION_WORDS = {"better": "better", "worse": "worse", "equivalent": "equivalen
 
 
 def sequential_judgement(data: ReportData) -> SequentialJudgement | None:
-    """The primary family judged look by look on the searches stored; ``None`` unless the study is sequential."""
-    return judged_table(data.benchmark.protocol, data.benchmark.analysis_spec(), data.methods,
-                        uncertainty.search_table(data).get(data.claims.primary, {}))
-
-
-def judged_table(protocol: ProtocolSpec, analysis: AnalysisSpec, methods: list[str],
-                 scores: Mapping[str, Mapping[int, Mapping[int, float]]]) -> SequentialJudgement | None:
-    """A sequential study's looks from its primary endpoint's scores (``method -> search -> reproduction -> score``,
-    as ``runs.csv`` holds them); ``None`` for a study that is not sequential."""
-    if not protocol.sequential or protocol.max_searches is None:
+    """The primary family judged look by look on the searches stored (``rounds.judge_study``, as the rounds judged
+    it); ``None`` unless the study is sequential."""
+    if not data.benchmark.protocol.sequential:
         return None
-    design = analysis.sequential_design(protocol.max_searches, protocol.round_searches)
-    compared = [method for method in methods if method not in BASELINES]
-    means = method_search_means({method: by_search for method, by_search in scores.items() if method in compared})
-    return judge_sequentially(means, declared_comparisons(analysis.references, analysis.pairs, compared), design)
+    return judge_study(data.benchmark.protocol, data.benchmark.analysis_spec(), data.methods,
+                       uncertainty.search_table(data).get(data.claims.primary, {}))
 
 
 def sequential_csvs(data: ReportData) -> dict[str, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -27,7 +27,7 @@ from dmlbench.analysis.sequential import DECIDED, Pair, SequentialDesign, Sequen
 from dmlbench.errors import ParameterError
 from dmlbench.protocol import layout as output_layout
 from dmlbench.analysis.spec import AnalysisSpec
-from dmlbench.protocol.design.benchmark import BenchmarkSpec, ProtocolSpec
+from dmlbench.protocol.design.benchmark import ProtocolSpec
 from dmlbench.protocol.design.plan import Context
 from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.queue import attempts
@@ -95,15 +95,23 @@ class RoundsOutcome:
                           *(f"  {line}" for line in still)])
 
 
-def sequential_design(spec: BenchmarkSpec) -> SequentialDesign:
-    """The design a sequential benchmark declares (``protocol`` and ``analysis``)."""
-    assert spec.protocol.max_searches is not None  # the spec's validator requires it with sequential: true
-    return spec.analysis.sequential_design(spec.protocol.max_searches, spec.protocol.round_searches)
+def declared_design(protocol: ProtocolSpec, analysis: AnalysisSpec,
+                    methods: Sequence[str]) -> tuple[SequentialDesign, list[Pair]]:
+    """A sequential study's design and its primary family: the declared comparisons among ``methods`` (the
+    baselines left out), as ``protocol`` and ``analysis`` declare them."""
+    assert protocol.max_searches is not None  # the protocol's validator requires it with sequential: true
+    compared = [method for method in methods if method not in output_layout.BASELINES]
+    return (analysis.sequential_design(protocol.max_searches, protocol.round_searches),
+            declared_comparisons(analysis.references, analysis.pairs, compared))
 
 
-def sequential_comparisons(spec: BenchmarkSpec) -> list[Pair]:
-    """The primary family: the declared comparisons among the benchmark's methods."""
-    return declared_comparisons(spec.analysis.references, spec.analysis.pairs, [method.name for method in spec.methods])
+def judge_study(protocol: ProtocolSpec, analysis: AnalysisSpec, methods: Sequence[str],
+                scores: Mapping[str, Mapping[int, Mapping[int, float]]]) -> SequentialJudgement:
+    """A sequential study's looks from its primary endpoint's scores (``method -> search -> reproduction -> score``,
+    read from the storage or from ``runs.csv``): what the rounds, ``dmlbench status``, the report and ``rejudge``
+    all judge by."""
+    design, comparisons = declared_design(protocol, analysis, methods)
+    return judge_sequentially(method_search_means(scores), comparisons, design)
 
 
 def scores_by_search(studies: Mapping[str, optuna.Study], endpoint: tuple[str, str]) -> dict[str, dict[int, dict[int, float]]]:
@@ -121,14 +129,12 @@ def scores_by_search(studies: Mapping[str, optuna.Study], endpoint: tuple[str, s
 def status_lines(protocol: ProtocolSpec, analysis: AnalysisSpec, methods: list[str],
                  studies: Mapping[str, optuna.Study]) -> list[str]:
     """What ``dmlbench status`` says of a sequential study: the last round started and each comparison so far."""
-    assert protocol.max_searches is not None  # a sequential protocol's validator requires it
-    design = analysis.sequential_design(protocol.max_searches, protocol.round_searches)
-    endpoint = (analysis.primary.mode, analysis.primary.metric)
     prefix = output_layout.reproduction_study("")
     reproductions = {name[len(prefix):]: study for name, study in studies.items()
                      if name.startswith(prefix) and name[len(prefix):] not in output_layout.BASELINES}
-    judgement = judge_sequentially(method_search_means(scores_by_search(reproductions, endpoint)),
-                                   declared_comparisons(analysis.references, analysis.pairs, methods), design)
+    endpoint = (analysis.primary.mode, analysis.primary.metric)
+    judgement = judge_study(protocol, analysis, methods, scores_by_search(reproductions, endpoint))
+    design = judgement.design
     marker = studies.get(methods[0])
     started = marker.user_attrs.get(ROUNDS_STARTED, 1) if marker is not None else 0
     lines = [f"sequential study: round {started} of at most {len(design.looks)} started (looks at "
@@ -144,15 +150,17 @@ def run_rounds(prepared: Prepared, context: Context, budget: RoundBudget,
                drive_round: Callable[[Prepared], RoundSchedule]) -> tuple[RoundSchedule, RoundsOutcome]:
     """Drive rounds (``drive_round``: run a round-limited ``Prepared`` to its end) until the study stops (module
     docstring); the last round's schedule, for the summaries and the report, and how the rounds ended."""
-    design, comparisons = sequential_design(prepared.spec), sequential_comparisons(prepared.spec)
-    endpoint = (prepared.spec.analysis.primary.mode, prepared.spec.analysis.primary.metric)
+    spec = prepared.spec
+    methods = [method.name for method in spec.methods]
+    design, _ = declared_design(spec.protocol, spec.analysis, methods)
+    endpoint = (spec.analysis.primary.mode, spec.analysis.primary.metric)
     limits = {name: design.looks[0] for name in prepared.plans}
     _check_first_round(prepared, budget, limits)
     round_number = 1
     while True:
         schedule = drive_round(replace(prepared, search_limits=dict(limits)))
         studies = {name: unit.study for name, unit in schedule.reproductions.items()}
-        judgement = judge_sequentially(method_search_means(scores_by_search(studies, endpoint)), comparisons, design)
+        judgement = judge_study(spec.protocol, spec.analysis, methods, scores_by_search(studies, endpoint))
         marker = _marker(schedule)
         spent = _record_span(marker, budget)
         wanted = {name: max(count, judgement.next_searches.get(name, 0)) for name, count in limits.items()}
