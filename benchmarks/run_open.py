@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from dmlbench.training import runs
+from dmlbench.training.records import read_run_record
 from dmlbench.training.runs import Run, embed_run, embed_test_split, load_run_config, run_test_domains, test_query_mask
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def reproduction_reads(run_dirs: list[Path], open_once: bool) -> None:
         embed_run(target, "train")
     run_test_domains(targets[0])
     if not open_once:
-        load_run_config(run_dirs[0])  # the old code read the first run's config once more for its re-ranking
+        load_run_config(run_dirs[0], read_run_record(run_dirs[0]))  # the old code read the first run's config once more for its re-ranking
     for target in targets:
         embed_test_split(target)
     test_query_mask(targets[0])

@@ -69,15 +69,13 @@ def evaluate_command(
                        (query_mask, "query mask file"), (domains, "domains file")]:
         if path is not None:
             require_file(path, what)
-    if calibration is not None and run is not None:
-        _check_same_model(run, calibration)
     for option, target in (("--json", json_path), ("--per-query", per_query), ("--html", html), ("--roc", roc)):
         _check_writable(option, target)
     # An option left out is None and not passed on: what the user did not give never overrides anything.
     options = _evaluation_options({"ks": None if ks is None else _parse_ks(ks), "backend": backend, "binarize": binarize, "normalize": normalize,
                                    "metrics": metrics, "k": k, "seed": seed, "block_size": block_size, "nprobe": nprobe},
                                   query_mask, rerank_option(rerank, rerank_params))
-    from dmlbench.deploy.evaluate import EvaluateRequest, evaluate
+    from dmlbench.report.evaluation import EvaluateRequest, evaluate
 
     request = EvaluateRequest(
         run=run, embeddings=list(embeddings or []), labels=labels, domains=domains, mode=mode, options=options,
@@ -114,14 +112,6 @@ def _check_combinations(
         raise UserInputError("--roc goes with --verification")
     if calibration is not None and not open_set:
         raise UserInputError("--calibration goes with --open-set")
-
-
-def _check_same_model(run: Path, calibration: Path) -> None:
-    """A calibration of another model is refused here, before the run is evaluated."""
-    from dmlbench.deploy import calibration as calibrations
-    from dmlbench.training.records import run_hashes
-
-    calibrations.check_same_model(calibrations.load_calibration(calibration), run_hashes(run), str(calibration), f"run {run}")
 
 
 def _check_writable(option: str, path: Path | None) -> None:

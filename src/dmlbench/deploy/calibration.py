@@ -20,7 +20,6 @@ from dmlbench.deploy.embeddings import prefix_of, side_file
 from dmlbench.deploy.model import open_run
 from dmlbench.errors import ParameterError, UserInputError
 from dmlbench.evaluation.calibration import DEFAULT_REPLICATES, calibrate, check_reachable, check_targets
-from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS
 from dmlbench.training import records
 from dmlbench.training.run_evaluation import RunEvaluation
 
@@ -138,19 +137,12 @@ def select_target(calibration: dict[str, Any], fmr: float | None, calibration_na
     raise UserInputError(f"calibration {calibration_name} has no target FMR {fmr:g} (it has {listed})")
 
 
-def open_set_of_run(
-    run: RunEvaluation, calibration_path: Path | None, far_targets: Sequence[float], *, seed: int = 0,
-    replicates: int = DEFAULT_REPLICATES,
-) -> dict[str, Any]:
-    """Open-set identification on the run's test classes, at the calibration's thresholds when given."""
-    far_targets = check_targets(far_targets or DEFAULT_FAR_TARGETS)
-    calibrated = None
-    if calibration_path is not None:
-        calibration = load_calibration(calibration_path)
-        run_dir = run.run.run_dir
-        check_same_model(calibration, records.run_hashes(run_dir), str(calibration_path), f"run {run_dir}")
-        calibrated = {float(point["target_fmr"]): float(point["threshold"]) for point in calibration["targets"]}
-    return run.open_set(calibrated=calibrated, far_targets=far_targets, seed=seed, replicates=replicates)
+def run_thresholds(calibration_path: Path, run_dir: Path) -> dict[float, float]:
+    """The thresholds (target FMR -> threshold) of ``calibration_path``, refused unless it calibrated the run in
+    ``run_dir`` (the same model and config hashes)."""
+    calibration = load_calibration(calibration_path)
+    check_same_model(calibration, records.run_hashes(run_dir), str(calibration_path), f"run {run_dir}")
+    return {float(point["target_fmr"]): float(point["threshold"]) for point in calibration["targets"]}
 
 
 def _document(source: dict[str, Any], hashes: dict[str, str] | None, result: dict[str, Any]) -> dict[str, Any]:

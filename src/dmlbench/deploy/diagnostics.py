@@ -1,11 +1,13 @@
 """What a person reads to understand a model's failures: per-query results on a run's test split as a CSV
-file, and the worst queries with their neighbours as a page (``training.run_evaluation`` computes them)."""
+file, and the worst queries with their neighbours as a page (``evaluation.per_query`` computes them)."""
 
 from __future__ import annotations
 
 import csv
 import io
 from pathlib import Path
+
+from torch import Tensor
 
 from dmlbench.deploy.images import thumbnail_data_uri
 from dmlbench.deploy.pages import Row, Thumbnails, Tile, write_page
@@ -16,7 +18,25 @@ from dmlbench.training.run_evaluation import TestSplit
 CSV_COLUMNS = ("query", "path", "label", "relevant", "first_correct_rank", "average_precision_at_r")
 
 
-def write_per_query_csv(path: Path, diagnostics: PerQuery, names: list[str]) -> None:
+def write(found: PerQuery, split: TestSplit, csv_path: Path | None, worst: Tensor | None, page_path: Path | None,
+          title: str) -> list[str]:
+    """The per-query CSV at ``csv_path`` and the page of the ``worst`` queries (positions into ``found``, lowest
+    AP@R first) at ``page_path``, each where given; a line per file written. Both are made before either
+    is written."""
+    rows = None if worst is None or page_path is None else _worst_rows(found, split, worst)
+    table = None if csv_path is None else _per_query_csv(found, split.names)
+    written = []
+    if rows is not None and page_path is not None:
+        write_page(page_path, title, rows, note="Queries sorted by AP@R, lowest first; ties by first correct rank.")
+        written.append(f"worst queries: {page_path}")
+    if table is not None and csv_path is not None:
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(csv_path, lambda stream: stream.write(table))
+        written.append(f"per-query results: {csv_path} ({len(found.query_ids)} queries)")
+    return written
+
+
+def _per_query_csv(diagnostics: PerQuery, names: list[str]) -> bytes:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -26,16 +46,14 @@ def write_per_query_csv(path: Path, diagnostics: PerQuery, names: list[str]) -> 
             query, names[query], int(diagnostics.labels[row]), int(diagnostics.relevant[row]),
             int(diagnostics.first_correct_rank[row]), "" if ap != ap else f"{ap:.6f}",
         ])
-    data = buffer.getvalue().encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda stream: stream.write(data))
+    return buffer.getvalue().encode()
 
 
-def write_worst_page(path: Path, diagnostics: PerQuery, split: TestSplit, count: int, title: str) -> None:
-    """The ``count`` queries with the lowest AP@R, each beside its nearest neighbours."""
+def _worst_rows(diagnostics: PerQuery, split: TestSplit, worst: Tensor) -> list[Row]:
+    """The ``worst`` queries, each beside its nearest neighbours."""
     thumbnails = Thumbnails()
     rows = []
-    for position in diagnostics.worst(count).tolist():
+    for position in worst.tolist():
         query = int(diagnostics.query_ids[position])
         label = int(diagnostics.labels[position])
         tiles = []
@@ -49,7 +67,7 @@ def write_worst_page(path: Path, diagnostics: PerQuery, split: TestSplit, count:
             f"first correct neighbour at rank {int(diagnostics.first_correct_rank[position])} of R={int(diagnostics.relevant[position])}"
         )
         rows.append(Row(Tile(_thumbnail(thumbnails, split, query), "query"), tiles, heading))
-    write_page(path, title, rows, note="Queries sorted by AP@R, lowest first; ties by first correct rank.")
+    return rows
 
 
 def _thumbnail(thumbnails: Thumbnails, split: TestSplit, row: int) -> str | None:

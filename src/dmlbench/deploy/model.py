@@ -78,7 +78,7 @@ def open_run(run: str | Path | Run) -> Run:
     record = records.require_run_dir(run_dir)
     if not (run_dir / records.BEST_CHECKPOINT).is_file():
         raise UserInputError(f"run {run_dir} has no checkpoint ({records.BEST_CHECKPOINT}); train it first")
-    return Run(run_dir, record, load_run_config(run_dir))
+    return Run(run_dir, record, load_run_config(run_dir, record))
 
 
 def load_run_model(run: str | Path | Run, device: str | None = None) -> RunModel:
@@ -87,6 +87,6 @@ def load_run_model(run: str | Path | Run, device: str | None = None) -> RunModel
     completed status."""
     run = open_run(run)
     resolved = resolve_device(device or run.config.training.device)
-    model, epoch = best_model(run.run_dir, run.config, resolved)
+    model, epoch = best_model(run, resolved)
     model.eval()
     return RunModel(run, model, resolved, epoch)

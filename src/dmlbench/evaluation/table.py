@@ -38,3 +38,78 @@ def format_table(columns: Mapping[str, Mapping[str, object]] | Mapping[str, obje
         cells = [row[0].ljust(widths[0]), *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:]))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def evaluation_text(results: Mapping[str, object], *, of_run: bool) -> list[str]:
+    """What ``dmlbench evaluate`` prints of its ``results`` (the JSON it writes): the scores table, then the
+    embedding-space analysis, verification and open set when ``results`` holds them."""
+    blocks = [_run_scores(results) if of_run else _stored_scores(results)]
+    space = results.get("analysis")
+    if isinstance(space, Mapping):
+        title = "train split" if of_run else "analysis"
+        blocks += ["", format_table({title: {key: value for key, value in space.items() if key != "singular_values"}})]
+    summary = results.get("verification")
+    if isinstance(summary, Mapping):
+        blocks += ["", *_verification(summary)]
+    found = results.get("open_set")
+    if isinstance(found, Mapping):
+        blocks += ["", *_open_set(found)]
+    return blocks
+
+
+RUN_EXTRAS = ("untrained", "reranked", "untrained_reranked", "cross_domain", "untrained_cross_domain")
+SECTIONS = ("analysis", "verification", "open_set")
+
+
+def _run_scores(results: Mapping[str, object]) -> str:
+    """A run's trained and untrained columns, re-ranked and cross-domain beside them when scored."""
+    columns: dict[str, object] = {"trained": {name: value for name, value in results.items() if name not in (*RUN_EXTRAS, *SECTIONS)}}
+    if "reranked" in results:  # --rerank, or the run's config sets evaluation.rerank
+        columns["trained, re-ranked"] = results["reranked"]
+    columns["untrained"] = results.get("untrained", {})
+    if "reranked" in results:
+        columns["untrained, re-ranked"] = results["untrained_reranked"]
+    if "cross_domain" in results:  # the run's config sets evaluation.cross_domain
+        columns["trained, cross-domain"] = results["cross_domain"]
+        columns["untrained, cross-domain"] = results["untrained_cross_domain"]
+    return format_table(columns)  # type: ignore[arg-type]
+
+
+def _stored_scores(results: Mapping[str, object]) -> str:
+    """Stored embeddings' metrics: one column, or ``all`` with ``re-ranked`` and ``cross-domain`` beside it."""
+    added = {title: results[name] for name, title in (("reranked", "re-ranked"), ("cross_domain", "cross-domain")) if name in results}
+    metrics = {name: value for name, value in results.items() if name not in ("reranked", "cross_domain", *SECTIONS)}
+    return format_table({"all": metrics, **added} if added else metrics)  # type: ignore[dict-item]
+
+
+def _verification(summary: Mapping[str, object]) -> list[str]:
+    """Thresholds and FNMR at the target FMRs, then the equal error rate with the pairs it rests on."""
+    points = {f"FMR {point['target_fmr']:g}": {"threshold": point["threshold"], "fmr": point["fmr"], "fnmr": point["fnmr"]}
+              for point in summary["operating_points"]}  # type: ignore[attr-defined]
+    return [format_table(points), f"equal error rate {summary['equal_error_rate']:.4f} over {_pairs_used(summary, 'positive')} "
+                                  f"and {_pairs_used(summary, 'negative')}"]
+
+
+def _pairs_used(summary: Mapping[str, object], kind: str) -> str:
+    """``all 160,210 positive pairs`` or ``2,000,000 of 51,042,345 negative pairs (sampled without replacement, seed 0)``."""
+    used, total = summary[f"{kind}_pairs"], summary[f"{kind}_pairs_total"]
+    if used == total:
+        return f"all {total:,} {kind} pairs"
+    return f"{used:,} of {total:,} {kind} pairs (sampled without replacement, seed {summary['seed']})"
+
+
+def _open_set(found: Mapping[str, object]) -> list[str]:
+    """DIR and FAR at the FAR targets and at the calibrated thresholds, with their 95% intervals."""
+
+    def span(values: object) -> str:
+        return "[n/a]" if values is None else f"[{values[0]:.3f}, {values[1]:.3f}]"  # type: ignore[index]
+
+    lines = [f"open set: {found['enrolled_classes']} enrolled classes ({found['gallery_items']} gallery items, "
+             f"{found['known_queries']} known queries), {found['unknown_classes']} unknown classes "
+             f"({found['unknown_queries']} queries); rank-1 identification {found['rank_1_identification_rate']:.4f}"]
+    for point in [*found["at_far"], *found["at_calibrated_threshold"]]:  # type: ignore[misc]
+        at = f"FAR {point['target_far']:g}" if "target_far" in point else f"calibrated FMR {point['target_fmr']:g}"
+        unreachable = "" if point.get("reachable", True) else " (too few unknown queries for this FAR)"
+        lines.append(f"  {at:>22}: threshold {point['threshold']:.4f}  DIR {point['dir']:.4f} {span(point['dir_ci'])}"
+                     f"  FAR {point['far']:.4f} {span(point['far_ci'])}{unreachable}")
+    return lines

@@ -1,12 +1,13 @@
 """A finished run evaluated in one pass (``RunEvaluation``): opened once, its best checkpoint loaded once,
 each split embedded once per model (trained, untrained), and every evaluation served from those
-embeddings: the test scores (raw, re-ranked, cross-domain), per-query results, verification, open-set
-identification and the embedding-space analysis of the training split."""
+embeddings: the test scores (raw, re-ranked, cross-domain) here, per-query results, verification, open-set
+identification and the embedding-space analysis of the training split by ``dmlbench evaluate``'s report
+(``report.evaluation``) from ``embedded`` and ``test_split``."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -18,9 +19,6 @@ from dmlbench import config as config_module
 from dmlbench import evaluation, files, provenance
 from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
-from dmlbench.evaluation import embedding_space, verification
-from dmlbench.evaluation.open_set import DEFAULT_FAR_TARGETS, DEFAULT_REPLICATES, open_set
-from dmlbench.evaluation.per_query import PerQuery, per_query
 from dmlbench.evaluation.rerank import build as build_rerank
 from dmlbench.training import records
 from dmlbench.training.embed import embed
@@ -50,10 +48,10 @@ def item_names(dataset: ImageDataset, subset: ImageDataset) -> list[str]:
 class RunEvaluation:
     """Every evaluation of one finished run, each split embedded at most once per model.
 
-    ``embedded(split, untrained=...)`` embeds a split on first use and keeps it; the methods below read
-    only those embeddings, so ``scores``, ``test_split``, ``per_query``, ``verification`` and
-    ``open_set`` together embed the test split once with the trained model (and once with the
-    untrained one, for the scores). ``embeddings_made`` counts the embeddings computed."""
+    ``embedded(split, untrained=...)`` embeds a split on first use and keeps it; ``scores`` and
+    ``test_split`` read only those embeddings, so together (and with what is computed from the test
+    split) they embed the test split once with the trained model (and once with the untrained one, for
+    the scores). ``embeddings_made`` counts the embeddings computed."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -68,7 +66,7 @@ class RunEvaluation:
     @cached_property
     def trained_model(self) -> nn.Module:
         """The validation-selected checkpoint, loaded once, in evaluation mode."""
-        model = best_model(self.run.run_dir, self.run.config, self.run.device)[0]
+        model = best_model(self.run, self.run.device)[0]
         return model.eval()
 
     def embedded(self, split: str, *, untrained: bool = False) -> tuple[Tensor, Tensor]:
@@ -123,36 +121,6 @@ class RunEvaluation:
         embeddings, labels = self.embedded("test")
         test = self.run.split("test")
         return TestSplit(test, item_names(self.run.dataset, test), embeddings, labels, self.run.test_query_mask())
-
-    def per_query(self) -> PerQuery:
-        """Each test query's first correct rank, AP@R and nearest neighbours."""
-        split = self.test_split()
-        return per_query(split.embeddings, split.labels, query_mask=split.query_mask)
-
-    def verification(self, seed: int, roc: Path | None = None) -> dict[str, Any]:
-        """FNMR at target FMRs over the test split's pairs, optionally with the ROC plotted to ``roc``."""
-        split = self.test_split()
-        pairs = verification.pair_distances(split.embeddings, split.labels, seed=seed)
-        summary = verification.summarize(pairs)
-        summary["seed"] = seed
-        if roc is not None:
-            roc.parent.mkdir(parents=True, exist_ok=True)
-            verification.plot_roc(pairs, roc)
-        return summary
-
-    def open_set(self, *, calibrated: Mapping[float, float] | None = None, far_targets: Sequence[float] = DEFAULT_FAR_TARGETS,
-                 seed: int = 0, replicates: int = DEFAULT_REPLICATES) -> dict[str, Any]:
-        """Open-set identification on the test classes, at ``calibrated`` thresholds (target FMR -> threshold) too."""
-        split = self.test_split()
-        mask = None if split.query_mask is None else split.query_mask.numpy()
-        return open_set(split.embeddings, split.labels, far_targets=far_targets, calibrated=calibrated, seed=seed,
-                        replicates=replicates, query_mask=mask)
-
-    def embedding_space(self, *, drop: int = 1, center: bool = False, normalize: bool = True) -> dict[str, Any]:
-        """rho and the pi ratios on the training split: Roth et al. 2020 measure the space on the training
-        data, never on the test split."""
-        embeddings, labels = self.embedded("train")
-        return embedding_space.analyze(embeddings, labels, drop=drop, center=center, normalize=normalize)
 
 
 def evaluate_run(run: str | Path | Run, *, rerank: Mapping[str, Any] | None = None, **evaluate_kwargs: Any) -> dict[str, Any]:

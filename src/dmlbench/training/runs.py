@@ -21,9 +21,9 @@ from dmlbench.training.placement import STANDALONE, Placement
 from dmlbench.training.setup import build_model, load_dataset, make_splits
 
 
-def load_run_config(run_dir: Path) -> config_module.Config:
-    """The run's config, read after the plugins its ``run.json`` records are imported (no ``--plugin`` needed)."""
-    record = records.read_run_record(run_dir) if (run_dir / records.RUN_FILE).is_file() else {}
+def load_run_config(run_dir: Path, record: dict[str, Any]) -> config_module.Config:
+    """The run's config, read after the plugins its ``record`` (its ``run.json``) names are imported (no
+    ``--plugin`` needed)."""
     plugins.load_recorded(record.get("plugins") or [], f"run {run_dir}")
     return config_module.load(run_dir / records.CONFIG_FILE)
 
@@ -97,7 +97,7 @@ class Run:
         where ``placement`` puts this worker."""
         run_dir = Path(run_dir)
         record = _completed_record(run_dir)
-        return cls(run_dir, record, load_run_config(run_dir), placement)
+        return cls(run_dir, record, load_run_config(run_dir, record), placement)
 
     @cached_property
     def device(self) -> torch.device:
@@ -127,7 +127,7 @@ class Run:
         return build_model(self.config).to(self.device)
 
     def trained_model(self) -> nn.Module:
-        return best_model(self.run_dir, self.config, self.device)[0]
+        return best_model(self, self.device)[0]
 
 
 def opened(run: str | Path | Run) -> Run:
@@ -143,12 +143,13 @@ def trained_dataset(run_dir: Path, config: config_module.Config, record: dict[st
     return dataset
 
 
-def best_model(run_dir: Path, config: config_module.Config, device: torch.device) -> tuple[nn.Module, int]:
-    """The run's model with its validation-selected checkpoint loaded, and that checkpoint's epoch."""
-    if "frozen_trunk" in records.require_run_dir(run_dir):
+def best_model(run: Run, device: torch.device) -> tuple[nn.Module, int]:
+    """The run's model on ``device`` with its validation-selected checkpoint loaded, and that checkpoint's epoch."""
+    run_dir = run.run_dir
+    if "frozen_trunk" in run.record:
         raise UserInputError(f"run {run_dir} trained only a head on cached trunk features (protocol.frozen_trunk): "
                              "its checkpoints hold no trunk to embed images with")
-    model = build_model(config).to(device)
+    model = build_model(run.config).to(device)
     state = files.load_checkpoint(
         run_dir / records.BEST_CHECKPOINT,
         f"train the run again (dmlbench train {run_dir / records.CONFIG_FILE} -o NEW_DIR) or restore the file from a backup",
