@@ -163,3 +163,20 @@ def test_evaluate_verification_says_which_pairs_it_used(tiny_run: Path, capsys: 
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("equal error rate"))
     assert " over all " in line and " positive pairs and all " in line and "negative pairs" in line
+
+
+def test_what_evaluate_prints_is_the_json_it_writes(tiny_run: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Every table ``dmlbench evaluate`` prints is rendered from the results it writes as JSON (so the two
+    cannot disagree), then one line per file written."""
+    from dmlbench.evaluation.table import evaluation_text
+
+    out = tmp_path / "results.json"
+    result = run_in_process(["evaluate", str(tiny_run), "--analysis", "--verification", "--open-set",
+                             "--per-query", str(tmp_path / "q.csv"), "--json", str(out)], capsys)
+    assert result.returncode == 0, result.stderr
+    results = json.loads(out.read_text())
+    assert {"analysis", "verification", "open_set", "untrained"} <= set(results)
+    rendered = "\n".join(evaluation_text(results, of_run=True))
+    queries = len((tmp_path / "q.csv").read_text().splitlines()) - 1
+    assert result.stdout == f"{rendered}\nper-query results: {tmp_path / 'q.csv'} ({queries} queries)\n"

@@ -138,6 +138,21 @@ def test_a_sequential_spec_runs_up_to_max_searches() -> None:
     assert spec.protocol.search_repeats == 4 and spec.protocol.resplits and spec.protocol.fresh_draws
 
 
+def test_an_override_of_a_sequential_configs_design_moves_its_searches() -> None:
+    """The built-in benchmark is sequential: its most searches, or the fixed design instead, are overrides like
+    any other (the searches it derives from max_searches are not the user's search_repeats)."""
+    from dmlbench.protocol.design.benchmark import apply_spec_overrides
+
+    built_in = load_spec(None)
+    assert built_in.protocol.sequential and built_in.protocol.search_repeats == built_in.protocol.max_searches == 12
+    fewer, _ = apply_spec_overrides(built_in, ["protocol.max_searches=6"])
+    assert fewer.protocol.search_repeats == fewer.protocol.max_searches == 6
+    fixed, _ = apply_spec_overrides(built_in, ["protocol.sequential=false", "protocol.max_searches=null"])
+    assert not fixed.protocol.sequential and fixed.protocol.search_repeats == 1
+    with pytest.raises(Exception, match="leave out search_repeats"):
+        apply_spec_overrides(built_in, ["protocol.search_repeats=3"])
+
+
 def test_the_study_time_is_the_union_of_the_commands_spans() -> None:
     assert union_seconds([[0.0, 10.0], [5.0, 12.0], [20.0, 25.0]]) == 17.0
     assert union_seconds([[3.0, 4.0], [0.0, 10.0]]) == 10.0

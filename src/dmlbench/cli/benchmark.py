@@ -93,8 +93,6 @@ def benchmark_command(
     # The dry run counts the command's start in its estimate: the process's, when it runs this one command.
     started = ctx.obj.get(COMMAND_STARTED, time.monotonic()) if isinstance(ctx.obj, dict) else time.monotonic()
     config_path, overrides = config_and_overrides(config_path, overrides)
-    if config_path is not None:
-        require_yaml(config_path, "benchmark config")
     _check_storage_options(heartbeat, db_retry)
     workers, rounds = _jobs(jobs), _budget_options(budget, max_searches)
     cluster_options = cluster.slurm_options(slurm, partition, time_limit, cpus_per_worker, gpus_per_worker, sbatch, wait, jobs)
@@ -105,11 +103,13 @@ def benchmark_command(
                              budget=budget, max_searches=max_searches)
     with stops_explained(f"benchmark {output_dir}", again, dry_run=dry_run):
         from dmlbench.protocol.design.benchmark import load_spec
+
+        spec = load_spec(config_path)  # the YAML read once, and a mistake in it said before torch is imported
+
         from dmlbench.protocol.design.prepare import prepare
         from dmlbench.report import write_report  # here, so that a dry run's measured start includes its import
 
         _quiet_optuna()
-        spec = load_spec(config_path)
         prepared = prepare(spec, output_dir, overrides, storage, jobs=workers,
                            heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes,
                            accept_analysis_change=accept_analysis_change)

@@ -263,7 +263,10 @@ def apply_spec_overrides(spec: BenchmarkSpec, overrides: list[str]) -> tuple[Ben
     own = [item for item in overrides if item.split("=", 1)[0].split(".", 1)[0] in SPEC_SECTIONS]
     if not own:
         return spec, list(overrides)
-    raw = config_module.apply_overrides(spec.model_dump(mode="json"), own)
+    raw = spec.model_dump(mode="json")
+    if spec.protocol.sequential:  # its search_repeats is max_searches, derived: an override of that moves both
+        del raw["protocol"]["search_repeats"]
+    raw = config_module.apply_overrides(raw, own)
     changed = _validated(raw, "benchmark override")
     _check_analysis(changed.analysis, [method.name for method in changed.methods])
     _check_repeats(changed.protocol, [method.name for method in changed.methods])
