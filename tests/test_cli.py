@@ -113,8 +113,10 @@ def test_a_parameter_error_names_the_parameter_in_python_and_the_option_on_the_c
     error = ParameterError("embeddings", "a.npy holds 8-dimensional rows but `test_embeddings` b.npy 4-dimensional ones")
     assert str(error) == "embeddings a.npy holds 8-dimensional rows but `test_embeddings` b.npy 4-dimensional ones"
     assert error.as_options() == "--embeddings a.npy holds 8-dimensional rows but --test-embeddings b.npy 4-dimensional ones"
-    plain = UserInputError("use `resume` to continue it")  # only a ParameterError's names become options
-    assert plain.as_options() == str(plain)
+    # Any error may name a parameter beside its subject: `resume` for a Python caller, --resume on the command line.
+    plain = UserInputError("run directory r already exists and is not empty (`resume` continues it)")
+    assert plain.as_options() == "run directory r already exists and is not empty (--resume continues it)"
+    assert UserInputError("a `b c` d").as_options() == "a `b c` d"  # a quoted command, not one name, is left as it is
     with pytest.raises(ParameterError, match=r"^images .* is not a directory$") as raised:
         list_images(tmp_path / "nowhere")
     assert raised.value.parameter == "images"

@@ -180,3 +180,18 @@ def test_what_evaluate_prints_is_the_json_it_writes(tiny_run: Path, tmp_path: Pa
     rendered = "\n".join(evaluation_text(results, of_run=True))
     queries = len((tmp_path / "q.csv").read_text().splitlines()) - 1
     assert result.stdout == f"{rendered}\nper-query results: {tmp_path / 'q.csv'} ({queries} queries)\n"
+
+
+def test_a_full_run_directory_names_resume_as_its_caller_gives_it(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The library names the parameter (``resume``), the command line the option (``--resume``)."""
+    import dmlbench
+    from dmlbench.errors import UserInputError
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine\n")
+    result = run_in_process(["train", GLYPHS_CONFIG, *TINY, "-o", str(tmp_path / "run")], capsys)
+    assert_one_line_error(result, 2, "already exists and is not empty (--resume continues it)")
+    with pytest.raises(UserInputError, match=r"not empty \(`resume` continues it\)"):
+        dmlbench.train(GLYPHS_CONFIG, tmp_path / "run", list(TINY))
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine\n"

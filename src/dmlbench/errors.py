@@ -4,11 +4,13 @@ import re
 
 
 class UserInputError(ValueError):
-    """Bad configuration, data, path or hyper-parameter; the message is shown to the user as is (exit 2)."""
+    """Bad configuration, data, path or hyper-parameter (exit 2). A parameter the message names, as the
+    Python caller passes it, is in backticks (```resume` continues it``); the command line shows it as
+    the option that gives it (``--resume``): ``as_options``."""
 
     def as_options(self) -> str:
-        """The message as the command line shows it (a ``ParameterError`` names options, not parameters)."""
-        return str(self)
+        """The message as the command line shows it: every parameter it names written as its option."""
+        return _NAMED.sub(lambda named: option(named[1]), str(self))
 
 
 class ParameterError(UserInputError):

@@ -486,7 +486,7 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
 def _check_new_run_dir_empty(run_dir: Path, resume: bool) -> None:
     """A new run starts in an empty directory (but for the lock file this process holds)."""
     if not resume and any(entry.name != records.LOCK_FILE for entry in run_dir.iterdir()):
-        raise UserInputError(f"run directory {run_dir} already exists and is not empty (use --resume to continue it)")
+        raise UserInputError(f"run directory {run_dir} already exists and is not empty (`resume` continues it)")
 
 
 def _start_record(

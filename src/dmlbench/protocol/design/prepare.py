@@ -262,7 +262,7 @@ def _check_plugins(prepared: Prepared, recorded: list[dict[str, Any]], accept: b
         return
     if not accept:
         raise UserInputError(f"{prepared.output_dir}: {changes[0]}; restore it, or continue with the new code on purpose "
-                             f"with --accept-plugin-changes (recorded in {output_layout.BENCHMARK_FILE})")
+                             f"with `accept_plugin_changes` (recorded in {output_layout.BENCHMARK_FILE})")
     prepared.plugins, prepared.plugin_changes = list(recorded), changes
 
 
@@ -303,7 +303,7 @@ def _check_analysis_change(prepared: Prepared, record: BenchmarkRecord, accept: 
     if not accept:
         raise UserInputError(f"{prepared.output_dir}: the analysis was fixed before the runs and this config changes "
                              f"analysis.{', analysis.'.join(changed)}; restore it, or change it on purpose with "
-                             f"--accept-analysis-change (recorded in {output_layout.BENCHMARK_FILE} and the report)")
+                             f"`accept_analysis_change` (recorded in {output_layout.BENCHMARK_FILE} and the report)")
     prepared.analysis_change = {"changed": changed, "analysis": wanted}
 
 
