@@ -286,6 +286,12 @@ def test_a_changed_analysis_is_refused_then_accepted_on_purpose_and_recorded(
     code, _, err = run_cli(["benchmark", str(spec), "-o", str(copy), "-q"], capsys)
     assert code == 2 and err.count("\n") == 1 and "analysis.pairs, analysis.references" in err and "--accept-analysis-change" in err
     assert (copy / "benchmark.json").read_bytes() == before  # nothing stored changed
+    import dmlbench
+    from dmlbench.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="change it on purpose with `accept_analysis_change`"):
+        dmlbench.benchmark(spec, copy)  # the Python caller is told its parameter, the command line its option
+    assert (copy / "benchmark.json").read_bytes() == before
     code, _, err = run_cli(["benchmark", str(spec), "-o", str(copy), "-q", "--accept-analysis-change"], capsys)
     assert code == 0, err  # nothing is re-run: the declared analysis keeps the config hash
     stored = json.loads((copy / "benchmark.json").read_text())

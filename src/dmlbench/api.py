@@ -20,11 +20,14 @@ from dmlbench.errors import UserInputError
 def benchmark(
     config: str | Path | None, output_dir: str | Path, overrides: Sequence[str] = (), *,
     storage: str | None = None, jobs: int | str = 1, progress: bool = False, accept_plugin_changes: bool = False,
+    accept_analysis_change: bool = False,
 ) -> Any:
     """Run (or continue) the benchmark of the YAML ``config`` (``None``: the built-in glyphs one) in
     ``output_dir`` and write its report with ``jobs`` worker processes (``"auto"``: as
     ``dmlbench benchmark --jobs auto``); returns the ``BenchmarkOutcome`` (``results``, ``failed``),
-    or ``None`` when another worker on the same storage wrote the report."""
+    or ``None`` when another worker on the same storage wrote the report. ``accept_plugin_changes`` and
+    ``accept_analysis_change`` continue a benchmark whose plugin code or analysis changed, on purpose (recorded
+    in its ``benchmark.json``), as their options do."""
     from dmlbench.protocol.design.benchmark import load_spec
     from dmlbench.protocol.design.prepare import prepare
     from dmlbench.protocol.run.schedule import run_benchmark
@@ -33,7 +36,7 @@ def benchmark(
     config_path = None if config is None else Path(config)
     with _optuna_warnings_only():
         prepared = prepare(load_spec(config_path), Path(output_dir), list(overrides), storage, jobs=jobs,
-                           accept_plugin_changes=accept_plugin_changes)
+                           accept_plugin_changes=accept_plugin_changes, accept_analysis_change=accept_analysis_change)
         if prepared.jobs > 1:
             from dmlbench.protocol.run.jobs import run_jobs
 
