@@ -113,14 +113,13 @@ def benchmark_command(
         prepared = prepare(spec, output_dir, overrides, storage, jobs=workers,
                            heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes,
                            accept_analysis_change=accept_analysis_change)
+        rounds = checked_budget(prepared, rounds)  # its span starts here, for local workers and SLURM tasks alike
         if cluster_options is not None:
             if cluster.run_on_slurm(prepared, config_path, overrides, cluster_options, dry_run=dry_run, wait=wait,
                                     retry_failed=retry_failed, report=write_report, quiet=quiet, budget=rounds):
                 _print_finished(output_dir, config_path, overrides, quiet)
             return
-        if jobs != str(prepared.jobs) and not quiet:
-            typer.echo(f"--jobs {jobs}: {prepared.jobs} worker process(es)", err=True)
-        _warn_if_oversubscribed(prepared.jobs)
+        _announce_workers(jobs, prepared.jobs, quiet)
         if dry_run:
             _print_dry_run(prepared, started, write_report)
             return
@@ -180,10 +179,9 @@ def _exit_on_failures(failed: dict[str, str]) -> None:
 def _run_prepared(prepared: Any, config_path: Path | None, overrides: list[str], quiet: bool, write_report: Any,
                   budget: Any) -> Any:
     """Run a prepared benchmark with its workers (``--jobs``), ``write_report`` and a sequential study's
-    ``budget``; the ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
+    ``budget`` (``RoundBudget``); the ``BenchmarkOutcome``, or ``None`` when another worker wrote the report."""
     from dmlbench.protocol.run.schedule import run_benchmark
 
-    budget = checked_budget(prepared, budget)
     if prepared.jobs > 1:
         from dmlbench.protocol.run.jobs import run_jobs
 
@@ -332,11 +330,14 @@ def stops_explained(what: str, again: str, *, dry_run: bool = False) -> Iterator
                             f"then continue it with: {again}") from error
 
 
-def _warn_if_oversubscribed(jobs: int) -> None:
-    """One line when ``--jobs`` starts more worker processes than the cores this process may use: they take
-    turns on the cores, and each run then takes longer than alone."""
+def _announce_workers(asked: str, jobs: int, quiet: bool) -> None:
+    """The workers ``--jobs`` (``asked``) became where that is not the number given (``auto``, one for SQLite);
+    and one line when they are more than the cores this process may use: they take turns on the cores, and
+    each run then takes longer than alone."""
     from dmlbench.training.threads import available_cores
 
+    if asked != str(jobs) and not quiet:
+        typer.echo(f"--jobs {asked}: {jobs} worker process(es)", err=True)
     cores = available_cores()
     if jobs > cores:
         print(f"dmlbench: warning: --jobs {jobs} starts {jobs} workers on the {cores} core(s) this process may use; "

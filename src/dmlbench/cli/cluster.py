@@ -96,10 +96,7 @@ def run_on_slurm(prepared: Any, config_path: Path | None, overrides: list[str], 
     with ``wait``, follow it to its end; with ``dry_run``, print the sbatch script and submit nothing.
     ``budget``: a sequential study's, for every task (its span counts from the submission). Whether the report
     is written (``False`` without ``wait``)."""
-    from dmlbench.cli.common import checked_budget
     from dmlbench.protocol.run import slurm
-
-    budget = checked_budget(prepared, budget)
 
     if dry_run:
         typer.echo(slurm.submission_script(prepared, options))
