@@ -18,7 +18,8 @@ from dmlbench.analysis.sequential import (
     method_search_means,
     sequential_csv,
 )
-from dmlbench.analysis.sequential_simulation import TwoLevelModel, simulate
+from dmlbench.analysis.sequential_simulation import TwoLevelModel, fixed_outcomes, simulate
+from dmlbench.analysis.statistics import compare_pairs
 
 METHODS = ["contrastive", "triplet_semihard", "margin", "multi_similarity", "normalized_softmax"]
 FAMILY = declared_comparisons(["contrastive", "triplet_semihard"], [], METHODS)
@@ -67,6 +68,25 @@ def test_no_equivalence_is_declared_more_often_than_alpha(spreads: tuple) -> Non
     summary = simulate(TwoLevelModel(means, spreads[0], spreads[1], spreads[2]), FAMILY, design, STUDIES, seed=12,
                        fixed=False)
     assert summary.wrong_equivalence <= _bound(summary.wrong_equivalence), summary
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")  # scipy, on the constant difference
+@pytest.mark.parametrize("searches", [2, 3, 12])
+def test_the_fixed_design_is_judged_as_the_report_judges_it(searches: int) -> None:
+    """``fixed_outcomes`` (every simulated study at once) gives ``compare_pairs``' outcome for every comparison of
+    every study: differences near the margin and the boundary, equal methods, a difference without spread."""
+    rng = np.random.default_rng(5)
+    means = {"contrastive": 0.40, "triplet_semihard": 0.40, "margin": 0.41, "multi_similarity": 0.388,
+             "normalized_softmax": 0.397}
+    draws = [{m: {k: means[m] + 0.006 * value for k, value in enumerate(rng.normal(size=searches))} for m in METHODS}
+             for _ in range(100)]
+    draws.append({m: {k: 0.4 + (0.003 * k if m == "margin" else 0.0) for k in range(searches)} for m in METHODS})
+    draws[-1]["normalized_softmax"] = {k: 0.4 - 0.002 for k in range(searches)}  # a constant difference
+    differences = np.array([[[d[a][k] - d[b][k] for k in range(searches)] for a, b in FAMILY] for d in draws])
+    vectorised = fixed_outcomes(differences, 0.01, 0.05)
+    expected = [[c.outcome(0.05) for c in compare_pairs(d, FAMILY, 0.01)] for d in draws]
+    assert vectorised == expected
+    assert len({outcome for row in expected for outcome in row}) == (1 if searches < 3 else 4)  # not vacuous
 
 
 def test_equal_methods_with_little_noise_are_found_equivalent() -> None:

@@ -4,7 +4,8 @@ each reproduction's seed, all independent: fresh seeds and folds per search), th
 ``sequential.judge_sequentially`` look by look and stop as they do in a study. Drawing every search up front and
 letting the judgement read only the searches it reaches is the same study: searches are independent of the
 decisions, and a stopped comparison reads none of the later ones. The fixed design of the same maximum judges all
-``max_searches`` at once with Holm's t-test and TOST (``statistics.compare_pairs``, the report's test)."""
+``max_searches`` at once by the report's rule (``statistics.PairedComparison.outcome`` of ``compare_pairs``: Holm's
+paired t-test, else Holm's TOST), computed for every simulated study at once (``fixed_outcomes``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scipy import stats
+
 from dmlbench.analysis.sequential import BETTER, DECIDED, EQUIVALENT, WORSE, Pair, SequentialDesign, judge_sequentially
-from dmlbench.analysis.statistics import compare_pairs
+from dmlbench.analysis.statistics import MIN_VERDICT_PAIRS
+
+INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,8 @@ def simulate(model: TwoLevelModel, comparisons: Sequence[Pair], design: Sequenti
     stops: dict[Pair, list[int]] = {pair: [] for pair in comparisons}
     method_searches: list[int] = []
     by_look = np.zeros(len(design.looks))
-    for _ in range(studies):
+    differences = np.empty((studies if fixed else 0, len(comparisons), design.max_searches))
+    for study in range(studies):
         drawn = model.draw(design.max_searches, rng)
         latest = judge_sequentially(drawn, comparisons, design).latest
         wrong = [_wrong(latest[pair].decision, truth[pair], design.margin) for pair in comparisons]
@@ -97,12 +103,13 @@ def simulate(model: TwoLevelModel, comparisons: Sequence[Pair], design: Sequenti
         method_searches.append(sum(max(latest[p].searches for p in comparisons if method in p)
                                    for method in {m for p in comparisons for m in p}))
         if fixed:
-            judged = compare_pairs({m: dict(values) for m, values in drawn.items()}, list(comparisons), design.margin)
-            wrong = [_wrong(c.outcome(design.alpha), truth[(c.a, c.b)], design.margin) for c in judged]
-            counts["fixed_difference"] += any(w[0] for w in wrong)
-            counts["fixed_equivalence"] += any(w[1] for w in wrong)
-            for c in judged:
-                fixed_decided[(c.a, c.b)] += c.outcome(design.alpha) in DECIDED
+            differences[study] = [[drawn[a][k] - drawn[b][k] for k in range(design.max_searches)] for a, b in comparisons]
+    for outcomes in fixed_outcomes(differences, design.margin, design.alpha):
+        wrong = [_wrong(outcome, truth[pair], design.margin) for pair, outcome in zip(comparisons, outcomes)]
+        counts["fixed_difference"] += any(w[0] for w in wrong)
+        counts["fixed_equivalence"] += any(w[1] for w in wrong)
+        for pair, outcome in zip(comparisons, outcomes):
+            fixed_decided[pair] += outcome in DECIDED
     methods = len({m for p in comparisons for m in p})
     return SimulationSummary(
         studies, counts["difference"] / studies, counts["equivalence"] / studies,
@@ -110,6 +117,37 @@ def simulate(model: TwoLevelModel, comparisons: Sequence[Pair], design: Sequenti
         float(np.mean(method_searches)), counts["fixed_difference"] / studies, counts["fixed_equivalence"] / studies,
         {pair: n / studies for pair, n in fixed_decided.items()}, methods * design.max_searches,
         {pair: _quantiles(n) for pair, n in stops.items()}, _quantiles(method_searches), tuple(by_look / studies))
+
+
+def fixed_outcomes(differences: np.ndarray, margin: float, alpha: float) -> list[list[str]]:
+    """``PairedComparison.outcome`` of ``compare_pairs`` for each study (axis 0) and comparison (axis 1) of paired
+    differences ``a - b`` (axis 2, one per search): Holm's two-sided paired t-test across the comparisons below
+    ``alpha`` (better or worse by the sign), else Holm's TOST within ``±margin`` (equivalent), else inconclusive; a
+    difference without spread (its p-values 1) or with fewer than ``MIN_VERDICT_PAIRS`` pairs is inconclusive."""
+    n = differences.shape[2]
+    mean = differences.mean(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        se = differences.std(axis=2, ddof=1) / math.sqrt(n) if n > 1 else np.zeros(mean.shape)
+        two_sided = 2 * stats.t.sf(np.abs(mean / se), n - 1)
+        tost = np.maximum(stats.t.sf((mean + margin) / se, n - 1), stats.t.sf((margin - mean) / se, n - 1))
+    # No spread, no evidence: p-values of 1, which ease Holm for none of the others (``paired_comparison``).
+    constant = np.ptp(differences, axis=2) <= 1e-9 * np.abs(differences).max(axis=2)
+    two_sided, tost = np.where(constant, 1.0, two_sided), np.where(constant, 1.0, tost)
+    no_verdict = constant | (n < MIN_VERDICT_PAIRS)
+    difference = _holm_rows(two_sided) < alpha
+    equivalent = _holm_rows(tost) < alpha
+    return [[INCONCLUSIVE if gone else (BETTER if m > 0 else WORSE) if found else EQUIVALENT if same else INCONCLUSIVE
+             for gone, found, same, m in zip(*row)] for row in zip(no_verdict, difference, equivalent, mean)]
+
+
+def _holm_rows(pvalues: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values of each row (``statistics.holm`` row by row)."""
+    m = pvalues.shape[1]
+    order = np.argsort(pvalues, axis=1, kind="stable")
+    ranked = np.take_along_axis(pvalues, order, axis=1) * (m - np.arange(m))
+    adjusted = np.empty_like(pvalues)
+    np.put_along_axis(adjusted, order, np.maximum.accumulate(np.minimum(ranked, 1.0), axis=1), axis=1)
+    return adjusted
 
 
 def _quantiles(values: Sequence[int]) -> tuple[float, float, float]:
