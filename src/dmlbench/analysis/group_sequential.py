@@ -154,4 +154,9 @@ def nominal_quantile(boundary: float, degrees_of_freedom: float) -> float:
 def _nominal_quantile(boundary: float, degrees_of_freedom: float) -> float:
     if math.isinf(boundary):
         return math.inf
-    return float(-special.stdtrit(degrees_of_freedom, special.ndtr(-boundary)))
+    return t_quantile(float(special.ndtr(-boundary)), degrees_of_freedom)
+
+
+def t_quantile(tail: float, degrees_of_freedom: float) -> float:
+    """The t quantile with upper tail probability ``tail`` (``scipy.stats.t.isf``, without its per-call overhead)."""
+    return float(-special.stdtrit(degrees_of_freedom, tail))

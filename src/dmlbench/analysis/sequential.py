@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import special
 
-from dmlbench.analysis.group_sequential import Spending, boundaries, nominal_quantile
+from dmlbench.analysis.group_sequential import Spending, boundaries, nominal_quantile, t_quantile
 from dmlbench.analysis.statistics import DEFAULT_ALPHA, DEFAULT_EQUIVALENCE_MARGIN
 
 # Below this conditional power of deciding by the last look, an open comparison is futile; judged only from
@@ -292,11 +292,6 @@ def _deciding_probability(mean: float, spread: float, error: float, quantiles: t
     if equivalence > 0:
         decided += float(special.ndtr((equivalence - mean) / spread) - special.ndtr((-equivalence - mean) / spread))
     return min(decided, 1.0)
-
-
-def t_quantile(tail: float, degrees_of_freedom: int) -> float:
-    """The t quantile with upper tail probability ``tail`` (``scipy.stats.t.isf``, without its per-call overhead)."""
-    return float(-special.stdtrit(degrees_of_freedom, tail))
 
 
 # ``sequential.csv``: one row per comparison and look.

@@ -14,13 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from scipy import stats
 
 from dmlbench.analysis.sequential import BETTER, DECIDED, EQUIVALENT, WORSE, Pair, SequentialDesign, judge_sequentially
-from dmlbench.analysis.statistics import MIN_VERDICT_PAIRS
-
-INCONCLUSIVE = "inconclusive"
+from dmlbench.analysis.statistics import MIN_VERDICT_PAIRS, decide, holm
 
 
 @dataclass(frozen=True)
@@ -134,20 +131,9 @@ def fixed_outcomes(differences: np.ndarray, margin: float, alpha: float) -> list
     constant = np.ptp(differences, axis=2) <= 1e-9 * np.abs(differences).max(axis=2)
     two_sided, tost = np.where(constant, 1.0, two_sided), np.where(constant, 1.0, tost)
     no_verdict = constant | (n < MIN_VERDICT_PAIRS)
-    difference = _holm_rows(two_sided) < alpha
-    equivalent = _holm_rows(tost) < alpha
-    return [[INCONCLUSIVE if gone else (BETTER if m > 0 else WORSE) if found else EQUIVALENT if same else INCONCLUSIVE
-             for gone, found, same, m in zip(*row)] for row in zip(no_verdict, difference, equivalent, mean)]
-
-
-def _holm_rows(pvalues: np.ndarray) -> np.ndarray:
-    """Holm's step-down adjusted p-values of each row (``statistics.holm`` row by row)."""
-    m = pvalues.shape[1]
-    order = np.argsort(pvalues, axis=1, kind="stable")
-    ranked = np.take_along_axis(pvalues, order, axis=1) * (m - np.arange(m))
-    adjusted = np.empty_like(pvalues)
-    np.put_along_axis(adjusted, order, np.maximum.accumulate(np.minimum(ranked, 1.0), axis=1), axis=1)
-    return adjusted
+    two_sided_holm, tost_holm = (np.array([holm(row) for row in p]).reshape(p.shape) for p in (two_sided, tost))
+    return [[decide(bool(gone), t, e, m, alpha) for gone, t, e, m in zip(*row)]
+            for row in zip(no_verdict, two_sided_holm, tost_holm, mean)]
 
 
 def _quantiles(values: Sequence[int]) -> tuple[float, float, float]:

@@ -103,15 +103,20 @@ class PairedComparison:
         A difference both significant and within the margin is reported as better or worse: it is
         real, if small (``mean_difference`` says how small). Differences without a usable spread
         (``no_verdict``) are inconclusive whatever their p-values."""
-        if self.no_verdict:
-            return "inconclusive"
-        if self.t_pvalue_holm < alpha:
-            return "better" if self.mean_difference > 0 else "worse"
-        return "equivalent" if self.tost_pvalue_holm < alpha else "inconclusive"
+        return decide(bool(self.no_verdict), self.t_pvalue_holm, self.tost_pvalue_holm, self.mean_difference, alpha)
 
     def verdict(self, alpha: float = DEFAULT_ALPHA) -> str:
         """``outcome`` as a table shows it: with the reason when the differences gave no verdict."""
         return f"{self.outcome(alpha)} ({self.no_verdict})" if self.no_verdict else self.outcome(alpha)
+
+
+def decide(no_verdict: bool, t_pvalue_holm: float, tost_pvalue_holm: float, mean_difference: float, alpha: float) -> str:
+    """The rule of ``PairedComparison.outcome`` on its parts (``sequential_simulation`` applies it to simulated studies)."""
+    if no_verdict:
+        return "inconclusive"
+    if t_pvalue_holm < alpha:
+        return "better" if mean_difference > 0 else "worse"
+    return "equivalent" if tost_pvalue_holm < alpha else "inconclusive"
 
 
 # The tests every comparison runs, each with its p-value ``<test>_pvalue`` and, across a family, its Holm-adjusted

@@ -94,7 +94,7 @@ def benchmark_command(
     started = ctx.obj.get(COMMAND_STARTED, time.monotonic()) if isinstance(ctx.obj, dict) else time.monotonic()
     config_path, overrides = config_and_overrides(config_path, overrides)
     _check_storage_options(heartbeat, db_retry)
-    workers, rounds = _jobs(jobs), _budget_options(budget, max_searches)
+    workers, asked_budget = _jobs(jobs), _budget_options(budget, max_searches)
     cluster_options = cluster.slurm_options(slurm, partition, time_limit, cpus_per_worker, gpus_per_worker, sbatch, wait, jobs)
     output_dir = output or default_output("benchmark")
     # Built before anything slow (the imports, the dataset): a stop at any moment names the command that continues.
@@ -113,7 +113,7 @@ def benchmark_command(
         prepared = prepare(spec, output_dir, overrides, storage, jobs=workers,
                            heartbeat=heartbeat, retry_seconds=db_retry, accept_plugin_changes=accept_plugin_changes,
                            accept_analysis_change=accept_analysis_change)
-        rounds = checked_budget(prepared, rounds)  # its span starts here, for local workers and SLURM tasks alike
+        rounds = checked_budget(prepared, asked_budget)  # its span starts here, for local workers and SLURM tasks alike
         if cluster_options is not None:
             if cluster.run_on_slurm(prepared, config_path, overrides, cluster_options, dry_run=dry_run, wait=wait,
                                     retry_failed=retry_failed, report=write_report, quiet=quiet, budget=rounds):

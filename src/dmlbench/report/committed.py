@@ -26,8 +26,8 @@ from dmlbench.analysis.search_luck import (
     variance_components,
 )
 from dmlbench.analysis.search_ranges import edge_counts, edge_words, same_model_groups, same_models
-from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv, judge_search_means
 from dmlbench.analysis.sequential import sequential_csv
+from dmlbench.analysis.verdicts import CLAIM_COLUMNS, LEADERBOARD_METRICS, comparison_csv, judge_search_means
 from dmlbench.errors import UserInputError
 from dmlbench.protocol import layout
 from dmlbench.protocol.design.benchmark import SHARED_SEEDS

@@ -16,8 +16,8 @@ from dmlbench.analysis.planning import Family
 from dmlbench.analysis.sequential import FUTILITY_POWER
 from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.errors import UserInputError
-from dmlbench.validation import duration_seconds
 from dmlbench.protocol import layout
+from dmlbench.validation import duration_seconds
 
 DEFAULT_BENCHMARK = Path(__file__).resolve().parents[2] / "configs" / "benchmark.yaml"
 # A 95% interval and a paired test need two reproductions (seeds) per method at least.

@@ -44,8 +44,8 @@ from dmlbench.protocol import layout
 from dmlbench.protocol.design.plan import repeated_searches
 from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.dry_run import timings
-from dmlbench.protocol.dry_run.wording import hours, search_parallelism, with_workers
 from dmlbench.protocol.dry_run.rehearsal import SplitSize, rehearse
+from dmlbench.protocol.dry_run.wording import hours, search_parallelism, with_workers
 from dmlbench.protocol.run.record import ReportWriter
 from dmlbench.training.placement import STANDALONE
 

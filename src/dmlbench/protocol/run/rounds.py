@@ -23,10 +23,11 @@ import optuna
 from optuna.trial import TrialState
 
 from dmlbench.analysis.endpoints import declared_comparisons
-from dmlbench.analysis.sequential import DECIDED, Pair, SequentialDesign, SequentialJudgement, judge_sequentially, method_search_means
+from dmlbench.analysis.sequential import (
+    CONTINUE, DECIDED, EQUIVALENT, Pair, SequentialDesign, SequentialJudgement, judge_sequentially, method_search_means)
+from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.errors import ParameterError
 from dmlbench.protocol import layout as output_layout
-from dmlbench.analysis.spec import AnalysisSpec
 from dmlbench.protocol.design.benchmark import ProtocolSpec
 from dmlbench.protocol.design.plan import Context
 from dmlbench.protocol.design.prepare import Prepared
@@ -76,18 +77,18 @@ class RoundsOutcome:
     def summary(self) -> str:
         """One paragraph for the terminal: what was decided, after how many searches and how long, what is open."""
         latest = self.judgement.latest
-        decided = [f"{a} {row.decision} than {b} ({row.searches} searches)" if row.decision != "equivalent"
+        decided = [f"{a} {row.decision} than {b} ({row.searches} searches)" if row.decision != EQUIVALENT
                    else f"{a} equivalent to {b} ({row.searches} searches)"
                    for (a, b), row in latest.items() if row.decision in DECIDED]
         closed = [f"{a} vs {b}: {row.decision} after {row.searches} searches" for (a, b), row in latest.items()
-                  if row.decision not in DECIDED and row.decision != "continue"]
+                  if row.decision not in DECIDED and row.decision != CONTINUE]
         total = sum(self.searches.values())
         per_search = self.seconds / total if total else 0.0  # a method's search, measured over this study
         still = [f"{a} vs {b}: open after {row.searches} searches"
                  + (f", about {row.searches_to_decide} searches to decide (about "
                     f"{2 * (row.searches_to_decide - row.searches) * per_search / 60:.0f} min more at this study's "
                     f"{per_search:.0f} s per search)" if row.searches_to_decide else "")
-                 for (a, b), row in latest.items() if row.decision == "continue"]
+                 for (a, b), row in latest.items() if row.decision == CONTINUE]
         return "\n".join([f"sequential study: {len(decided)} of {len(self.judgement.comparisons)} primary comparisons "
                           f"decided after {self.judgement.looks_taken()} look(s), {total} searches in all, "
                           f"{self.seconds / 60:.1f} min ({self.stopped})",

@@ -31,8 +31,8 @@ from dmlbench.protocol.design.prepare import Prepared
 from dmlbench.protocol.layout import REPORT_FILE, SLURM_DIR, SLURM_FILE
 from dmlbench.protocol.queue.storage import password, redact
 from dmlbench.protocol.run.jobs import STOPPED_EXIT_CODES, WorkerTask
-from dmlbench.protocol.run.rounds import RoundBudget
 from dmlbench.protocol.run.record import ReportWriter, write_benchmark_file
+from dmlbench.protocol.run.rounds import RoundBudget
 from dmlbench.training.placement import STANDALONE, Placement
 
 
