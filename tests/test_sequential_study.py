@@ -98,6 +98,7 @@ def test_a_budget_below_the_first_rounds_cost_runs_nothing(tmp_path: Path, capsy
     assert code == 2 and out == ""
     assert err.startswith("dmlbench: error: --budget of 1 s is less than the first round needs here (2 searches of "
                           "each method, about "), err
+    assert err.rstrip().endswith("nothing was run; a larger --budget runs it"), err
     assert len(err.strip().splitlines()) == 1 and not list(layout.fold_run_dirs(output))
 
 

@@ -192,8 +192,8 @@ def _check_first_round(prepared: Prepared, budget: RoundBudget, limits: Mapping[
     needed = budget.estimator(replace(prepared, search_limits=dict(limits))) / prepared.jobs
     if needed > budget.seconds:
         raise ParameterError("budget", f"of {_minutes(budget.seconds)} is less than the first round needs here "
-                             f"({min(limits.values())} searches of each method, about {_minutes(needed)}); nothing "
-                             "was run")
+                             f"({min(limits.values())} searches of each method, about {_minutes(needed)}, measured now: other work on "
+                             "the machine makes it longer); nothing was run; a larger `budget` runs it")
 
 
 def _may_start(context: Context, budget: RoundBudget, round_number: int, marker: Any, spent: float,
