@@ -195,3 +195,25 @@ def test_a_full_run_directory_names_resume_as_its_caller_gives_it(tmp_path: Path
     with pytest.raises(UserInputError, match=r"not empty \(`resume` continues it\)"):
         dmlbench.train(GLYPHS_CONFIG, tmp_path / "run", list(TINY))
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine\n"
+
+
+def test_evaluate_prints_the_scores_before_a_long_verification_starts(tiny_run: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each section is printed once computed: a verification over many pairs follows scores already shown."""
+    from dmlbench.evaluation import verification
+    from dmlbench.evaluation.table import evaluation_text
+    from dmlbench.report.evaluation import EvaluateRequest, evaluate
+
+    printed: list[str] = []
+    seen_before: list[list[str]] = []
+    measured = verification.pair_distances
+
+    def pair_distances(*args: object, **kwargs: object) -> object:
+        seen_before.append(list(printed))
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(verification, "pair_distances", pair_distances)
+    results = evaluate(EvaluateRequest(run=tiny_run, verification=True), printed.append)
+    assert len(seen_before) == 1 and seen_before[0] and seen_before[0][0].startswith("metric")
+    assert not any(line.startswith("equal error rate") for line in seen_before[0])
+    assert "\n".join(printed) == "\n".join(evaluation_text(results, of_run=True))

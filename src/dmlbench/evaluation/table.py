@@ -48,19 +48,29 @@ SECTIONS = ("analysis", "verification", "open_set")
 
 def evaluation_text(results: Mapping[str, Any], *, of_run: bool) -> list[str]:
     """What ``dmlbench evaluate`` prints of its ``results`` (the JSON it writes): the scores table, then the
-    embedding-space analysis, verification and open set when ``results`` holds them."""
-    blocks = [_run_scores(results) if of_run else _stored_scores(results)]
-    space = results.get("analysis")
-    if isinstance(space, Mapping):
+    embedding-space analysis, verification and open set when ``results`` holds them, a blank line between."""
+    lines: list[str] = []
+    for section in EVALUATION_SECTIONS:
+        shown = section_text(results, section, of_run=of_run)
+        lines += ["", *shown] if lines and shown else shown
+    return lines
+
+
+# The order in which ``dmlbench evaluate`` computes and prints its results.
+EVALUATION_SECTIONS = ("scores", *SECTIONS)
+
+
+def section_text(results: Mapping[str, Any], section: str, *, of_run: bool) -> list[str]:
+    """One of ``EVALUATION_SECTIONS`` of ``evaluation_text``; no lines where ``results`` does not hold it."""
+    if section == "scores":
+        return [_run_scores(results) if of_run else _stored_scores(results)]
+    found = results.get(section)
+    if not isinstance(found, Mapping):
+        return []
+    if section == "analysis":
         title = "train split" if of_run else "analysis"
-        blocks += ["", format_table({title: {key: value for key, value in space.items() if key != "singular_values"}})]
-    summary = results.get("verification")
-    if isinstance(summary, Mapping):
-        blocks += ["", *_verification(summary)]
-    found = results.get("open_set")
-    if isinstance(found, Mapping):
-        blocks += ["", *_open_set(found)]
-    return blocks
+        return [format_table({title: {key: value for key, value in found.items() if key != "singular_values"}})]
+    return _verification(found) if section == "verification" else _open_set(found)
 
 
 def _run_scores(results: Mapping[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """What ``dmlbench evaluate`` reports: a finished run evaluated in one pass (``RunEvaluation``: each split
-embedded once) or stored embedding files; the results computed first (the JSON the command writes), the
-files asked for written, then the results printed as tables (``evaluation.table.evaluation_text``)."""
+embedded once) or stored embedding files. Each section of the results (the JSON the command writes) is
+printed as a table once it is computed (``evaluation.table.section_text``; together ``evaluation_text``), so
+a long verification or open set follows scores already shown; then a line for each file written."""
 
 from __future__ import annotations
 
@@ -41,17 +42,43 @@ class EvaluateRequest:
 
 def evaluate(request: EvaluateRequest, echo: Echo) -> dict[str, Any]:
     """The request's results computed and returned, its files written, and every table printed through ``echo``."""
-    from dmlbench.evaluation.table import evaluation_text
-
-    results, written = _of_run(request) if request.run is not None else _of_files(request)
-    for line in [*evaluation_text(results, of_run=request.run is not None), *written]:
+    printer = _SectionPrinter(echo, of_run=request.run is not None)
+    results, written = _of_run(request, printer) if request.run is not None else _of_files(request)
+    printer.rest(results)
+    for line in written:
         echo(line)
     return results
 
 
-def _of_run(request: EvaluateRequest) -> tuple[dict[str, Any], list[str]]:
+class _SectionPrinter:
+    """Prints the sections of the results in ``evaluation_text``'s order and spacing, each once."""
+
+    def __init__(self, echo: Echo, *, of_run: bool) -> None:
+        self.echo, self.of_run = echo, of_run
+        self.printed: list[str] = []  # the sections printed so far
+        self.any_lines = False
+
+    def show(self, results: dict[str, Any], section: str) -> None:
+        from dmlbench.evaluation.table import section_text
+
+        lines = section_text(results, section, of_run=self.of_run)
+        for line in ["", *lines] if self.any_lines and lines else lines:
+            self.echo(line)
+        self.printed.append(section)
+        self.any_lines = self.any_lines or bool(lines)
+
+    def rest(self, results: dict[str, Any]) -> None:
+        """Every section not printed yet (all of them for stored embeddings, whose scoring is quick)."""
+        from dmlbench.evaluation.table import EVALUATION_SECTIONS
+
+        for section in EVALUATION_SECTIONS:
+            if section not in self.printed:
+                self.show(results, section)
+
+
+def _of_run(request: EvaluateRequest, printer: _SectionPrinter) -> tuple[dict[str, Any], list[str]]:
     """The run's scores, then the analysis, verification, open set and per-query diagnostics asked for, each
-    from the embeddings the ``RunEvaluation`` made once, and the files they write."""
+    from the embeddings the ``RunEvaluation`` made once and printed once computed, and the files they write."""
     from dmlbench.evaluation import embedding_space, verification
     from dmlbench.evaluation.open_set import open_set
     from dmlbench.evaluation.per_query import per_query
@@ -65,6 +92,7 @@ def _of_run(request: EvaluateRequest) -> tuple[dict[str, Any], list[str]]:
         calibrated = run_thresholds(request.calibration, request.run)
     run = RunEvaluation.open(request.run)
     results = dict(run.scores(**request.options))
+    printer.show(results, "scores")
     seed = 0 if request.seed is None else request.seed
     diagnosed = request.per_query is not None or request.worst is not None
     # Roth et al. 2020 measure the embedding space on the training data, never on the test split.
@@ -77,6 +105,7 @@ def _of_run(request: EvaluateRequest) -> tuple[dict[str, Any], list[str]]:
         if request.plot is not None:
             embedding_space.plot_spectrum(results["analysis"]["singular_values"], request.plot, drop=request.drop)
             written.append(f"spectrum plot: {request.plot}")
+    printer.show(results, "analysis")
     if test is not None and request.verification:
         pairs = verification.pair_distances(test.embeddings, test.labels, seed=seed)
         results["verification"] = {**verification.summarize(pairs), "seed": seed}
@@ -84,9 +113,11 @@ def _of_run(request: EvaluateRequest) -> tuple[dict[str, Any], list[str]]:
             request.roc.parent.mkdir(parents=True, exist_ok=True)
             verification.plot_roc(pairs, request.roc)
             written.append(f"ROC: {request.roc}")
+    printer.show(results, "verification")
     if test is not None and request.open_set:
         mask = None if test.query_mask is None else test.query_mask.numpy()
         results["open_set"] = open_set(test.embeddings, test.labels, calibrated=calibrated, seed=seed, query_mask=mask)
+    printer.show(results, "open_set")
     if test is not None and diagnosed:
         from dmlbench.deploy import diagnostics
 
