@@ -1,6 +1,7 @@
 """What the methods of one benchmark must agree on, checked by ``protocol.design.prepare`` before anything
-is written: epochs, data, metrics, re-ranking and seeds (and with a frozen trunk, the trunk itself),
-and every method's batch sampler against a fold's training classes.
+is written: epochs, data, metrics (the analysis's primary one among them), re-ranking and seeds (and with
+a frozen trunk, the trunk itself); then, once the data is loaded, every method's batch sampler against a
+fold's training classes and every model against the images.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dmlbench.data.base import ImageDataset
 from dmlbench.errors import UserInputError
 from dmlbench.protocol.design.benchmark import FRESH_SEEDS, BenchmarkSpec
 from dmlbench.protocol.design.folds import FoldLayout
@@ -15,8 +17,8 @@ from dmlbench.protocol.design.plan import MethodPlan, search_seed_offset
 
 
 def check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
-    """What the protocol shares between methods: epochs, data, metrics, seeds (and with a frozen
-    trunk, the trunk itself)."""
+    """What the protocol shares between methods: epochs, data, metrics (the analysis's primary metric
+    among them), seeds (and with a frozen trunk, the trunk itself)."""
     epochs = {name: plan.config.training.epochs for name, plan in plans.items()}
     if len(set(epochs.values())) > 1:
         raise UserInputError(f"methods train for different numbers of epochs {epochs}: set protocol.epochs")
@@ -29,6 +31,9 @@ def check_shared(spec: BenchmarkSpec, plans: Mapping[str, MethodPlan]) -> None:
         if plan.config.evaluation.rerank.kind != first.config.evaluation.rerank.kind:
             raise UserInputError(f"method {name!r} re-ranks with another evaluation.rerank.kind than {first_name!r}: "
                                  "the re-ranked modes compare methods re-ranked alike (search only its params)")
+    if spec.analysis.primary.metric not in first.config.evaluation.metrics:
+        raise UserInputError(f"analysis.primary.metric {spec.analysis.primary.metric!r} is not computed; "
+                             f"evaluation.metrics: {', '.join(first.config.evaluation.metrics)}")
     for name, plan in plans.items():
         if {"evaluation.rerank", "evaluation.rerank.kind"} & set(plan.space.keys()):
             raise UserInputError(f"method {name!r}: evaluation.rerank.kind is fixed for the benchmark; search "
@@ -68,18 +73,25 @@ def _check_one_trunk(plans: Mapping[str, MethodPlan]) -> None:
                                  "(model.trunk, options, pretrained, pooling and freeze_bn must agree)")
 
 
-def check_samplers(plans: Mapping[str, MethodPlan], labels: Any, layout: FoldLayout) -> None:
-    """Every method's batch sampler can fill its batches from a fold's training classes (the check
-    ``train`` makes), before anything trains: a batch size the sampler cannot fill is exit 2 now,
-    not a failed trial in storage an hour later."""
+def check_against_data(plans: Mapping[str, MethodPlan], dataset: ImageDataset, layout: FoldLayout) -> None:
+    """Before anything trains (a mismatch would fail every trial, in storage an hour later): every method's
+    batch sampler can fill its batches from a fold's training classes (the check ``train`` makes), and every
+    model takes the dataset's images (channels and size), each distinct model built once."""
     import numpy as np
 
-    from dmlbench.training.setup import build_sampler
+    from dmlbench.training.setup import build_model, build_sampler, check_input_channels, check_input_size
 
-    fold = layout.folds[0]
-    train_labels = np.asarray(labels)[np.isin(np.asarray(labels), list(fold.train_classes))]
+    labels = np.asarray(dataset.labels)
+    train_labels = labels[np.isin(labels, list(layout.folds[0].train_classes))]
     for name, plan in plans.items():
         try:
             build_sampler(plan.config, train_labels)
         except UserInputError as error:
             raise UserInputError(f"method {name!r}: {error}") from None
+    checked = set()
+    for plan in plans.values():
+        if (model := plan.config.model.model_dump_json()) not in checked:
+            checked.add(model)
+            network = build_model(plan.config)
+            check_input_channels(plan.config, network, dataset)
+            check_input_size(network, dataset)

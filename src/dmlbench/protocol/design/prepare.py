@@ -32,12 +32,12 @@ from dmlbench.protocol.design.benchmark import (
 )
 from dmlbench.protocol.design.benchmark_file import BenchmarkRecord, read_benchmark_if_any
 from dmlbench.protocol.design.folds import FoldLayout, fold_layout
-from dmlbench.protocol.design.method_checks import check_samplers, check_shared
+from dmlbench.protocol.design.method_checks import check_against_data, check_shared
 from dmlbench.protocol.design.plan import MethodPlan, RepeatedSearch, ReproductionSettings, SearchSettings, search_repeats
 from dmlbench.protocol.design.workers import AUTO_JOBS, auto_jobs, resolve_storage
 from dmlbench.protocol.queue import storage as storage_module
 from dmlbench.training import records
-from dmlbench.training.setup import build_model, check_input_channels, check_input_size, load_dataset
+from dmlbench.training.setup import load_dataset
 
 
 @dataclass
@@ -175,20 +175,10 @@ def prepare(
     if automatic and not storage_module.storage_for(url).concurrent:
         jobs = 1  # SQLite (given, or one worker's default for a stored benchmark) takes one worker
     check_shared(spec, plans)
-    first = next(iter(plans.values())).config
-    if spec.analysis.primary.metric not in first.evaluation.metrics:
-        raise UserInputError(f"analysis.primary.metric {spec.analysis.primary.metric!r} is not computed; "
-                             f"evaluation.metrics: {', '.join(first.evaluation.metrics)}")
+    first = next(iter(plans.values())).config  # every method's data is the same (check_shared)
     dataset = load_dataset(first)
     layout = fold_layout(dataset, k=spec.protocol.folds, mode=spec.protocol.fold_mode)
-    check_samplers(plans, dataset.labels, layout)
-    checked = set()
-    for plan in plans.values():  # before any trial: a mismatch would fail every one of them
-        if (model := plan.config.model.model_dump_json()) not in checked:
-            checked.add(model)
-            network = build_model(plan.config)
-            check_input_channels(plan.config, network, dataset)
-            check_input_size(network, dataset)
+    check_against_data(plans, dataset, layout)
     storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
