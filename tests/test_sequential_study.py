@@ -113,9 +113,17 @@ def test_bad_budgets_are_refused(arguments: list[str], message: str, tmp_path: P
     assert code == 2 and message in err and "Traceback" not in err
 
 
-def test_a_budget_needs_a_sequential_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(["benchmark", str(SMOKE), "-o", str(tmp_path / "x"), "--budget", "30m"], capsys)
-    assert code == 2 and "the config needs protocol.sequential: true" in err
+@pytest.mark.parametrize(("arguments", "named"), [
+    (["--budget", "30m"], "--budget spends"),
+    (["--max-searches", "4"], "--max-searches spends"),
+    (["--budget", "30m", "--max-searches", "4"], "--budget and --max-searches spend"),
+])
+def test_a_budget_needs_a_sequential_study(arguments: list[str], named: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The refusal names the options given, and nothing is written."""
+    code, _, err = run_cli(["benchmark", str(SMOKE), "-o", str(tmp_path / "x"), *arguments], capsys)
+    assert code == 2 and f"{named} a sequential study's rounds: the config needs protocol.sequential: true" in err
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

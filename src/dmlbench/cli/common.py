@@ -193,9 +193,10 @@ def checked_budget(prepared: Any, options: tuple[float | None, int | None]) -> A
 
     seconds, max_searches = options
     protocol = prepared.spec.protocol
-    if (seconds is not None or max_searches is not None) and not protocol.sequential:
-        raise UserInputError("--budget and --max-searches spend a sequential study's rounds: the config needs "
-                             "protocol.sequential: true")
+    given = [option for option, value in (("--budget", seconds), ("--max-searches", max_searches)) if value is not None]
+    if given and not protocol.sequential:
+        raise UserInputError(f"{' and '.join(given)} {'spend' if len(given) > 1 else 'spends'} a sequential study's "
+                             "rounds: the config needs protocol.sequential: true (or leave the option out)")
     if seconds is None and protocol.budget is not None:
         seconds = duration_seconds(protocol.budget)
     return RoundBudget(seconds, max_searches, uuid.uuid4().hex, time.time(), estimate_round)
