@@ -182,9 +182,8 @@ def prepare(
     storage_module.storage_for(url).check(default=storage is None, jobs=jobs)
     prepared = Prepared(spec, overrides, output_dir, SearchSettings.of(spec.protocol, url),
                         ReproductionSettings.of(spec.protocol, url), plans, layout, dataset.content_hash, url,
-                        jobs, heartbeat, retry_seconds, plugin_identity(spec, plans), data_source=data_source(dataset, layout))
-    prepared.weights = used_weights(plans)
-    prepared.given_overrides = given_overrides
+                        jobs, heartbeat, retry_seconds, plugin_identity(spec, plans), data_source=data_source(dataset, layout),
+                        weights=used_weights(plans), given_overrides=given_overrides)
     record = read_benchmark_if_any(output_dir)
     if record is not None:
         _check_plugins(prepared, record.plugins, accept_plugin_changes)
