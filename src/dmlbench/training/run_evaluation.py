@@ -22,7 +22,7 @@ from dmlbench.errors import UserInputError
 from dmlbench.evaluation.rerank import build as build_rerank
 from dmlbench.training import records
 from dmlbench.training.embed import embed
-from dmlbench.training.runs import Run, best_model, opened
+from dmlbench.training.runs import Run, opened
 
 SPLITS = ("train", "validation", "test")
 
@@ -66,8 +66,7 @@ class RunEvaluation:
     @cached_property
     def trained_model(self) -> nn.Module:
         """The validation-selected checkpoint, loaded once, in evaluation mode."""
-        model = best_model(self.run, self.run.device)[0]
-        return model.eval()
+        return self.run.trained_model().eval()
 
     def embedded(self, split: str, *, untrained: bool = False) -> tuple[Tensor, Tensor]:
         """Embeddings and labels of ``split`` under the trained (or the untrained) model, made once."""
