@@ -42,21 +42,26 @@ class EvaluateRequest:
 
 def evaluate(request: EvaluateRequest, echo: Echo) -> dict[str, Any]:
     """The request's results computed and returned, its files written, and every table printed through ``echo``."""
+    from dmlbench.evaluation.table import EVALUATION_SECTIONS
+
     printer = _SectionPrinter(echo, of_run=request.run is not None)
-    results, written = _of_run(request, printer) if request.run is not None else _of_files(request)
-    printer.rest(results)
+    if request.run is not None:
+        results, written = _of_run(request, printer)
+    else:  # stored embeddings score quickly: their sections are printed together at the end
+        results, written = _of_files(request)
+        for section in EVALUATION_SECTIONS:
+            printer.show(results, section)
     for line in written:
         echo(line)
     return results
 
 
 class _SectionPrinter:
-    """Prints the sections of the results in ``evaluation_text``'s order and spacing, each once."""
+    """Prints sections of the results with ``evaluation_text``'s spacing: a blank line before each one but the first."""
 
     def __init__(self, echo: Echo, *, of_run: bool) -> None:
         self.echo, self.of_run = echo, of_run
-        self.printed: list[str] = []  # the sections printed so far
-        self.any_lines = False
+        self.any_lines = False  # whether a section printed lines yet
 
     def show(self, results: dict[str, Any], section: str) -> None:
         from dmlbench.evaluation.table import section_text
@@ -64,16 +69,7 @@ class _SectionPrinter:
         lines = section_text(results, section, of_run=self.of_run)
         for line in ["", *lines] if self.any_lines and lines else lines:
             self.echo(line)
-        self.printed.append(section)
         self.any_lines = self.any_lines or bool(lines)
-
-    def rest(self, results: dict[str, Any]) -> None:
-        """Every section not printed yet (all of them for stored embeddings, whose scoring is quick)."""
-        from dmlbench.evaluation.table import EVALUATION_SECTIONS
-
-        for section in EVALUATION_SECTIONS:
-            if section not in self.printed:
-                self.show(results, section)
 
 
 def _of_run(request: EvaluateRequest, printer: _SectionPrinter) -> tuple[dict[str, Any], list[str]]:
